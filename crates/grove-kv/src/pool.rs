@@ -1,0 +1,221 @@
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{KvError, PageId};
+
+/// Free list shared by every [`PageTable`] of one pool.
+#[derive(Debug)]
+struct PoolState {
+    free: Vec<PageId>,
+}
+
+/// A handle to a pool of `total_pages` pages of `page_size` slots. Cloning shares the pool.
+///
+/// Invariant: every page is either on the free list or in exactly one live `PageTable`.
+#[derive(Debug, Clone)]
+pub struct PagePool {
+    state: Arc<Mutex<PoolState>>,
+    page_size: usize,
+    total_pages: usize,
+}
+
+impl PagePool {
+    pub fn new(total_pages: usize, page_size: usize) -> Result<Self, KvError> {
+        if page_size == 0 {
+            return Err(KvError::ZeroPageSize);
+        }
+        // Reversed so that pages are handed out in increasing order, which keeps traces readable.
+        let free = (0..total_pages as PageId).rev().collect();
+        Ok(Self {
+            state: Arc::new(Mutex::new(PoolState { free })),
+            page_size,
+            total_pages,
+        })
+    }
+
+    /// The number of pages needed to hold `num_tokens` tokens.
+    pub fn pages_for(&self, num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.page_size)
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    pub fn total_pages(&self) -> usize {
+        self.total_pages
+    }
+
+    /// Number of physical slots, the first dimension of the matching [`crate::KvStore`].
+    pub fn num_slots(&self) -> usize {
+        self.total_pages * self.page_size
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.lock().free.len()
+    }
+
+    /// An empty page table that allocates from this pool.
+    pub fn new_table(&self) -> PageTable {
+        PageTable {
+            pool: self.clone(),
+            pages: Vec::new(),
+            len: 0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // A panic while holding the lock cannot leave the free list half-updated (every
+        // critical section is a single push/pop loop), so a poisoned lock is still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The pages of one sequence and how many of its logical slots hold committed tokens.
+///
+/// Invariant: `pages.len() * page_size >= len`; logical index `i < len` maps to slot
+/// [`PageTable::slot`]`(i)`. Dropping the table returns every page to the pool.
+#[derive(Debug)]
+pub struct PageTable {
+    pool: PagePool,
+    pages: Vec<PageId>,
+    len: usize,
+}
+
+impl PageTable {
+    /// Number of committed tokens.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of tokens the owned pages can hold.
+    pub fn capacity(&self) -> usize {
+        self.pages.len() * self.pool.page_size
+    }
+
+    pub fn pages(&self) -> &[PageId] {
+        &self.pages
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.pool.page_size
+    }
+
+    /// The physical slot of logical index `index` (which may lie past `len`, up to capacity).
+    pub fn slot(&self, index: usize) -> usize {
+        let page_size = self.pool.page_size;
+        self.pages[index / page_size] as usize * page_size + index % page_size
+    }
+
+    /// Makes room for `additional` tokens after the committed ones. All or nothing: on error no
+    /// page was taken.
+    pub fn reserve(&mut self, additional: usize) -> Result<(), KvError> {
+        let needed_pages = self.pool.pages_for(self.len + additional);
+        if needed_pages <= self.pages.len() {
+            return Ok(());
+        }
+        let missing = needed_pages - self.pages.len();
+        let mut state = self.pool.lock();
+        if state.free.len() < missing {
+            return Err(KvError::OutOfPages {
+                needed: missing,
+                free: state.free.len(),
+                total: self.pool.total_pages,
+                page_size: self.pool.page_size,
+            });
+        }
+        let start = state.free.len() - missing;
+        self.pages.extend(state.free.drain(start..).rev());
+        Ok(())
+    }
+
+    /// Marks `count` more reserved slots as committed.
+    pub fn append(&mut self, count: usize) {
+        debug_assert!(
+            self.len + count <= self.capacity(),
+            "append past reservation"
+        );
+        self.len += count;
+    }
+
+    /// Keeps the first `new_len` tokens and returns every page that no longer holds one.
+    pub fn truncate(&mut self, new_len: usize) {
+        debug_assert!(new_len <= self.capacity());
+        self.len = new_len;
+        let keep = self.pool.pages_for(new_len);
+        if keep < self.pages.len() {
+            let mut state = self.pool.lock();
+            state.free.extend(self.pages.drain(keep..).rev());
+        }
+    }
+}
+
+impl Drop for PageTable {
+    fn drop(&mut self) {
+        self.truncate(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn slots_follow_the_page_table() {
+        let pool = PagePool::new(8, 4).unwrap();
+        let mut other = pool.new_table();
+        other.reserve(3).unwrap();
+        let mut table = pool.new_table();
+        table.reserve(6).unwrap();
+        assert_eq!(table.pages(), &[1, 2]);
+        assert_eq!(table.slot(0), 4);
+        assert_eq!(table.slot(5), 9);
+    }
+
+    #[test]
+    fn exhausted_pool_takes_nothing_and_names_the_flag() {
+        let pool = PagePool::new(2, 4).unwrap();
+        let mut table = pool.new_table();
+        let error = table.reserve(9).unwrap_err();
+        assert!(error.to_string().contains("--kv-pages"));
+        assert_eq!(pool.free_pages(), 2);
+        assert_eq!(table.capacity(), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn pages_return_to_the_pool_however_tables_end(
+            page_size in 1usize..8,
+            ops in proptest::collection::vec((0usize..3, 0usize..20), 1..40),
+        ) {
+            let pool = PagePool::new(64, page_size).unwrap();
+            let mut tables: Vec<PageTable> = Vec::new();
+            for (op, amount) in ops {
+                match op {
+                    0 => {
+                        let mut table = pool.new_table();
+                        if table.reserve(amount).is_ok() {
+                            table.append(amount);
+                        }
+                        tables.push(table);
+                    }
+                    1 => if let Some(table) = tables.last_mut() {
+                        let new_len = table.len().min(amount);
+                        table.truncate(new_len);
+                    },
+                    _ => { tables.pop(); }
+                }
+                let held: usize = tables.iter().map(|t| t.pages().len()).sum();
+                prop_assert_eq!(held + pool.free_pages(), 64);
+            }
+            drop(tables);
+            prop_assert_eq!(pool.free_pages(), 64);
+        }
+    }
+}

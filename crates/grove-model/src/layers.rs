@@ -1,0 +1,119 @@
+//! The building blocks a decoder is made of. The linear layer hides the weight format, so a
+//! quantized model is the same model file with other weights.
+
+use candle_core::{Module, Tensor};
+
+use crate::weights::Weights;
+use crate::ModelError;
+
+/// `y = x W^T + b` for `x: [rows, in]`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,       // [out, in]
+    bias: Option<Tensor>, // [out]
+}
+
+impl Linear {
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
+    pub fn load(
+        weights: &Weights,
+        prefix: &str,
+        in_dim: usize,
+        out_dim: usize,
+        bias: bool,
+    ) -> Result<Self, ModelError> {
+        let weight = weights.get(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
+        let bias = bias
+            .then(|| weights.get(&format!("{prefix}.bias"), &[out_dim]))
+            .transpose()?;
+        Ok(Self { weight, bias })
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = x.matmul(&self.weight.t()?)?;
+        match &self.bias {
+            Some(bias) => y.broadcast_add(bias),
+            None => Ok(y),
+        }
+    }
+}
+
+/// RMSNorm over the last dimension, computed in f32: `x / sqrt(mean(x^2) + eps) * w`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor, // [dim]
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(weights: &Weights, name: &str, dim: usize, eps: f64) -> Result<Self, ModelError> {
+        Ok(Self {
+            weight: weights.get(&format!("{name}.weight"), &[dim])?,
+            eps: eps as f32,
+        })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    pub fn load(
+        weights: &Weights,
+        prefix: &str,
+        hidden: usize,
+        intermediate: usize,
+        bias: bool,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            gate: Linear::load(
+                weights,
+                &format!("{prefix}.gate_proj"),
+                hidden,
+                intermediate,
+                bias,
+            )?,
+            up: Linear::load(
+                weights,
+                &format!("{prefix}.up_proj"),
+                hidden,
+                intermediate,
+                bias,
+            )?,
+            down: Linear::load(
+                weights,
+                &format!("{prefix}.down_proj"),
+                intermediate,
+                hidden,
+                bias,
+            )?,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
+        self.down.forward(&(gate * self.up.forward(x)?)?)
+    }
+}

@@ -1,0 +1,57 @@
+//! Tensors and networks: checkpoint loading, tokenizers and chat templates, and the target
+//! decoder over a caller-owned paged KV pool. See `forward.rs` for the contract every caller
+//! (plain decoding, DFlash, DDTree) uses.
+
+mod attention;
+pub mod config;
+mod decoder;
+pub mod forward;
+pub mod layers;
+pub mod random_checkpoint;
+mod rope;
+pub mod tokenizer;
+pub mod weights;
+
+use std::path::PathBuf;
+
+pub use config::{DecoderConfig, Family, RopeScaling};
+pub use decoder::Decoder;
+pub use forward::{ForwardBatch, ForwardOutput, LogitRows, Segment, Visibility};
+pub use rope::Rope;
+pub use tokenizer::{ChatMessage, TextTokenizer};
+
+use grove_kv::KvStore;
+
+/// A network that runs the forward contract. The model holds weights only.
+pub trait Model: Send + Sync {
+    fn config(&self) -> &DecoderConfig;
+
+    /// A KV store shaped for this model with `num_slots` slots.
+    fn new_kv_store(&self, num_slots: usize) -> KvStore;
+
+    /// Runs every row of `batch`, writing their K/V into `kv`.
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<ForwardOutput, ModelError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("missing {what}: {path} does not exist")]
+    MissingFile { path: PathBuf, what: &'static str },
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("invalid weights in {path}: {message}")]
+    Weights { path: PathBuf, message: String },
+    #[error("tokenizer {path}: {message}")]
+    Tokenizer { path: PathBuf, message: String },
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("invalid forward batch: {0}")]
+    InvalidBatch(String),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}

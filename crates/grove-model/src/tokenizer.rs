@@ -1,0 +1,227 @@
+//! Text in and out: a `tokenizers` tokenizer from `tokenizer.json`, the chat template and
+//! special tokens from `tokenizer_config.json` (rendered with minijinja, with Python string
+//! methods, as HF renders them), and the stop ids from `generation_config.json`.
+
+use std::path::{Path, PathBuf};
+
+use grove_core::TokenId;
+use serde_json::Value;
+
+use crate::config::token_ids;
+use crate::ModelError;
+
+/// One chat turn.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// A tokenizer with its chat template and special tokens.
+#[derive(Debug)]
+pub struct TextTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    path: PathBuf,
+}
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json` (required) and `tokenizer_config.json` (optional) from `directory`.
+    pub fn load(directory: &Path) -> Result<Self, ModelError> {
+        let path = directory.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(ModelError::MissingFile {
+                path,
+                what: "tokenizer (needed for text prompts; --prompt-ids works without it)",
+            });
+        }
+        let tokenizer =
+            tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        let config =
+            read_json_if_present(&directory.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+        let token_text = |key: &str| match config.get(key) {
+            Some(Value::String(text)) => Some(text.clone()),
+            Some(Value::Object(object)) => object
+                .get("content")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            _ => None,
+        };
+        let chat_template = match config.get("chat_template") {
+            Some(Value::String(template)) => Some(template.clone()),
+            // A list of named templates: take "default", else the first.
+            Some(Value::Array(templates)) => templates
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .or(templates.first())
+                .and_then(|t| t.get("template"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            _ => None,
+        };
+        Ok(Self {
+            tokenizer,
+            chat_template,
+            bos_token: token_text("bos_token"),
+            eos_token: token_text("eos_token"),
+            path,
+        })
+    }
+
+    pub fn from_tokenizer(tokenizer: tokenizers::Tokenizer, chat_template: Option<String>) -> Self {
+        Self {
+            tokenizer,
+            chat_template,
+            bos_token: None,
+            eos_token: None,
+            path: PathBuf::new(),
+        }
+    }
+
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.tokenizer
+    }
+
+    fn error(&self, message: impl ToString) -> ModelError {
+        ModelError::Tokenizer {
+            path: self.path.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    /// Encodes text; `add_special_tokens` applies the tokenizer's post-processor (e.g. BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenId>, ModelError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| self.error(e))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text, leaving out special tokens.
+    pub fn decode(&self, ids: &[TokenId]) -> Result<String, ModelError> {
+        self.tokenizer.decode(ids, true).map_err(|e| self.error(e))
+    }
+
+    /// The id of the tokenizer's `eos_token`, if it names one in the vocabulary.
+    pub fn eos_token_id(&self) -> Option<TokenId> {
+        self.eos_token
+            .as_deref()
+            .and_then(|t| self.tokenizer.token_to_id(t))
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Renders the chat template with `add_generation_prompt = true`.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        let template = self.chat_template.as_deref().ok_or_else(|| {
+            ModelError::Template(
+                "the tokenizer has no `chat_template` in tokenizer_config.json".into(),
+            )
+        })?;
+        let mut env = minijinja::Environment::new();
+        // HF renders with jinja2's trim_blocks/lstrip_blocks and Python string methods.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    message,
+                ))
+            },
+        );
+        env.add_function("strftime_now", |format: String| -> String {
+            // Templates use this only for a "today is" line; a fixed date keeps output reproducible.
+            format
+                .replace("%d", "01")
+                .replace("%b", "Jan")
+                .replace("%B", "January")
+                .replace("%Y", "2026")
+                .replace("%m", "01")
+        });
+        env.add_template("chat", template)
+            .map_err(|e| ModelError::Template(e.to_string()))?;
+        let context = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        env.get_template("chat")
+            .and_then(|t| t.render(context))
+            .map_err(|e| ModelError::Template(e.to_string()))
+    }
+}
+
+/// Stop token ids declared by a checkpoint: `generation_config.json`'s `eos_token_id` (one or a
+/// list), else `config.json`'s.
+pub fn generation_stop_ids(
+    directory: &Path,
+    config_eos: &[TokenId],
+) -> Result<Vec<TokenId>, ModelError> {
+    let path = directory.join("generation_config.json");
+    let from_generation = match read_json_if_present(&path)? {
+        Some(value) => token_ids(value.get("eos_token_id")).map_err(|_| ModelError::Config {
+            path: path.clone(),
+            message: "`eos_token_id` must be an integer or a list of integers".into(),
+        })?,
+        None => Vec::new(),
+    };
+    let mut ids = if from_generation.is_empty() {
+        config_eos.to_vec()
+    } else {
+        from_generation
+    };
+    ids.dedup();
+    Ok(ids)
+}
+
+fn read_json_if_present(path: &Path) -> Result<Option<Value>, ModelError> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| ModelError::Config {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_template_renders_with_python_methods() {
+        let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+        let tokenizer = TextTokenizer::from_tokenizer(
+            tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
+            Some(template.into()),
+        );
+        let text = tokenizer
+            .apply_chat_template(&[ChatMessage {
+                role: "user".into(),
+                content: " hi ".into(),
+            }])
+            .unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+}

@@ -1,0 +1,233 @@
+//! `grove bench`: prefill and decode speed over several repetitions (median and spread), and the
+//! verify cost curve: the time of one forward over T causal rows after a fixed context, as a
+//! ratio to the 1-row time. The curve says what a draft tree of a given size can cost on this
+//! machine before speculation stops paying.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use grove_core::{SamplingParams, StopCondition, TokenId};
+use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
+use grove_kv::PagePool;
+use grove_model::{ForwardBatch, LogitRows, Model, Segment};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::loading::{self, ModelArgs};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt length for the prefill/decode measurement.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Tokens generated per decode measurement.
+    #[arg(long, default_value_t = 64)]
+    pub new_tokens: usize,
+    /// Repetitions of every measurement; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub repetitions: usize,
+    /// Context length before the verify-cost forwards.
+    #[arg(long, default_value_t = 512)]
+    pub context: usize,
+    /// Row counts of the verify cost curve.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    pub rows: Vec<usize>,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Median, min and max of repeated measurements.
+#[derive(Debug, Clone, Serialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(mut samples: Vec<f64>) -> Self {
+        samples.sort_by(f64::total_cmp);
+        let n = samples.len();
+        let median = if n % 2 == 1 {
+            samples[n / 2]
+        } else {
+            (samples[n / 2 - 1] + samples[n / 2]) / 2.0
+        };
+        Self {
+            median,
+            min: samples[0],
+            max: samples[n - 1],
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct VerifyPoint {
+    rows: usize,
+    ms: Spread,
+    ratio_to_one_row: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct BenchReport {
+    model: String,
+    threads: usize,
+    page_size: usize,
+    prompt_tokens: usize,
+    new_tokens: usize,
+    repetitions: usize,
+    prefill_tokens_per_s: Spread,
+    decode_tokens_per_s: Spread,
+    verify_context: usize,
+    verify_cost: Vec<VerifyPoint>,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let threads = loading::init_threads(args.model.threads)?;
+    let loaded = loading::load(&args.model)?;
+    let model = &loaded.model;
+    let repetitions = args.repetitions.max(1);
+    let vocab = model.config().vocab_size;
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(0);
+    let mut random_tokens = |n: usize| -> Vec<TokenId> {
+        (0..n)
+            .map(|_| rng.random_range(0..vocab as TokenId))
+            .collect()
+    };
+
+    let generator = Generator::new(
+        model,
+        None,
+        GeneratorOptions {
+            page_size: args.model.page_size,
+            ..Default::default()
+        },
+    );
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for repetition in 0..repetitions + 1 {
+        let request = GenerateRequest {
+            prompt: random_tokens(args.prompt_tokens),
+            sampling: SamplingParams::greedy(),
+            stop: StopCondition {
+                max_new_tokens: args.new_tokens,
+                ..Default::default()
+            },
+        };
+        let stats = generator.generate(&request, |_| {})?.stats;
+        // The first run warms caches and the thread pool; it is not counted.
+        if repetition > 0 {
+            prefill.push(stats.prefill_tokens_per_s);
+            decode.push(stats.decode_tokens_per_s);
+        }
+    }
+
+    let verify_cost = verify_curve(model, &args, repetitions, &mut random_tokens)?;
+    let report = BenchReport {
+        model: loaded.dir.display().to_string(),
+        threads,
+        page_size: args.model.page_size,
+        prompt_tokens: args.prompt_tokens,
+        new_tokens: args.new_tokens,
+        repetitions,
+        prefill_tokens_per_s: Spread::of(prefill),
+        decode_tokens_per_s: Spread::of(decode),
+        verify_context: args.context,
+        verify_cost,
+    };
+    print_report(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// Times one forward of `rows` causal rows (logits for every row, as a verify needs) after a
+/// prefilled context. The rows are never committed, so every measurement sees the same context.
+fn verify_curve(
+    model: &dyn Model,
+    args: &BenchArgs,
+    repetitions: usize,
+    random_tokens: &mut impl FnMut(usize) -> Vec<TokenId>,
+) -> Result<Vec<VerifyPoint>> {
+    let max_rows = args.rows.iter().copied().max().unwrap_or(1);
+    let page_size = args.model.page_size;
+    let pool = PagePool::new((args.context + max_rows).div_ceil(page_size), page_size)?;
+    let mut kv = model.new_kv_store(pool.num_slots());
+    let mut table = pool.new_table();
+    let context = random_tokens(args.context);
+    table.reserve(args.context + max_rows)?;
+    let positions: Vec<usize> = (0..args.context).collect();
+    let batch = ForwardBatch {
+        segments: vec![Segment::causal(
+            &table,
+            &context,
+            &positions,
+            LogitRows::None,
+        )],
+        taps: &[],
+    };
+    model.forward(&batch, &mut kv)?;
+    table.append(args.context);
+
+    let mut points: Vec<VerifyPoint> = Vec::new();
+    for &rows in &args.rows {
+        let tokens = random_tokens(rows);
+        let positions: Vec<usize> = (args.context..args.context + rows).collect();
+        let mut times = Vec::new();
+        for repetition in 0..repetitions + 1 {
+            let batch = ForwardBatch {
+                segments: vec![Segment::causal(&table, &tokens, &positions, LogitRows::All)],
+                taps: &[],
+            };
+            let start = Instant::now();
+            model.forward(&batch, &mut kv)?;
+            if repetition > 0 {
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let ms = Spread::of(times);
+        let one_row = points.first().map_or(ms.median, |p| p.ms.median);
+        points.push(VerifyPoint {
+            rows,
+            ratio_to_one_row: ms.median / one_row,
+            ms,
+        });
+    }
+    Ok(points)
+}
+
+fn print_report(report: &BenchReport) {
+    let spread = |s: &Spread| format!("{:.1} (min {:.1}, max {:.1})", s.median, s.min, s.max);
+    eprintln!(
+        "model {} | threads {} | page size {}",
+        report.model, report.threads, report.page_size
+    );
+    eprintln!(
+        "prefill tok/s ({} tokens): {}",
+        report.prompt_tokens,
+        spread(&report.prefill_tokens_per_s)
+    );
+    eprintln!(
+        "decode  tok/s ({} tokens): {}",
+        report.new_tokens,
+        spread(&report.decode_tokens_per_s)
+    );
+    eprintln!(
+        "verify cost after {} tokens of context (median of {}):",
+        report.verify_context, report.repetitions
+    );
+    eprintln!("  rows      ms   x 1-row");
+    for point in &report.verify_cost {
+        eprintln!(
+            "  {:>4} {:>8.2} {:>9.2}",
+            point.rows, point.ms.median, point.ratio_to_one_row
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! `grove generate`: one prompt, streamed text or one JSON object.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use grove_core::{SamplingParams, StopCondition, TokenId};
+use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
+use grove_model::tokenizer::generation_stop_ids;
+use grove_model::{ChatMessage, Model};
+
+use crate::loading::{self, ModelArgs};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text (needs the model's tokenizer.json).
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<TokenId>>,
+    /// Wrap the prompt as a user turn in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// 0 disables top-k.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (repeatable); it is not included in the output.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub format: OutputFormat,
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    loading::init_threads(args.model.threads)?;
+    let loaded = loading::load(&args.model)?;
+    let tokenizer = loaded.tokenizer.as_ref();
+    let prompt: Vec<TokenId> = match (&args.prompt, &args.prompt_ids) {
+        (_, Some(ids)) => {
+            if args.chat {
+                bail!("--chat needs a text --prompt, not --prompt-ids");
+            }
+            ids.clone()
+        }
+        (Some(text), None) => {
+            let tokenizer = tokenizer.with_context(|| {
+                format!(
+                    "--prompt needs {}/tokenizer.json; pass --prompt-ids instead",
+                    loaded.dir.display()
+                )
+            })?;
+            if args.chat {
+                let rendered = tokenizer.apply_chat_template(&[ChatMessage {
+                    role: "user".into(),
+                    content: text.clone(),
+                }])?;
+                // The template already holds any BOS; adding special tokens would double it.
+                tokenizer.encode(&rendered, false)?
+            } else {
+                tokenizer.encode(text, true)?
+            }
+        }
+        (None, None) => bail!("pass --prompt or --prompt-ids"),
+    };
+    let mut stop_token_ids = Vec::new();
+    if !args.ignore_eos {
+        stop_token_ids = generation_stop_ids(&loaded.dir, &loaded.model.config().eos_token_ids)?;
+        if let Some(id) = tokenizer.and_then(|t| t.eos_token_id()) {
+            if !stop_token_ids.contains(&id) {
+                stop_token_ids.push(id);
+            }
+        }
+    }
+    let request = GenerateRequest {
+        prompt,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+        stop: StopCondition {
+            max_new_tokens: args.max_new_tokens,
+            stop_token_ids,
+            stop_strings: args.stop.clone(),
+        },
+    };
+    let options = GeneratorOptions {
+        page_size: args.model.page_size,
+        ..GeneratorOptions::default()
+    };
+    let generator = Generator::new(&loaded.model, tokenizer, options);
+    let stream = args.format == OutputFormat::Text && tokenizer.is_some();
+    let mut stdout = std::io::stdout();
+    let output = generator.generate(&request, |text| {
+        if stream {
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+        }
+    })?;
+    match args.format {
+        OutputFormat::Json => println!("{}", serde_json::to_string(&output)?),
+        OutputFormat::Text => {
+            if !stream {
+                let ids: Vec<String> = output.token_ids.iter().map(|t| t.to_string()).collect();
+                println!("{}", ids.join(","));
+            } else {
+                println!();
+            }
+            let s = &output.stats;
+            eprintln!(
+                "[grove] {} prompt + {} new tokens, finish {:?}, {} rounds, mean accept {:.2}, prefill {:.1} tok/s, decode {:.1} tok/s",
+                s.prompt_tokens, s.new_tokens, output.finish_reason, s.rounds, s.mean_accept_length, s.prefill_tokens_per_s, s.decode_tokens_per_s
+            );
+        }
+    }
+    Ok(())
+}

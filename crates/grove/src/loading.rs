@@ -1,0 +1,94 @@
+//! Model selection and loading shared by the subcommands.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_core::Device;
+use clap::Args;
+use grove_model::random_checkpoint::RandomCheckpoint;
+use grove_model::{Decoder, TextTokenizer};
+
+/// The embedded default model, resolved at build time so `cargo run` works from any directory.
+pub const DEFAULT_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
+
+/// The seed the default model was written with (`grove tiny-model --seed`).
+pub const DEFAULT_MODEL_SEED: u64 = 20261129;
+
+/// Flags every model-running subcommand takes.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A HF checkpoint directory (config.json + safetensors [+ tokenizer.json]); default: the
+    /// embedded tiny model.
+    #[arg(long)]
+    pub model_path: Option<PathBuf>,
+    /// Compute threads (rayon and candle's matmuls); default: all cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 1)]
+    pub page_size: usize,
+}
+
+impl ModelArgs {
+    pub fn model_dir(&self) -> PathBuf {
+        self.model_path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_DIR))
+    }
+}
+
+/// Sets the thread count for rayon and for candle (which reads `RAYON_NUM_THREADS`) before
+/// any tensor work starts.
+pub fn init_threads(threads: Option<usize>) -> Result<usize> {
+    let threads = threads
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .max(1);
+    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .context("starting the compute thread pool")?;
+    Ok(threads)
+}
+
+pub struct Loaded {
+    pub model: Decoder,
+    pub tokenizer: Option<TextTokenizer>,
+    pub dir: PathBuf,
+}
+
+/// Loads the model and, if the directory has one, its tokenizer.
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let dir = args.model_dir();
+    if !dir.is_dir() {
+        anyhow::bail!("--model-path {}: not a directory", dir.display());
+    }
+    let model = Decoder::load(&dir, &Device::Cpu)
+        .with_context(|| format!("loading model from {}", dir.display()))?;
+    let tokenizer = if dir.join("tokenizer.json").is_file() {
+        Some(TextTokenizer::load(&dir)?)
+    } else {
+        None
+    };
+    Ok(Loaded {
+        model,
+        tokenizer,
+        dir,
+    })
+}
+
+#[derive(Debug, Args)]
+pub struct TinyModelArgs {
+    /// Output directory.
+    #[arg(long, default_value = DEFAULT_MODEL_DIR)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = DEFAULT_MODEL_SEED)]
+    pub seed: u64,
+}
+
+pub fn write_tiny_model(args: TinyModelArgs) -> Result<()> {
+    RandomCheckpoint::tiny_qwen3(args.seed).write(&args.out)?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! `grove`: LLM inference with DFlash/DDTree speculative decoding.
+//!
+//! Subcommands: `generate` (one prompt, text or JSON out), `bench` (prefill/decode speed and the
+//! verify cost curve), `tiny-model` (writes the seeded random checkpoint used as the default).
+
+mod bench;
+mod generate;
+mod loading;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "grove",
+    version,
+    about = "LLM inference with DFlash/DDTree speculative decoding"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate text for one prompt.
+    Generate(generate::GenerateArgs),
+    /// Measure prefill and decode speed, and the verify cost curve.
+    Bench(bench::BenchArgs),
+    /// Write a seeded random Qwen3 checkpoint with a byte-level tokenizer.
+    TinyModel(loading::TinyModelArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::TinyModel(args) => loading::write_tiny_model(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
