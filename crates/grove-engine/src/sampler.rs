@@ -147,7 +147,7 @@ mod tests {
         let support = processed_distribution(&logits, &params(1.0, 0, 0.75, 0));
         let tokens: Vec<TokenId> = support.iter().map(|&(t, _)| t).collect();
         assert_eq!(tokens, vec![0, 1]);
-        assert!((support[0].1 - 0.625).abs() < 1e-9);
+        assert!((support[0].1 - 0.625).abs() < 1e-6);
         let mut sampler = Sampler::new(params(1.0, 0, 0.75, 3));
         let mut seen = [0usize; 4];
         for _ in 0..2000 {

@@ -155,21 +155,22 @@ impl DecoderConfig {
             qk_norm: family == Family::Qwen3,
             bos_token_id: wire.usize("bos_token_id")?.map(|id| id as u32),
             eos_token_ids: token_ids(config.get("eos_token_id"))
-                .map_err(|_| "`eos_token_id` must be an integer or a list of integers")?,
+                .ok_or("`eos_token_id` must be an integer or a list of integers")?,
         })
     }
 }
 
 /// Reads `eos_token_id`-style fields: absent, null, one integer, or a list of integers.
-pub fn token_ids(value: Option<&Value>) -> Result<Vec<u32>, ()> {
+/// `None` when the value is none of these.
+pub fn token_ids(value: Option<&Value>) -> Option<Vec<u32>> {
     match value {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Number(n)) => n.as_u64().map(|id| vec![id as u32]).ok_or(()),
+        None | Some(Value::Null) => Some(Vec::new()),
+        Some(Value::Number(n)) => n.as_u64().map(|id| vec![id as u32]),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|item| item.as_u64().map(|id| id as u32).ok_or(()))
+            .map(|item| item.as_u64().map(|id| id as u32))
             .collect(),
-        Some(_) => Err(()),
+        Some(_) => None,
     }
 }
 

@@ -171,7 +171,7 @@ pub fn generation_stop_ids(
 ) -> Result<Vec<TokenId>, ModelError> {
     let path = directory.join("generation_config.json");
     let from_generation = match read_json_if_present(&path)? {
-        Some(value) => token_ids(value.get("eos_token_id")).map_err(|_| ModelError::Config {
+        Some(value) => token_ids(value.get("eos_token_id")).ok_or_else(|| ModelError::Config {
             path: path.clone(),
             message: "`eos_token_id` must be an integer or a list of integers".into(),
         })?,

@@ -1,0 +1,224 @@
+//! The `grove` binary as a user runs it: JSON output on the golden target, the embedded
+//! default model, `bench`, and bad input that must give a clear error and a non-zero exit,
+//! never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn golden_dir() -> PathBuf {
+    std::env::var_os("GROVE_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"))
+}
+
+fn grove(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grove"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run grove")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs a command that must fail cleanly and returns its error text.
+fn failure(args: &[&str]) -> String {
+    let output = grove(args);
+    let message = stderr(&output);
+    assert!(!output.status.success(), "{args:?} succeeded");
+    assert_eq!(output.status.code(), Some(1), "{args:?}: {message}");
+    assert!(
+        !message.contains("panicked"),
+        "{args:?} panicked: {message}"
+    );
+    message
+}
+
+#[test]
+fn generate_json_on_the_golden_target_matches_the_reference() {
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(golden_dir().join("cases.json")).unwrap())
+            .unwrap();
+    let case = &cases["cases"][1];
+    let prompt: Vec<String> = case["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let target = golden_dir().join("target");
+    let output = grove(&[
+        "generate",
+        "--model-path",
+        target.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(","),
+        "--max-new-tokens",
+        "64",
+        "--format",
+        "json",
+        "--page-size",
+        "4",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["token_ids"], case["greedy_ar"]["new_tokens"]);
+    assert_eq!(json["finish_reason"], "length");
+    let stats = &json["stats"];
+    assert_eq!(stats["prompt_tokens"], case["prompt_len"]);
+    assert_eq!(stats["new_tokens"], 64);
+    assert_eq!(stats["rounds"], 63);
+    assert_eq!(stats["mean_accept_length"], 1.0);
+    assert_eq!(stats["accept_lengths"].as_array().unwrap().len(), 63);
+    assert!(stats["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(stats["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn the_embedded_default_model_generates_text_and_chat() {
+    let output = grove(&[
+        "generate",
+        "--prompt",
+        "def fib(n):",
+        "--max-new-tokens",
+        "12",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("12 new tokens"),
+        "{}",
+        stderr(&output)
+    );
+    let output = grove(&[
+        "generate",
+        "--prompt",
+        "hi",
+        "--chat",
+        "--max-new-tokens",
+        "4",
+        "--format",
+        "json",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "1",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // "<|im_start|>" "user\n" "hi" "<|im_end|>" "\n" "<|im_start|>" "assistant\n": special
+    // tokens are one id each, the rest one id per byte.
+    assert_eq!(json["stats"]["prompt_tokens"], 1 + 5 + 2 + 1 + 1 + 1 + 10);
+}
+
+#[test]
+fn bench_prints_the_verify_cost_curve() {
+    let target = golden_dir().join("target");
+    let output = grove(&[
+        "bench",
+        "--model-path",
+        target.to_str().unwrap(),
+        "--prompt-tokens",
+        "16",
+        "--new-tokens",
+        "8",
+        "--repetitions",
+        "2",
+        "--context",
+        "32",
+        "--rows",
+        "1,2,4,8",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains("verify cost after 32 tokens"));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let curve = json["verify_cost"].as_array().unwrap();
+    assert_eq!(curve.len(), 4);
+    assert_eq!(curve[0]["ratio_to_one_row"], 1.0);
+    assert!(json["decode_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    std::fs::write(dir.join(name), text).unwrap();
+}
+
+#[test]
+fn bad_input_gives_a_clear_error_and_exit_code_one() {
+    let ids = ["--prompt-ids", "1,2,3"];
+    let missing = failure(
+        &[
+            &["generate", "--model-path", "/nonexistent/model"],
+            &ids[..],
+        ]
+        .concat(),
+    );
+    assert!(missing.contains("/nonexistent/model"), "{missing}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let no_config = failure(&[&["generate", "--model-path", path], &ids[..]].concat());
+    assert!(no_config.contains("config.json"), "{no_config}");
+
+    write(dir.path(), "config.json", "{ not json");
+    let malformed = failure(&[&["generate", "--model-path", path], &ids[..]].concat());
+    assert!(malformed.contains("invalid config"), "{malformed}");
+
+    write(
+        dir.path(),
+        "config.json",
+        r#"{"model_type": "mamba", "vocab_size": 10}"#,
+    );
+    let unknown = failure(&[&["generate", "--model-path", path], &ids[..]].concat());
+    assert!(
+        unknown.contains("model_type") && unknown.contains("mamba"),
+        "{unknown}"
+    );
+
+    let golden = golden_dir().join("target");
+    let golden = golden.to_str().unwrap();
+    write(
+        dir.path(),
+        "config.json",
+        &std::fs::read_to_string(golden_dir().join("target/config.json")).unwrap(),
+    );
+    let no_weights = failure(&[&["generate", "--model-path", path], &ids[..]].concat());
+    assert!(no_weights.contains("model.safetensors"), "{no_weights}");
+
+    let long_prompt = vec!["7"; 1000].join(",");
+    let too_long = failure(&[
+        "generate",
+        "--model-path",
+        golden,
+        "--prompt-ids",
+        &long_prompt,
+        "--max-new-tokens",
+        "64",
+    ]);
+    assert!(too_long.contains("context of 1024"), "{too_long}");
+
+    let no_tokenizer = failure(&["generate", "--model-path", golden, "--prompt", "hello"]);
+    assert!(
+        no_tokenizer.contains("tokenizer.json") && no_tokenizer.contains("--prompt-ids"),
+        "{no_tokenizer}"
+    );
+
+    let bad_top_p = failure(&[
+        "generate",
+        "--model-path",
+        golden,
+        "--prompt-ids",
+        "1",
+        "--top-p",
+        "1.5",
+    ]);
+    assert!(bad_top_p.contains("top_p"), "{bad_top_p}");
+
+    let out_of_vocab = failure(&["generate", "--model-path", golden, "--prompt-ids", "1,5000"]);
+    assert!(
+        out_of_vocab.contains("5000") && out_of_vocab.contains("1024"),
+        "{out_of_vocab}"
+    );
+}
