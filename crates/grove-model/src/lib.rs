@@ -5,7 +5,9 @@
 mod attention;
 pub mod config;
 mod decoder;
+pub mod dflash;
 pub mod forward;
+pub mod layer_stack;
 pub mod layers;
 pub mod random_checkpoint;
 mod rope;
@@ -16,6 +18,7 @@ use std::path::PathBuf;
 
 pub use config::{DecoderConfig, Family, RopeScaling};
 pub use decoder::Decoder;
+pub use dflash::{DFlashConfig, DFlashDrafter, DraftOutput};
 pub use forward::{ForwardBatch, ForwardOutput, LogitRows, Segment, Visibility};
 pub use rope::Rope;
 pub use tokenizer::{ChatMessage, TextTokenizer};
@@ -28,6 +31,16 @@ pub trait Model: Send + Sync {
 
     /// A KV store shaped for this model with `num_slots` slots.
     fn new_kv_store(&self, num_slots: usize) -> KvStore;
+
+    /// Token embeddings, `[tokens, hidden]` (the DFlash drafter borrows the target's).
+    fn embed(&self, tokens: &[u32]) -> Result<candle_core::Tensor, ModelError>;
+
+    /// The LM head applied to already-normed hidden states: `[rows, hidden] -> [rows, vocab]`
+    /// (the DFlash drafter borrows the target's).
+    fn project_logits(
+        &self,
+        hidden: &candle_core::Tensor,
+    ) -> Result<candle_core::Tensor, ModelError>;
 
     /// Runs every row of `batch`, writing their K/V into `kv`.
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<ForwardOutput, ModelError>;
@@ -50,8 +63,12 @@ pub enum ModelError {
     Tokenizer { path: PathBuf, message: String },
     #[error("chat template: {0}")]
     Template(String),
+    #[error("drafter {path} does not fit the target: {message}")]
+    IncompatibleDrafter { path: PathBuf, message: String },
     #[error("invalid forward batch: {0}")]
     InvalidBatch(String),
+    #[error(transparent)]
+    Kv(#[from] grove_kv::KvError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -1,0 +1,241 @@
+//! A stack of pre-norm decoder layers over the paged KV pool: the part of the network the
+//! target decoder and the DFlash drafter share.
+//!
+//! Per layer, for all rows of a batch at once:
+//! `x = norm(h); q,k,v = proj(x); [q/k norm]; RoPE; write k,v to their slots;`
+//! `h += o(attend(q, visible keys)); h += mlp(post_norm(h))`.
+//! Matmuls run on candle tensors; RoPE, the KV writes and attention run on host slices.
+
+use candle_core::{Device, Module, Tensor};
+use grove_kv::KvStore;
+
+use crate::attention::{attend, HeadLayout, KeyPlan};
+use crate::config::DecoderConfig;
+use crate::forward::ForwardBatch;
+use crate::layers::{Linear, Mlp, RmsNorm};
+use crate::rope::Rope;
+use crate::weights::Weights;
+use crate::ModelError;
+
+#[derive(Debug)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>, // [head_dim], Qwen3 only
+    k_norm: Option<RmsNorm>,
+}
+
+#[derive(Debug)]
+struct DecoderLayer {
+    input_norm: RmsNorm,
+    attention: Attention,
+    post_attention_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn load(weights: &Weights, prefix: &str, c: &DecoderConfig) -> Result<Self, ModelError> {
+        let (hidden, head_dim, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps);
+        let a = format!("{prefix}.self_attn");
+        let linear = |name: &str, in_dim, out_dim, bias| {
+            Linear::load(weights, &format!("{a}.{name}"), in_dim, out_dim, bias)
+        };
+        let qk_norm = |name: &str| {
+            c.qk_norm
+                .then(|| RmsNorm::load(weights, &format!("{a}.{name}"), head_dim, eps))
+                .transpose()
+        };
+        Ok(Self {
+            input_norm: RmsNorm::load(weights, &format!("{prefix}.input_layernorm"), hidden, eps)?,
+            attention: Attention {
+                q_proj: linear("q_proj", hidden, c.num_heads * head_dim, c.qkv_bias)?,
+                k_proj: linear("k_proj", hidden, c.kv_width(), c.qkv_bias)?,
+                v_proj: linear("v_proj", hidden, c.kv_width(), c.qkv_bias)?,
+                o_proj: linear("o_proj", c.num_heads * head_dim, hidden, c.o_bias)?,
+                q_norm: qk_norm("q_norm")?,
+                k_norm: qk_norm("k_norm")?,
+            },
+            post_attention_norm: RmsNorm::load(
+                weights,
+                &format!("{prefix}.post_attention_layernorm"),
+                hidden,
+                eps,
+            )?,
+            mlp: Mlp::load(
+                weights,
+                &format!("{prefix}.mlp"),
+                hidden,
+                c.intermediate_size,
+                c.mlp_bias,
+            )?,
+        })
+    }
+}
+
+/// `proj(x)`, optionally normed per head, as host floats `[rows, heads * head_dim]`.
+fn project(
+    x: &Tensor,
+    proj: &Linear,
+    norm: Option<&RmsNorm>,
+    heads: usize,
+    head_dim: usize,
+) -> candle_core::Result<Vec<f32>> {
+    let mut y = proj.forward(x)?;
+    if let Some(norm) = norm {
+        let rows = x.dim(0)?;
+        y = norm.forward(&y.reshape((rows, heads, head_dim))?)?;
+    }
+    y.flatten_all()?.to_vec1()
+}
+
+/// The layers of one network with their RoPE. Holds weights only.
+#[derive(Debug)]
+pub struct LayerStack {
+    config: DecoderConfig,
+    layers: Vec<DecoderLayer>,
+    rope: Rope,
+    device: Device,
+}
+
+impl LayerStack {
+    /// Loads layers `{prefix}.{i}` for `i < config.num_layers`.
+    pub fn load(
+        weights: &Weights,
+        prefix: &str,
+        config: &DecoderConfig,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let layers = (0..config.num_layers)
+            .map(|i| DecoderLayer::load(weights, &format!("{prefix}.{i}"), config))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            config: config.clone(),
+            layers,
+            rope: Rope::new(config),
+            device: device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    /// Runs every layer over `hidden` (`[rows, hidden]`, the rows of `batch` in order) and
+    /// returns the final hidden state (before any final norm) and the requested taps, in the
+    /// order of `batch.taps`.
+    pub fn forward(
+        &self,
+        mut hidden: Tensor,
+        batch: &ForwardBatch,
+        kv: &mut KvStore,
+    ) -> Result<(Tensor, Vec<Tensor>), ModelError> {
+        let c = &self.config;
+        let num_rows = batch.num_rows();
+        let positions: Vec<usize> = batch
+            .segments
+            .iter()
+            .flat_map(|s| s.positions.iter().copied())
+            .collect();
+        let slots: Vec<usize> = batch
+            .segments
+            .iter()
+            .flat_map(|s| (0..s.tokens.len()).map(|j| s.table.slot(s.context_len + j)))
+            .collect();
+        let plan = KeyPlan::new(batch);
+        let (cos, sin) = self.rope.tables(&positions);
+        let layout = HeadLayout {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let mut taps: Vec<Option<Tensor>> = vec![None; batch.taps.len()];
+        for (layer_index, layer) in self.layers.iter().enumerate() {
+            let x = layer.input_norm.forward(&hidden)?;
+            let attention = &layer.attention;
+            let mut queries = project(
+                &x,
+                &attention.q_proj,
+                attention.q_norm.as_ref(),
+                c.num_heads,
+                c.head_dim,
+            )?;
+            let mut keys = project(
+                &x,
+                &attention.k_proj,
+                attention.k_norm.as_ref(),
+                c.num_kv_heads,
+                c.head_dim,
+            )?;
+            let values = project(&x, &attention.v_proj, None, c.num_kv_heads, c.head_dim)?;
+            self.rope.rotate(&mut queries, c.num_heads, &cos, &sin);
+            self.rope.rotate(&mut keys, c.num_kv_heads, &cos, &sin);
+            let width = c.kv_width();
+            for (row, &slot) in slots.iter().enumerate() {
+                let range = row * width..(row + 1) * width;
+                kv.write(layer_index, slot, &keys[range.clone()], &values[range]);
+            }
+            let (layer_keys, layer_values) = kv.layer(layer_index);
+            let attended = attend(&plan, layout, &queries, layer_keys, layer_values);
+            let attended =
+                Tensor::from_vec(attended, (num_rows, c.num_heads * c.head_dim), &self.device)?;
+            hidden = (hidden + attention.o_proj.forward(&attended)?)?;
+            let mlp_out = layer
+                .mlp
+                .forward(&layer.post_attention_norm.forward(&hidden)?)?;
+            hidden = (hidden + mlp_out)?;
+            for (tap, _) in batch
+                .taps
+                .iter()
+                .enumerate()
+                .filter(|(_, &l)| l == layer_index)
+            {
+                taps[tap] = Some(hidden.clone());
+            }
+        }
+        let taps = taps
+            .into_iter()
+            .map(|t| t.expect("tap layers are checked against the depth"))
+            .collect();
+        Ok((hidden, taps))
+    }
+
+    /// Writes keys and values computed from `features` (`[rows, hidden]`) into `slots` of every
+    /// layer, without queries: the DFlash drafter's context enters its attention this way
+    /// (`K = RoPE(k_norm(k_proj(c)))`, `V = v_proj(c)`; no input norm, no layer update).
+    pub fn write_context_kv(
+        &self,
+        features: &Tensor,
+        positions: &[usize],
+        slots: &[usize],
+        kv: &mut KvStore,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (cos, sin) = self.rope.tables(positions);
+        for (layer_index, layer) in self.layers.iter().enumerate() {
+            let attention = &layer.attention;
+            let mut keys = project(
+                features,
+                &attention.k_proj,
+                attention.k_norm.as_ref(),
+                c.num_kv_heads,
+                c.head_dim,
+            )?;
+            let values = project(
+                features,
+                &attention.v_proj,
+                None,
+                c.num_kv_heads,
+                c.head_dim,
+            )?;
+            self.rope.rotate(&mut keys, c.num_kv_heads, &cos, &sin);
+            let width = c.kv_width();
+            for (row, &slot) in slots.iter().enumerate() {
+                let range = row * width..(row + 1) * width;
+                kv.write(layer_index, slot, &keys[range.clone()], &values[range]);
+            }
+        }
+        Ok(())
+    }
+}
