@@ -1,14 +1,19 @@
-//! The decode loop: validate, prefill, rounds, sampling, stopping, incremental
-//! detokenization and per-round statistics. There is exactly one loop; speculative methods
-//! change what a round does, not the loop around it.
+//! The decode loop: validate, prefill, rounds (plain or DFlash speculative), sampling,
+//! stopping, incremental detokenization and per-round statistics. There is exactly one loop
+//! and one round function; speculation changes what a round verifies, not the loop around it.
 
 mod detokenizer;
+mod drafter;
+mod emitter;
 mod generate;
 mod sampler;
 mod stop_strings;
 
 pub use detokenizer::Detokenizer;
-pub use generate::{GenerateOutput, GenerateRequest, GenerateStats, Generator, GeneratorOptions};
+pub use drafter::{DraftContext, Drafter};
+pub use generate::{
+    DFlashSpec, GenerateOutput, GenerateRequest, GenerateStats, Generator, GeneratorOptions,
+};
 pub use sampler::{argmax, processed_distribution, Sampler};
 pub use stop_strings::{StopScan, StopStrings};
 

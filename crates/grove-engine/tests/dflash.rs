@@ -1,0 +1,258 @@
+//! DFlash speculative decoding is lossless and matches the reference: on the golden pair the
+//! greedy tokens and every round's acceptance length but the last equal z-lab's; for random
+//! prompts greedy DFlash equals plain greedy decoding with the golden drafter, an oracle drafter
+//! (every round accepts the whole block) and an adversarial one (every round accepts nothing),
+//! for page sizes 1 and 16.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_core::{Device, Tensor};
+use grove_core::{SamplingParams, StopCondition, TokenId};
+use grove_engine::{
+    DFlashSpec, DraftContext, Drafter, GenerateOutput, GenerateRequest, Generator, GeneratorOptions,
+};
+use grove_model::{DFlashDrafter, Decoder, Model, ModelError};
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+fn golden_dir() -> PathBuf {
+    std::env::var_os("GROVE_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"))
+}
+
+fn golden_pair() -> Result<(Decoder, DFlashDrafter)> {
+    let target = Decoder::load(&golden_dir().join("target"), &Device::Cpu)?;
+    let drafter = DFlashDrafter::load(
+        &golden_dir().join("drafter"),
+        &target,
+        |_| None,
+        &Device::Cpu,
+    )?;
+    Ok((target, drafter))
+}
+
+fn greedy(prompt: &[TokenId], max_new_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt: prompt.to_vec(),
+        sampling: SamplingParams::greedy(),
+        stop: StopCondition {
+            max_new_tokens,
+            ..Default::default()
+        },
+    }
+}
+
+fn run(
+    target: &Decoder,
+    drafter: Option<&dyn Drafter>,
+    page_size: usize,
+    request: &GenerateRequest,
+) -> Result<GenerateOutput> {
+    let mut generator = Generator::new(
+        target,
+        None,
+        GeneratorOptions {
+            page_size,
+            ..Default::default()
+        },
+    );
+    if let Some(drafter) = drafter {
+        generator = generator.with_dflash(DFlashSpec {
+            drafter,
+            num_draft_tokens: drafter.block_size(),
+        })?;
+    }
+    Ok(generator.generate(request, |_| {})?)
+}
+
+#[test]
+fn greedy_dflash_reproduces_the_reference_tokens_and_acceptance_lengths() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let cases: Value = serde_json::from_str(
+        &std::fs::read_to_string(golden_dir().join("cases.json")).context("cases")?,
+    )?;
+    for case in cases["cases"].as_array().context("cases")? {
+        let prompt: Vec<u32> = serde_json::from_value(case["prompt"].clone())?;
+        let expected_tokens: Vec<u32> =
+            serde_json::from_value(case["dflash"]["new_tokens"].clone())?;
+        let expected_tau: Vec<usize> =
+            serde_json::from_value(case["dflash"]["acceptance_lengths"].clone())?;
+        for page_size in [1, 16] {
+            let output = run(&target, Some(&drafter), page_size, &greedy(&prompt, 64))?;
+            let label = format!("case {} page size {page_size}", case["id"]);
+            assert_eq!(output.token_ids, expected_tokens, "{label}");
+            let tau = &output.stats.accept_lengths;
+            // The reference overshoots the limit in its last round and truncates; we clamp.
+            assert_eq!(tau.len(), expected_tau.len(), "{label}: rounds");
+            assert_eq!(
+                tau[..tau.len() - 1],
+                expected_tau[..expected_tau.len() - 1],
+                "{label}"
+            );
+            assert_eq!(
+                tau.iter().sum::<usize>() + 1,
+                64,
+                "{label}: every token but the prefill's comes from a round"
+            );
+            let accepted_first = output.stats.accepted_per_position[0];
+            assert_eq!(
+                accepted_first,
+                tau.iter().filter(|&&t| t > 1).count(),
+                "{label}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Proposes a known sequence: the target's greedy continuation (oracle) or, shifted by one id,
+/// a token that is never the target's choice (adversarial).
+struct ScriptedDrafter {
+    /// The full greedy sequence, prompt included, indexed by position.
+    sequence: Vec<TokenId>,
+    vocab_size: usize,
+    block_size: usize,
+    adversarial: bool,
+}
+
+impl Drafter for ScriptedDrafter {
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn target_taps(&self) -> &[usize] {
+        &[]
+    }
+
+    fn new_context(&self, _max_len: usize, _page_size: usize) -> Result<DraftContext, ModelError> {
+        Ok(DraftContext::empty())
+    }
+
+    fn extend(&self, _context: &mut DraftContext, _features: &Tensor) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    fn draft(
+        &self,
+        _target: &dyn Model,
+        _context: &mut DraftContext,
+        _anchor: TokenId,
+        position: usize,
+    ) -> Result<Tensor, ModelError> {
+        let mut logits = vec![0f32; (self.block_size - 1) * self.vocab_size];
+        for slot in 0..self.block_size - 1 {
+            let truth = self.sequence.get(position + 1 + slot).copied().unwrap_or(0) as usize;
+            let token = if self.adversarial {
+                (truth + 1) % self.vocab_size
+            } else {
+                truth
+            };
+            logits[slot * self.vocab_size + token] = 10.0;
+        }
+        Ok(Tensor::from_vec(
+            logits,
+            (self.block_size - 1, self.vocab_size),
+            &Device::Cpu,
+        )?)
+    }
+}
+
+#[test]
+fn greedy_dflash_equals_plain_greedy_with_golden_oracle_and_adversarial_drafters() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let vocab_size = target.config().vocab_size;
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(42);
+    for trial in 0..4 {
+        let length = rng.random_range(1..40);
+        let prompt: Vec<TokenId> = (0..length).map(|_| rng.random_range(0..1021)).collect();
+        let max_new = rng.random_range(1..48);
+        let request = greedy(&prompt, max_new);
+        let plain = run(&target, None, 1, &request)?;
+        let mut sequence = prompt.clone();
+        sequence.extend(&plain.token_ids);
+        let oracle = ScriptedDrafter {
+            sequence: sequence.clone(),
+            vocab_size,
+            block_size: 8,
+            adversarial: false,
+        };
+        let adversary = ScriptedDrafter {
+            sequence,
+            vocab_size,
+            block_size: 8,
+            adversarial: true,
+        };
+        for page_size in [1, 16] {
+            let label =
+                format!("trial {trial} (prompt {length}, {max_new} new) page size {page_size}");
+            let golden = run(&target, Some(&drafter), page_size, &request)?;
+            assert_eq!(golden.token_ids, plain.token_ids, "{label}: golden drafter");
+
+            let with_oracle = run(&target, Some(&oracle), page_size, &request)?;
+            assert_eq!(with_oracle.token_ids, plain.token_ids, "{label}: oracle");
+            let tau = &with_oracle.stats.accept_lengths;
+            assert!(
+                tau[..tau.len().saturating_sub(1)].iter().all(|&t| t == 8),
+                "{label}: oracle tau {tau:?}"
+            );
+
+            let with_adversary = run(&target, Some(&adversary), page_size, &request)?;
+            assert_eq!(
+                with_adversary.token_ids, plain.token_ids,
+                "{label}: adversary"
+            );
+            assert!(
+                with_adversary.stats.accept_lengths.iter().all(|&t| t == 1),
+                "{label}: adversary"
+            );
+            assert_eq!(with_adversary.stats.rounds, max_new - 1);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_stop_token_inside_an_accepted_run_ends_generation_there() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(golden_dir().join("cases.json"))?)?;
+    let case = &cases["cases"][0];
+    let prompt: Vec<u32> = serde_json::from_value(case["prompt"].clone())?;
+    let tokens: Vec<u32> = serde_json::from_value(case["dflash"]["new_tokens"].clone())?;
+    // Case 0's round 7 emits new tokens 16..=21 (tau 6); stop on one in its middle.
+    let stop_index = 18;
+    let stop = tokens[stop_index];
+    let first = tokens.iter().position(|&t| t == stop).unwrap();
+    let mut request = greedy(&prompt, 64);
+    request.stop.stop_token_ids = vec![stop];
+    let output = run(&target, Some(&drafter), 4, &request)?;
+    assert_eq!(output.token_ids, tokens[..=first].to_vec());
+    assert_eq!(first, stop_index);
+    assert_eq!(output.finish_reason, grove_core::FinishReason::Stop);
+    assert_eq!(
+        output.stats.accept_lengths.last(),
+        Some(&3),
+        "the round is cut after its third token"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_block_larger_than_the_drafter_is_refused() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let generator = Generator::new(&target, None, GeneratorOptions::default());
+    let error = generator
+        .with_dflash(DFlashSpec {
+            drafter: &drafter,
+            num_draft_tokens: 9,
+        })
+        .err()
+        .context("accepted")?;
+    assert!(
+        error.to_string().contains("speculative_num_draft_tokens"),
+        "{error}"
+    );
+    Ok(())
+}
