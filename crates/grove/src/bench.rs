@@ -9,18 +9,21 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use grove_kv::PagePool;
 use grove_model::{ForwardBatch, LogitRows, Model, Segment};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::loading::{self, ModelArgs};
+use crate::loading::{self, ModelArgs, SpecArgs};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// With a drafter, none and dflash run on the same prompts, alternating, in one run.
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Prompt length for the prefill/decode measurement.
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
@@ -73,16 +76,28 @@ struct VerifyPoint {
     ratio_to_one_row: f64,
 }
 
+/// One decoding method's measurements.
+#[derive(Debug, Serialize)]
+struct MethodReport {
+    method: &'static str,
+    prefill_tokens_per_s: Spread,
+    decode_tokens_per_s: Spread,
+    /// Mean tau over all rounds of all measured runs.
+    mean_accept_length: f64,
+    /// Median decode tokens/s relative to `none` in the same run.
+    decode_speedup_vs_none: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct BenchReport {
     model: String,
+    drafter: Option<String>,
     threads: usize,
     page_size: usize,
     prompt_tokens: usize,
     new_tokens: usize,
     repetitions: usize,
-    prefill_tokens_per_s: Spread,
-    decode_tokens_per_s: Spread,
+    methods: Vec<MethodReport>,
     verify_context: usize,
     verify_cost: Vec<VerifyPoint>,
 }
@@ -90,6 +105,7 @@ struct BenchReport {
 pub fn run(args: BenchArgs) -> Result<()> {
     let threads = loading::init_threads(args.model.threads)?;
     let loaded = loading::load(&args.model)?;
+    let drafter = args.spec.load_drafter(&loaded)?;
     let model = &loaded.model;
     let repetitions = args.repetitions.max(1);
     let vocab = model.config().vocab_size;
@@ -100,15 +116,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect()
     };
 
-    let generator = Generator::new(
-        model,
-        None,
-        GeneratorOptions {
-            page_size: args.model.page_size,
-            ..Default::default()
-        },
-    );
-    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    let options = GeneratorOptions {
+        page_size: args.model.page_size,
+        ..Default::default()
+    };
+    let mut methods: Vec<(&'static str, Generator)> =
+        vec![("none", Generator::new(model, None, options.clone()))];
+    if let Some(drafter) = &drafter {
+        let spec = DFlashSpec {
+            drafter,
+            num_draft_tokens: args.spec.num_draft_tokens(drafter),
+        };
+        methods.push((
+            "dflash",
+            Generator::new(model, None, options).with_dflash(spec)?,
+        ));
+    }
+    // samples[method] = (prefill tok/s, decode tok/s, tau per round)
+    let mut samples: Vec<(Vec<f64>, Vec<f64>, Vec<usize>)> =
+        methods.iter().map(|_| Default::default()).collect();
     for repetition in 0..repetitions + 1 {
         let request = GenerateRequest {
             prompt: random_tokens(args.prompt_tokens),
@@ -118,24 +144,46 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 ..Default::default()
             },
         };
-        let stats = generator.generate(&request, |_| {})?.stats;
-        // The first run warms caches and the thread pool; it is not counted.
-        if repetition > 0 {
-            prefill.push(stats.prefill_tokens_per_s);
-            decode.push(stats.decode_tokens_per_s);
+        for ((_, generator), sample) in methods.iter().zip(samples.iter_mut()) {
+            let stats = generator.generate(&request, |_| {})?.stats;
+            // The first repetition warms caches and the thread pool; it is not counted.
+            if repetition > 0 {
+                sample.0.push(stats.prefill_tokens_per_s);
+                sample.1.push(stats.decode_tokens_per_s);
+                sample.2.extend(stats.accept_lengths);
+            }
         }
+    }
+    let mut method_reports: Vec<MethodReport> = methods
+        .iter()
+        .zip(samples)
+        .map(|((name, _), (prefill, decode, tau))| MethodReport {
+            method: name,
+            prefill_tokens_per_s: Spread::of(prefill),
+            decode_tokens_per_s: Spread::of(decode),
+            mean_accept_length: tau.iter().sum::<usize>() as f64 / tau.len().max(1) as f64,
+            decode_speedup_vs_none: 1.0,
+        })
+        .collect();
+    let baseline = method_reports[0].decode_tokens_per_s.median;
+    for report in &mut method_reports {
+        report.decode_speedup_vs_none = report.decode_tokens_per_s.median / baseline;
     }
 
     let verify_cost = verify_curve(model, &args, repetitions, &mut random_tokens)?;
     let report = BenchReport {
         model: loaded.dir.display().to_string(),
+        drafter: args
+            .spec
+            .speculative_draft_model_path
+            .as_ref()
+            .map(|p| p.display().to_string()),
         threads,
         page_size: args.model.page_size,
         prompt_tokens: args.prompt_tokens,
         new_tokens: args.new_tokens,
         repetitions,
-        prefill_tokens_per_s: Spread::of(prefill),
-        decode_tokens_per_s: Spread::of(decode),
+        methods: method_reports,
         verify_context: args.context,
         verify_cost,
     };
@@ -204,21 +252,25 @@ fn verify_curve(
 }
 
 fn print_report(report: &BenchReport) {
-    let spread = |s: &Spread| format!("{:.1} (min {:.1}, max {:.1})", s.median, s.min, s.max);
+    let spread = |s: &Spread| format!("{:>8.1} (min {:.1}, max {:.1})", s.median, s.min, s.max);
     eprintln!(
         "model {} | threads {} | page size {}",
         report.model, report.threads, report.page_size
     );
     eprintln!(
-        "prefill tok/s ({} tokens): {}",
-        report.prompt_tokens,
-        spread(&report.prefill_tokens_per_s)
+        "{} prompt tokens, {} new tokens, median of {} runs",
+        report.prompt_tokens, report.new_tokens, report.repetitions
     );
-    eprintln!(
-        "decode  tok/s ({} tokens): {}",
-        report.new_tokens,
-        spread(&report.decode_tokens_per_s)
-    );
+    for method in &report.methods {
+        eprintln!(
+            "  {:<7} prefill tok/s {}  decode tok/s {}  tau {:.2}  decode x none {:.2}",
+            method.method,
+            spread(&method.prefill_tokens_per_s),
+            spread(&method.decode_tokens_per_s),
+            method.mean_accept_length,
+            method.decode_speedup_vs_none
+        );
+    }
     eprintln!(
         "verify cost after {} tokens of context (median of {}):",
         report.verify_context, report.repetitions

@@ -5,11 +5,11 @@ use std::io::Write;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use grove_model::tokenizer::generation_stop_ids;
 use grove_model::{ChatMessage, Model};
 
-use crate::loading::{self, ModelArgs};
+use crate::loading::{self, ModelArgs, SpecArgs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
@@ -21,6 +21,8 @@ pub enum OutputFormat {
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Prompt text (needs the model's tokenizer.json).
     #[arg(
         long,
@@ -59,6 +61,7 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> Result<()> {
     loading::init_threads(args.model.threads)?;
     let loaded = loading::load(&args.model)?;
+    let drafter = args.spec.load_drafter(&loaded)?;
     let tokenizer = loaded.tokenizer.as_ref();
     let prompt: Vec<TokenId> = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => {
@@ -114,7 +117,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         page_size: args.model.page_size,
         ..GeneratorOptions::default()
     };
-    let generator = Generator::new(&loaded.model, tokenizer, options);
+    let mut generator = Generator::new(&loaded.model, tokenizer, options);
+    if let Some(drafter) = &drafter {
+        let num_draft_tokens = args.spec.num_draft_tokens(drafter);
+        generator = generator.with_dflash(DFlashSpec {
+            drafter,
+            num_draft_tokens,
+        })?;
+    }
     let stream = args.format == OutputFormat::Text && tokenizer.is_some();
     let mut stdout = std::io::stdout();
     let output = generator.generate(&request, |text| {
@@ -134,8 +144,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             }
             let s = &output.stats;
             eprintln!(
-                "[grove] {} prompt + {} new tokens, finish {:?}, {} rounds, mean accept {:.2}, prefill {:.1} tok/s, decode {:.1} tok/s",
-                s.prompt_tokens, s.new_tokens, output.finish_reason, s.rounds, s.mean_accept_length, s.prefill_tokens_per_s, s.decode_tokens_per_s
+                "[grove] {} prompt + {} new tokens, finish {:?}, {} rounds, tau {:.2}, prefill {:.1} tok/s, decode {:.1} tok/s (draft {:.1} ms, verify {:.1} ms, commit {:.1} ms)",
+                s.prompt_tokens,
+                s.new_tokens,
+                output.finish_reason,
+                s.rounds,
+                s.mean_accept_length,
+                s.prefill_tokens_per_s,
+                s.decode_tokens_per_s,
+                s.t_draft_us as f64 / 1e3,
+                s.t_verify_us as f64 / 1e3,
+                s.t_commit_us as f64 / 1e3
             );
         }
     }

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Args;
 use grove_model::random_checkpoint::RandomCheckpoint;
-use grove_model::{Decoder, TextTokenizer};
+use grove_model::{DFlashDrafter, Decoder, TextTokenizer};
 
 /// The embedded default model, resolved at build time so `cargo run` works from any directory.
 pub const DEFAULT_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
@@ -50,6 +50,59 @@ pub fn init_threads(threads: Option<usize>) -> Result<usize> {
         .build_global()
         .context("starting the compute thread pool")?;
     Ok(threads)
+}
+
+/// Speculative decoding methods, named as SGLang's `--speculative-algorithm` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpecAlgorithm {
+    None,
+    #[value(name = "dflash")]
+    DFlash,
+}
+
+/// Speculation flags shared by `generate` and `bench`.
+#[derive(Debug, Clone, Args)]
+pub struct SpecArgs {
+    /// none or dflash (case-insensitive).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = SpecAlgorithm::None)]
+    pub speculative_algorithm: SpecAlgorithm,
+    /// A DFlash drafter directory (z-lab format: config.json + model.safetensors).
+    #[arg(long)]
+    pub speculative_draft_model_path: Option<PathBuf>,
+    /// Verify block size (anchor + drafts), at most the drafter's block size; default: the
+    /// drafter's.
+    #[arg(long)]
+    pub speculative_num_draft_tokens: Option<usize>,
+}
+
+impl SpecArgs {
+    /// Loads the drafter the flags ask for, checked against the target.
+    pub fn load_drafter(&self, loaded: &Loaded) -> Result<Option<DFlashDrafter>> {
+        let path = match (
+            self.speculative_algorithm,
+            &self.speculative_draft_model_path,
+        ) {
+            (SpecAlgorithm::None, None) => return Ok(None),
+            (SpecAlgorithm::None, Some(_)) => {
+                anyhow::bail!("--speculative-draft-model-path needs --speculative-algorithm dflash")
+            }
+            (SpecAlgorithm::DFlash, None) => anyhow::bail!(
+                "--speculative-algorithm dflash needs --speculative-draft-model-path DIR"
+            ),
+            (SpecAlgorithm::DFlash, Some(path)) => path,
+        };
+        let tokenizer = loaded.tokenizer.as_ref();
+        let resolve = |token: &str| tokenizer.and_then(|t| t.inner().token_to_id(token));
+        let drafter = DFlashDrafter::load(path, &loaded.model, resolve, &Device::Cpu)
+            .with_context(|| format!("loading drafter from {}", path.display()))?;
+        Ok(Some(drafter))
+    }
+
+    /// The verify block size for `drafter`.
+    pub fn num_draft_tokens(&self, drafter: &DFlashDrafter) -> usize {
+        self.speculative_num_draft_tokens
+            .unwrap_or(drafter.config().block_size)
+    }
 }
 
 pub struct Loaded {

@@ -138,7 +138,116 @@ fn bench_prints_the_verify_cost_curve() {
     let curve = json["verify_cost"].as_array().unwrap();
     assert_eq!(curve.len(), 4);
     assert_eq!(curve[0]["ratio_to_one_row"], 1.0);
-    assert!(json["decode_tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
+    assert!(
+        json["methods"][0]["decode_tokens_per_s"]["median"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+}
+
+#[test]
+fn bench_compares_none_and_dflash_in_one_run() {
+    let target = golden_dir().join("target");
+    let drafter = golden_dir().join("drafter");
+    let output = grove(&[
+        "bench",
+        "--model-path",
+        target.to_str().unwrap(),
+        "--speculative-algorithm",
+        "dflash",
+        "--speculative-draft-model-path",
+        drafter.to_str().unwrap(),
+        "--prompt-tokens",
+        "16",
+        "--new-tokens",
+        "32",
+        "--repetitions",
+        "2",
+        "--context",
+        "32",
+        "--rows",
+        "1,8",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let methods = json["methods"].as_array().unwrap();
+    assert_eq!(methods.len(), 2);
+    assert_eq!(methods[0]["method"], "none");
+    assert_eq!(methods[0]["mean_accept_length"], 1.0);
+    assert_eq!(methods[1]["method"], "dflash");
+    assert!(
+        methods[1]["mean_accept_length"].as_f64().unwrap() > 1.5,
+        "{}",
+        methods[1]
+    );
+    assert!(stderr(&output).contains("decode x none"));
+}
+
+#[test]
+fn generate_with_dflash_on_the_golden_pair_is_lossless_and_reports_rounds() {
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(golden_dir().join("cases.json")).unwrap())
+            .unwrap();
+    let case = &cases["cases"][2];
+    let prompt: Vec<String> = case["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let (target, drafter) = (golden_dir().join("target"), golden_dir().join("drafter"));
+    let output = grove(&[
+        "generate",
+        "--model-path",
+        target.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(","),
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        drafter.to_str().unwrap(),
+        "--max-new-tokens",
+        "64",
+        "--format",
+        "json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["token_ids"], case["greedy_ar"]["new_tokens"]);
+    let stats = &json["stats"];
+    assert_eq!(
+        stats["accept_lengths"].as_array().unwrap().len(),
+        case["dflash"]["num_rounds"].as_u64().unwrap() as usize
+    );
+    assert_eq!(stats["accepted_per_position"].as_array().unwrap().len(), 7);
+    for field in ["t_draft_us", "t_verify_us", "t_commit_us"] {
+        assert!(stats[field].as_u64().unwrap() > 0, "{field}");
+    }
+    let shorter = grove(&[
+        "generate",
+        "--model-path",
+        target.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(","),
+        "--speculative-algorithm",
+        "dflash",
+        "--speculative-draft-model-path",
+        drafter.to_str().unwrap(),
+        "--speculative-num-draft-tokens",
+        "4",
+        "--max-new-tokens",
+        "64",
+        "--format",
+        "json",
+    ]);
+    let shorter: Value = serde_json::from_slice(&shorter.stdout).unwrap();
+    assert_eq!(shorter["token_ids"], case["greedy_ar"]["new_tokens"]);
+    assert!(shorter["stats"]["accept_lengths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t.as_u64().unwrap() <= 4));
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
@@ -215,6 +324,52 @@ fn bad_input_gives_a_clear_error_and_exit_code_one() {
         "1.5",
     ]);
     assert!(bad_top_p.contains("top_p"), "{bad_top_p}");
+
+    let no_drafter = failure(&[
+        "generate",
+        "--model-path",
+        golden,
+        "--prompt-ids",
+        "1",
+        "--speculative-algorithm",
+        "dflash",
+    ]);
+    assert!(
+        no_drafter.contains("--speculative-draft-model-path"),
+        "{no_drafter}"
+    );
+    let drafter = golden_dir().join("drafter");
+    let drafter = drafter.to_str().unwrap();
+    let spec = [
+        "--speculative-algorithm",
+        "dflash",
+        "--speculative-draft-model-path",
+        drafter,
+    ];
+    let too_many = failure(
+        &[
+            &[
+                "generate",
+                "--model-path",
+                golden,
+                "--prompt-ids",
+                "1",
+                "--speculative-num-draft-tokens",
+                "9",
+            ],
+            &spec[..],
+        ]
+        .concat(),
+    );
+    assert!(
+        too_many.contains("speculative_num_draft_tokens"),
+        "{too_many}"
+    );
+    let wrong_target = failure(&[&["generate", "--prompt-ids", "1"], &spec[..]].concat());
+    assert!(
+        wrong_target.contains("does not fit the target"),
+        "{wrong_target}"
+    );
 
     let out_of_vocab = failure(&["generate", "--model-path", golden, "--prompt-ids", "1,5000"]);
     assert!(
