@@ -211,6 +211,77 @@ impl RandomCheckpoint {
     }
 }
 
+/// A seeded random DFlash drafter for a [`RandomCheckpoint`] target, in the z-lab layout (no
+/// `model.` prefix, `block_size` at the top level, `dflash_config` with mask id and taps).
+#[derive(Debug, Clone)]
+pub struct RandomDrafter {
+    pub num_layers: usize,
+    pub block_size: usize,
+    pub target_layer_ids: Vec<usize>,
+    pub mask_token_id: u32,
+    pub seed: u64,
+}
+
+impl RandomDrafter {
+    /// Writes the drafter for `target` into `directory`.
+    pub fn write(&self, target: &RandomCheckpoint, directory: &Path) -> Result<(), ModelError> {
+        std::fs::create_dir_all(directory).map_err(|source| ModelError::Io {
+            path: directory.to_owned(),
+            source,
+        })?;
+        let mut config = target.config_json();
+        config["architectures"] = json!(["DFlashDraftModel"]);
+        config["num_hidden_layers"] = json!(self.num_layers);
+        config["block_size"] = json!(self.block_size);
+        config["num_target_layers"] = json!(target.num_layers);
+        config["dflash_config"] =
+            json!({"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids});
+        let path = directory.join("config.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&config).expect("json")).map_err(
+            |source| ModelError::Io {
+                path: path.clone(),
+                source,
+            },
+        )?;
+        let layers = RandomCheckpoint {
+            family: Family::Qwen3,
+            num_layers: self.num_layers,
+            seed: self.seed,
+            ..target.clone()
+        };
+        let layer_config = DecoderConfig::from_json(&layers.config_json())
+            .map_err(|message| ModelError::Config { path, message })?;
+        let mut tensors: HashMap<String, Tensor> = layers
+            .random_tensors(&layer_config)?
+            .into_iter()
+            .filter_map(|(name, tensor)| {
+                name.strip_prefix("model.layers.")
+                    .map(|rest| (format!("layers.{rest}"), tensor))
+            })
+            .collect();
+        let mut rng = ChaCha12Rng::seed_from_u64(self.seed ^ 0x5eed);
+        let hidden = target.hidden_size;
+        let mut add =
+            |name: &str, shape: &[usize], mean: f32, std: f32| -> Result<(), ModelError> {
+                let data: Vec<f32> = (0..shape.iter().product())
+                    .map(|_| mean + std * gaussian(&mut rng))
+                    .collect();
+                tensors.insert(name.into(), Tensor::from_vec(data, shape, &Device::Cpu)?);
+                Ok(())
+            };
+        add(
+            "fc.weight",
+            &[hidden, self.target_layer_ids.len() * hidden],
+            0.0,
+            0.1,
+        )?;
+        add("hidden_norm.weight", &[hidden], 1.0, 0.1)?;
+        add("norm.weight", &[hidden], 1.0, 0.1)?;
+        candle_core::safetensors::save(&tensors, directory.join("model.safetensors"))
+            .map_err(ModelError::from)
+    }
+}
+
 /// A standard normal draw (Box-Muller).
 fn gaussian(rng: &mut impl Rng) -> f32 {
     let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
