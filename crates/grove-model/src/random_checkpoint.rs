@@ -60,6 +60,26 @@ impl RandomCheckpoint {
         }
     }
 
+    /// Qwen3-0.6B's shape (28 layers, hidden 1024, vocab 151936, tied head) with random bf16
+    /// weights and no tokenizer: for measuring speed at a real model's size.
+    pub fn qwen3_0_6b_shape(seed: u64) -> Self {
+        Self {
+            family: Family::Qwen3,
+            vocab_size: 151_936,
+            hidden_size: 1024,
+            intermediate_size: 3072,
+            num_layers: 28,
+            num_heads: 16,
+            num_kv_heads: 8,
+            head_dim: 128,
+            tie_word_embeddings: true,
+            bf16: true,
+            with_tokenizer: false,
+            max_position_embeddings: 40_960,
+            seed,
+        }
+    }
+
     fn model_type(&self) -> &'static str {
         match self.family {
             Family::Qwen3 => "qwen3",

@@ -131,6 +131,16 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     })
 }
 
+/// Shapes `grove tiny-model` can write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preset {
+    /// The embedded default: 4 layers, hidden 128, byte-level tokenizer.
+    Tiny,
+    /// Qwen3-0.6B's shape with random weights, for speed measurements.
+    #[value(name = "qwen3-0.6b-shape")]
+    Qwen3Shape,
+}
+
 #[derive(Debug, Args)]
 pub struct TinyModelArgs {
     /// Output directory.
@@ -138,10 +148,16 @@ pub struct TinyModelArgs {
     pub out: PathBuf,
     #[arg(long, default_value_t = DEFAULT_MODEL_SEED)]
     pub seed: u64,
+    #[arg(long, value_enum, default_value_t = Preset::Tiny)]
+    pub preset: Preset,
 }
 
 pub fn write_tiny_model(args: TinyModelArgs) -> Result<()> {
-    RandomCheckpoint::tiny_qwen3(args.seed).write(&args.out)?;
+    let spec = match args.preset {
+        Preset::Tiny => RandomCheckpoint::tiny_qwen3(args.seed),
+        Preset::Qwen3Shape => RandomCheckpoint::qwen3_0_6b_shape(args.seed),
+    };
+    spec.write(&args.out)?;
     eprintln!("wrote {}", args.out.display());
     Ok(())
 }
