@@ -268,13 +268,29 @@ fn seeded_dflash_sampling_emits_the_same_tokens_as_seeded_plain_sampling() -> Re
     for seed in 0..6 {
         for (temperature, top_k, top_p) in [(1.0, 0, 1.0), (0.7, 40, 0.9)] {
             let mut request = greedy(&prompt, 48);
-            request.sampling = SamplingParams { temperature, top_k, top_p, seed: Some(seed) };
+            request.sampling = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed: Some(seed),
+            };
             let plain = run(&target, None, 1, &request)?;
             let speculative = run(&target, Some(&drafter), 4, &request)?;
-            assert_eq!(speculative.token_ids, plain.token_ids, "seed {seed} T {temperature}");
-            accepted_drafts += speculative.stats.accept_lengths.iter().map(|t| t - 1).sum::<usize>();
+            assert_eq!(
+                speculative.token_ids, plain.token_ids,
+                "seed {seed} T {temperature}"
+            );
+            accepted_drafts += speculative
+                .stats
+                .accept_lengths
+                .iter()
+                .map(|t| t - 1)
+                .sum::<usize>();
         }
     }
-    assert!(accepted_drafts > 50, "only {accepted_drafts} drafts accepted: the walk was barely exercised");
+    assert!(
+        accepted_drafts > 50,
+        "only {accepted_drafts} drafts accepted: the walk was barely exercised"
+    );
     Ok(())
 }

@@ -103,7 +103,10 @@ struct BenchReport {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let threads = loading::init_threads(args.model.threads)?;
+    loading::with_threads(args.model.threads, |threads| bench(&args, threads))
+}
+
+fn bench(args: &BenchArgs, threads: usize) -> Result<()> {
     let loaded = loading::load(&args.model)?;
     let drafter = args.spec.load_drafter(&loaded)?;
     let model = &loaded.model;
@@ -170,7 +173,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         report.decode_speedup_vs_none = report.decode_tokens_per_s.median / baseline;
     }
 
-    let verify_cost = verify_curve(model, &args, repetitions, &mut random_tokens)?;
+    let verify_cost = verify_curve(model, args, repetitions, &mut random_tokens)?;
     let report = BenchReport {
         model: loaded.dir.display().to_string(),
         drafter: args

@@ -59,7 +59,10 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    loading::init_threads(args.model.threads)?;
+    loading::with_threads(args.model.threads, |_| generate(&args))
+}
+
+fn generate(args: &GenerateArgs) -> Result<()> {
     let loaded = loading::load(&args.model)?;
     let drafter = args.spec.load_drafter(&loaded)?;
     let tokenizer = loaded.tokenizer.as_ref();

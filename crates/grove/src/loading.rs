@@ -37,19 +37,27 @@ impl ModelArgs {
     }
 }
 
-/// Sets the thread count for rayon and for candle (which reads `RAYON_NUM_THREADS`) before
-/// any tensor work starts.
-pub fn init_threads(threads: Option<usize>) -> Result<usize> {
+/// Runs `job` on a pool of `threads` compute threads (default: all cores). candle's matmuls read
+/// the count from `RAYON_NUM_THREADS`, and running the job *inside* the pool makes every
+/// parallel section (matmuls, attention) start from a pool thread: started from outside, each
+/// one would hand its work to the pool and sleep, a context switch per layer.
+pub fn with_threads<T>(
+    threads: Option<usize>,
+    job: impl FnOnce(usize) -> Result<T> + Send,
+) -> Result<T>
+where
+    T: Send,
+{
     let threads = threads
         .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
         .unwrap_or(1)
         .max(1);
     std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-    rayon::ThreadPoolBuilder::new()
+    let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
-        .build_global()
+        .build()
         .context("starting the compute thread pool")?;
-    Ok(threads)
+    pool.install(|| job(threads))
 }
 
 /// Speculative decoding methods, named as SGLang's `--speculative-algorithm` values.
