@@ -90,6 +90,15 @@ fn project(
     y.flatten_all()?.to_vec1()
 }
 
+/// Writes row `i` of `keys`/`values` (`[rows, kv_width]`) into `slots[i]` of `layer`.
+fn write_rows(kv: &mut KvStore, layer: usize, slots: &[usize], keys: &[f32], values: &[f32]) {
+    let width = kv.kv_width();
+    for (row, &slot) in slots.iter().enumerate() {
+        let range = row * width..(row + 1) * width;
+        kv.write(layer, slot, &keys[range.clone()], &values[range]);
+    }
+}
+
 /// The layers of one network with their RoPE. Holds weights only.
 #[derive(Debug)]
 pub struct LayerStack {
@@ -171,11 +180,7 @@ impl LayerStack {
             let values = project(&x, &attention.v_proj, None, c.num_kv_heads, c.head_dim)?;
             self.rope.rotate(&mut queries, c.num_heads, &cos, &sin);
             self.rope.rotate(&mut keys, c.num_kv_heads, &cos, &sin);
-            let width = c.kv_width();
-            for (row, &slot) in slots.iter().enumerate() {
-                let range = row * width..(row + 1) * width;
-                kv.write(layer_index, slot, &keys[range.clone()], &values[range]);
-            }
+            write_rows(kv, layer_index, &slots, &keys, &values);
             let (layer_keys, layer_values) = kv.layer(layer_index);
             let attended = attend(&plan, layout, &queries, layer_keys, layer_values);
             let attended =
@@ -230,11 +235,7 @@ impl LayerStack {
                 c.head_dim,
             )?;
             self.rope.rotate(&mut keys, c.num_kv_heads, &cos, &sin);
-            let width = c.kv_width();
-            for (row, &slot) in slots.iter().enumerate() {
-                let range = row * width..(row + 1) * width;
-                kv.write(layer_index, slot, &keys[range.clone()], &values[range]);
-            }
+            write_rows(kv, layer_index, slots, &keys, &values);
         }
         Ok(())
     }

@@ -3,26 +3,17 @@
 //! rounds of every case (round 1 exercises the cached context plus one new row), and every
 //! refusal of an incompatible drafter names the problem.
 
-use std::path::PathBuf;
+mod common;
 
 use anyhow::{Context, Result};
-use candle_core::{Device, Tensor};
+use candle_core::Device;
+use common::{golden_dir, max_abs_diff};
 use grove_kv::PagePool;
 use grove_model::dflash::default_target_layer_ids;
 use grove_model::{DFlashDrafter, Decoder};
 use serde_json::{json, Value};
 
 const TOLERANCE: f32 = 1e-4;
-
-fn golden_dir() -> PathBuf {
-    std::env::var_os("GROVE_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"))
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-}
 
 fn no_tokenizer(_: &str) -> Option<u32> {
     None

@@ -2,25 +2,16 @@
 //! (`../shared/golden`, computed by transformers in float32): prefill logits at every prompt
 //! position and the hidden state after every tapped layer, within 1e-4.
 
-use std::path::PathBuf;
+mod common;
 
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
+use common::{golden_dir, max_abs_diff};
 use grove_kv::PagePool;
 use grove_model::{Decoder, ForwardBatch, LogitRows, Model, Segment};
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
-
-fn golden_dir() -> PathBuf {
-    std::env::var_os("GROVE_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"))
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
-}
 
 #[test]
 fn prefill_logits_and_taps_match_the_reference() -> Result<()> {
