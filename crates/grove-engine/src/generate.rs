@@ -1,18 +1,21 @@
 //! Generation of one sequence: the single decode loop.
 //!
-//! Prefill runs in chunks and chooses the first token (the anchor). Every round then verifies
-//! `[anchor, drafts...]` causally in one target forward (no drafts without speculation), walks
-//! the target's own choices along the drafts (argmax, or a fresh sample per position at T > 0),
-//! commits the anchor and the accepted drafts to KV and emits the accepted drafts plus the
-//! target's next token, which becomes the new anchor. DFlash drafts come from one drafter pass
-//! over `[anchor, MASK x (S-1)]`; the committed rows' taps extend the drafter's context.
+//! Prefill runs in chunks and chooses the first token (the anchor). Every round then builds a
+//! draft tree rooted at the anchor (root only without speculation, a chain of argmax drafts for
+//! DFlash, the best-first DDTree for DDTree), verifies all its rows in one target forward
+//! (ancestor-only visibility, position = base + depth), walks the target's own choices from the
+//! root (argmax, or a fresh sample per visited node at T > 0), commits the accepted path's KV to
+//! contiguous positions and emits the accepted drafts plus the target's next token, which
+//! becomes the new anchor. Drafts come from one drafter pass over `[anchor, MASK x (S-1)]`; the
+//! committed rows' taps extend the drafter's context.
 
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use grove_core::{FinishReason, SamplingParams, StopCondition, TokenId, ValidationError};
 use grove_kv::{KvStore, PagePool, PageTable};
-use grove_model::{ForwardBatch, LogitRows, Model, ModelError, Segment, TextTokenizer};
+use grove_model::{ForwardBatch, LogitRows, Model, ModelError, Segment, TextTokenizer, Visibility};
+use grove_spec::{top_k_candidates, DepthCandidates, DraftTree};
 
 use crate::drafter::{DraftContext, Drafter};
 use crate::emitter::Emitter;
@@ -47,6 +50,31 @@ pub struct DFlashSpec<'a> {
     pub num_draft_tokens: usize,
 }
 
+/// Speculative decoding with draft trees (DDTree) over a DFlash-style drafter.
+#[derive(Clone, Copy)]
+pub struct DDTreeSpec<'a> {
+    pub drafter: &'a dyn Drafter,
+    /// Non-root nodes per tree.
+    pub budget: usize,
+    /// Candidates per depth; `K = min(top_k, budget, vocab)`.
+    pub top_k: usize,
+}
+
+/// What a round drafts.
+#[derive(Clone, Copy)]
+enum Method {
+    /// A chain of `num_draft_tokens - 1` argmax drafts.
+    Chain { num_draft_tokens: usize },
+    /// A best-first tree of `budget` nodes over the top-`top_k` tokens per depth.
+    Tree { budget: usize, top_k: usize },
+}
+
+#[derive(Clone, Copy)]
+struct Speculation<'a> {
+    drafter: &'a dyn Drafter,
+    method: Method,
+}
+
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub prompt: Vec<TokenId>,
@@ -72,7 +100,12 @@ pub struct GenerateStats {
     pub decode_tokens_per_s: f64,
     pub t_prefill_us: u64,
     pub t_decode_us: u64,
+    /// Non-root draft nodes verified, over all rounds.
+    pub tree_nodes: usize,
+    /// `accepted_depth_histogram[d]`: rounds whose accepted path reached depth `d`.
+    pub accepted_depth_histogram: Vec<usize>,
     pub t_draft_us: u64,
+    pub t_tree_build_us: u64,
     pub t_verify_us: u64,
     pub t_commit_us: u64,
 }
@@ -91,7 +124,7 @@ pub struct Generator<'a> {
     model: &'a dyn Model,
     tokenizer: Option<&'a TextTokenizer>,
     options: GeneratorOptions,
-    dflash: Option<DFlashSpec<'a>>,
+    speculation: Option<Speculation<'a>>,
 }
 
 /// The KV state of one sequence: the target's, and the drafter's context if speculating.
@@ -109,7 +142,9 @@ struct Sequence {
 struct Round {
     /// Accepted drafts followed by the target's own next token.
     tokens: Vec<TokenId>,
+    tree_nodes: usize,
     draft: Duration,
+    tree_build: Duration,
     verify: Duration,
     commit: Duration,
 }
@@ -124,7 +159,7 @@ impl<'a> Generator<'a> {
             model,
             tokenizer,
             options,
-            dflash: None,
+            speculation: None,
         }
     }
 
@@ -138,7 +173,38 @@ impl<'a> Generator<'a> {
                 value: format!("{} (block_size {block_size})", spec.num_draft_tokens),
             });
         }
-        self.dflash = Some(spec);
+        self.speculation = Some(Speculation {
+            drafter: spec.drafter,
+            method: Method::Chain {
+                num_draft_tokens: spec.num_draft_tokens,
+            },
+        });
+        Ok(self)
+    }
+
+    /// Speculates with draft trees from now on; refuses an empty budget or top-k.
+    pub fn with_ddtree(mut self, spec: DDTreeSpec<'a>) -> Result<Self, ValidationError> {
+        if spec.budget == 0 {
+            return Err(ValidationError::OutOfRange {
+                field: "speculative_ddtree_budget",
+                limit: "at least 1",
+                value: "0".into(),
+            });
+        }
+        if spec.top_k == 0 {
+            return Err(ValidationError::OutOfRange {
+                field: "speculative_ddtree_topk",
+                limit: "at least 1",
+                value: "0".into(),
+            });
+        }
+        self.speculation = Some(Speculation {
+            drafter: spec.drafter,
+            method: Method::Tree {
+                budget: spec.budget,
+                top_k: spec.top_k,
+            },
+        });
         Ok(self)
     }
 
@@ -200,8 +266,10 @@ impl<'a> Generator<'a> {
         let t_prefill = prefill_start.elapsed();
 
         let decode_start = Instant::now();
+        let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
         let mut stats = GenerateStats {
-            accepted_per_position: vec![0; self.dflash.map_or(0, |s| s.num_draft_tokens - 1)],
+            accepted_per_position: vec![0; max_depth],
+            accepted_depth_histogram: vec![0; max_depth + 1],
             ..GenerateStats::default()
         };
         let mut emitted = 1;
@@ -226,7 +294,10 @@ impl<'a> Generator<'a> {
                 *position += 1;
             }
             stats.accept_lengths.push(round_emitted);
+            stats.accepted_depth_histogram[round_emitted - 1] += 1;
+            stats.tree_nodes += round.tree_nodes;
             stats.t_draft_us += round.draft.as_micros() as u64;
+            stats.t_tree_build_us += round.tree_build.as_micros() as u64;
             stats.t_verify_us += round.verify.as_micros() as u64;
             stats.t_commit_us += round.commit.as_micros() as u64;
         }
@@ -269,8 +340,12 @@ impl<'a> Generator<'a> {
         sampler: &mut Sampler,
     ) -> Result<Sequence, EngineError> {
         let page_size = self.options.page_size;
-        // Verify rows may run up to a block past the committed length.
-        let verify_block = self.dflash.map_or(1, |s| s.num_draft_tokens);
+        // Verify rows may run up to a tree past the committed length.
+        let verify_block = match self.speculation.map(|s| s.method) {
+            None => 1,
+            Some(Method::Chain { num_draft_tokens }) => num_draft_tokens,
+            Some(Method::Tree { budget, .. }) => budget + 1,
+        };
         let pool = PagePool::new(
             (prompt.len() + max_new + verify_block).div_ceil(page_size),
             page_size,
@@ -298,7 +373,7 @@ impl<'a> Generator<'a> {
             }
         }
         let draft = self
-            .dflash
+            .speculation
             .map(|spec| spec.drafter.new_context(prompt.len() + max_new, page_size))
             .transpose()?;
         let pending_features = if features.is_empty() {
@@ -316,7 +391,43 @@ impl<'a> Generator<'a> {
     }
 
     fn taps(&self) -> &'a [usize] {
-        self.dflash.map_or(&[], |s| s.drafter.target_taps())
+        self.speculation.map_or(&[], |s| s.drafter.target_taps())
+    }
+
+    /// Candidates per depth for this round's tree, or none (a root-only tree).
+    fn draft(
+        &self,
+        sequence: &mut Sequence,
+        remaining: usize,
+    ) -> Result<Vec<DepthCandidates>, EngineError> {
+        let (Some(spec), Some(context)) = (self.speculation, sequence.draft.as_mut()) else {
+            return Ok(Vec::new());
+        };
+        // A round emits at most depth + 1 tokens: near the length limit shallower trees suffice,
+        // and with one token left there is nothing to draft.
+        let depth_cap = remaining - 1;
+        let (depths, k) = match spec.method {
+            Method::Chain { num_draft_tokens } => ((num_draft_tokens - 1).min(depth_cap), 1),
+            Method::Tree { budget, top_k } => (
+                (spec.drafter.block_size() - 1).min(depth_cap),
+                top_k.min(budget),
+            ),
+        };
+        if depths == 0 {
+            return Ok(Vec::new());
+        }
+        if let Some(features) = sequence.pending_features.take() {
+            spec.drafter.extend(context, &features)?;
+        }
+        let logits =
+            spec.drafter
+                .draft(self.model, context, sequence.anchor, sequence.table.len())?;
+        let rows: Vec<Vec<f32>> = logits
+            .narrow(0, 0, depths)
+            .and_then(|l| l.to_vec2())
+            .map_err(ModelError::from)?;
+        // The reference drafts from raw logits at every temperature (exact: see sampler.rs).
+        Ok(rows.iter().map(|row| top_k_candidates(row, k, 1)).collect())
     }
 
     /// One round; emits at most `remaining` tokens.
@@ -328,41 +439,32 @@ impl<'a> Generator<'a> {
     ) -> Result<Round, EngineError> {
         debug_assert!(remaining >= 1);
         let draft_start = Instant::now();
-        let mut drafts = Vec::new();
-        if let (Some(spec), Some(context)) = (self.dflash, sequence.draft.as_mut()) {
-            // Near the length limit a shorter block suffices; with one token left there is
-            // nothing to draft.
-            let verify_len = spec.num_draft_tokens.min(remaining);
-            if verify_len > 1 {
-                if let Some(features) = sequence.pending_features.take() {
-                    spec.drafter.extend(context, &features)?;
-                }
-                let draft = spec.drafter.draft(
-                    self.model,
-                    context,
-                    sequence.anchor,
-                    sequence.table.len(),
-                )?;
-                let logits = draft
-                    .narrow(0, 0, verify_len - 1)
-                    .map_err(ModelError::from)?;
-                // The reference drafts greedily at every temperature (exact: see sampler.rs).
-                drafts = logits
-                    .argmax(1)
-                    .and_then(|t| t.to_vec1::<u32>())
-                    .map_err(ModelError::from)?;
-            }
-        }
+        let candidates = self.draft(sequence, remaining)?;
         let draft_time = draft_start.elapsed();
 
+        let build_start = Instant::now();
+        let budget = match self.speculation.map(|s| s.method) {
+            Some(Method::Tree { budget, .. }) => budget,
+            _ => candidates.len(),
+        };
+        let tree = DraftTree::build(sequence.anchor, &candidates, budget);
+        let tree_build = build_start.elapsed();
+
         let verify_start = Instant::now();
-        let mut tokens = Vec::with_capacity(drafts.len() + 1);
-        tokens.push(sequence.anchor);
-        tokens.extend_from_slice(&drafts);
         let table = &mut sequence.table;
-        table.reserve(tokens.len())?;
-        let positions: Vec<usize> = (table.len()..table.len() + tokens.len()).collect();
-        let segment = Segment::causal(table, &tokens, &positions, LogitRows::All);
+        let base = table.len();
+        table.reserve(tree.tokens.len())?;
+        let positions: Vec<usize> = tree.depths.iter().map(|d| base + d).collect();
+        let segment = Segment {
+            table,
+            context_len: base,
+            tokens: &tree.tokens,
+            positions: &positions,
+            visibility: Visibility::Tree {
+                parents: tree.row_parents(),
+            },
+            logits: LogitRows::All,
+        };
         let output = self.model.forward(
             &ForwardBatch {
                 segments: vec![segment],
@@ -373,23 +475,28 @@ impl<'a> Generator<'a> {
         let rows: Vec<Vec<f32>> = output.logits.to_vec2().map_err(ModelError::from)?;
         let verify_time = verify_start.elapsed();
 
-        // Walk: the target's choice after each committed prefix; a draft is accepted while it
-        // equals that choice. Rows past the first mismatch are never sampled.
+        // Walk: the target's choice at each visited node, drawn once per node in path order;
+        // nodes off the path are never sampled.
         let commit_start = Instant::now();
-        let mut accepted = Vec::with_capacity(tokens.len());
-        for (row, logits) in rows.iter().enumerate() {
-            let choice = sampler.sample(logits);
-            accepted.push(choice);
-            if drafts.get(row) != Some(&choice) {
-                break;
-            }
+        let (path, bonus) = tree.walk(|node| sampler.sample(&rows[node]));
+        // Move the path's K/V to contiguous positions base.. (increasing order never overwrites
+        // a source still to be read); a chain prefix is already in place.
+        for (m, &node) in path.iter().enumerate().filter(|(m, node)| *m != **node) {
+            sequence
+                .kv
+                .copy_slot(table.slot(base + node), table.slot(base + m));
         }
-        let committed = accepted.len(); // anchor + accepted drafts
-        table.append(committed);
+        table.append(path.len());
         table.truncate(table.len()); // frees pages that only held rejected rows
         if !output.taps.is_empty() {
+            let rows = Tensor::from_vec(
+                path.iter().map(|&n| n as u32).collect::<Vec<_>>(),
+                path.len(),
+                &candle_core::Device::Cpu,
+            )
+            .map_err(ModelError::from)?;
             let mut features = Tensor::cat(&output.taps, 1)
-                .and_then(|f| f.narrow(0, 0, committed))
+                .and_then(|f| f.index_select(&rows, 0))
                 .map_err(ModelError::from)?;
             // A round that drafted nothing left earlier features pending: keep them in order.
             if let Some(earlier) = sequence.pending_features.take() {
@@ -397,12 +504,14 @@ impl<'a> Generator<'a> {
             }
             sequence.pending_features = Some(features);
         }
-        sequence.anchor = *accepted
-            .last()
-            .expect("the walk chooses at least one token");
+        sequence.anchor = bonus;
+        let mut tokens: Vec<TokenId> = path[1..].iter().map(|&n| tree.tokens[n]).collect();
+        tokens.push(bonus);
         Ok(Round {
-            tokens: accepted,
+            tokens,
+            tree_nodes: tree.len(),
             draft: draft_time,
+            tree_build,
             verify: verify_time,
             commit: commit_start.elapsed(),
         })

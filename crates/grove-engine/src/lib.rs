@@ -12,7 +12,8 @@ mod stop_strings;
 pub use detokenizer::Detokenizer;
 pub use drafter::{DraftContext, Drafter};
 pub use generate::{
-    DFlashSpec, GenerateOutput, GenerateRequest, GenerateStats, Generator, GeneratorOptions,
+    DDTreeSpec, DFlashSpec, GenerateOutput, GenerateRequest, GenerateStats, Generator,
+    GeneratorOptions,
 };
 pub use sampler::{argmax, processed_distribution, Sampler};
 pub use stop_strings::{StopScan, StopStrings};

@@ -1,0 +1,279 @@
+//! DDTree: the draft tree of the `B` most likely prefixes under the drafter's per-depth
+//! marginals. Paper: "DDTree" (arXiv 2604.12989), reference liranringel/ddtree `build_ddtree_tree`.
+//!
+//! 1. Each depth `d` offers its top-K tokens with log-probs `lp[d][r]`, rank `r` best first.
+//! 2. A prefix's score is the sum of its log-probs (f64 from the f32 values); a child scores
+//!    less than its parent, so the top-B prefixes form a tree.
+//! 3. Best-first search: pop the best entry, make it a node, push its next sibling (same parent,
+//!    rank + 1) and its first child (depth + 1, rank 0); stop after `B` nodes.
+//! 4. Equal scores pop in lexicographic order of their rank tuples (Python `heapq` on
+//!    `(-score, ranks)`), so node order matches the reference bit for bit.
+//! 5. Nodes are stored in pop order; index 0 is the root (the anchor), `parent[i] < i`.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use grove_core::TokenId;
+
+use crate::candidates::DepthCandidates;
+
+/// A draft tree. Node 0 is the root (the anchor token, not stored here).
+///
+/// Invariant: `parents[i] < i` for every node `i >= 1`; `depths[i] = depths[parents[i]] + 1`;
+/// no two children of one node share a token.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DraftTree {
+    pub tokens: Vec<TokenId>, // [nodes + 1], tokens[0] is the root's (set by the caller)
+    pub parents: Vec<usize>,  // [nodes + 1], parents[0] = 0 (unused)
+    pub depths: Vec<usize>,   // [nodes + 1], depths[0] = 0
+    children: Vec<Vec<usize>>, // [nodes + 1], in pop order
+}
+
+/// A heap entry: a candidate prefix not yet popped.
+#[derive(Debug)]
+struct Entry {
+    score: f64,
+    ranks: Vec<u32>,
+    parent: usize,
+    depth: usize, // 1-based
+    rank: usize,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    /// Max-heap order: higher score first, then the lexicographically smaller rank tuple.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.ranks.cmp(&self.ranks))
+    }
+}
+
+impl DraftTree {
+    /// Builds the tree of the best `budget` prefixes with `root` as node 0. `candidates[d]` are
+    /// the choices at depth `d + 1`; the depth is at most `candidates.len()`.
+    pub fn build(root: TokenId, candidates: &[DepthCandidates], budget: usize) -> Self {
+        let mut tree = Self {
+            tokens: vec![root],
+            parents: vec![0],
+            depths: vec![0],
+            children: vec![Vec::new()],
+        };
+        let available = |depth: usize| candidates.get(depth - 1).map_or(0, |c| c.token_ids.len());
+        let mut heap = BinaryHeap::new();
+        if budget > 0 && available(1) > 0 {
+            heap.push(Entry {
+                score: f64::from(candidates[0].log_probs[0]),
+                ranks: vec![0],
+                parent: 0,
+                depth: 1,
+                rank: 0,
+            });
+        }
+        while let Some(entry) = heap.pop() {
+            if tree.len() >= budget {
+                break;
+            }
+            let index = tree.tokens.len();
+            let level = &candidates[entry.depth - 1];
+            tree.tokens.push(level.token_ids[entry.rank]);
+            tree.parents.push(entry.parent);
+            tree.depths.push(entry.depth);
+            tree.children.push(Vec::new());
+            tree.children[entry.parent].push(index);
+            if entry.rank + 1 < available(entry.depth) {
+                let mut ranks = entry.ranks.clone();
+                *ranks.last_mut().expect("non-empty") += 1;
+                heap.push(Entry {
+                    score: entry.score - f64::from(level.log_probs[entry.rank])
+                        + f64::from(level.log_probs[entry.rank + 1]),
+                    ranks,
+                    parent: entry.parent,
+                    depth: entry.depth,
+                    rank: entry.rank + 1,
+                });
+            }
+            if available(entry.depth + 1) > 0 {
+                let mut ranks = entry.ranks;
+                ranks.push(0);
+                heap.push(Entry {
+                    score: entry.score + f64::from(candidates[entry.depth].log_probs[0]),
+                    ranks,
+                    parent: index,
+                    depth: entry.depth + 1,
+                    rank: 0,
+                });
+            }
+        }
+        tree
+    }
+
+    /// Number of non-root nodes.
+    pub fn len(&self) -> usize {
+        self.tokens.len() - 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Parent of every row for the verify forward: `None` for the root.
+    pub fn row_parents(&self) -> Vec<Option<usize>> {
+        (0..self.tokens.len())
+            .map(|i| (i > 0).then(|| self.parents[i]))
+            .collect()
+    }
+
+    /// The child of `node` carrying `token`, if any.
+    pub fn child(&self, node: usize, token: TokenId) -> Option<usize> {
+        self.children[node]
+            .iter()
+            .copied()
+            .find(|&c| self.tokens[c] == token)
+    }
+
+    /// Follows the target's choices from the root: `choose(node)` is the target's token after
+    /// `node`'s prefix. Returns the accepted path (root first) and the bonus token, the choice
+    /// at the last accepted node that no child matched.
+    pub fn walk(&self, mut choose: impl FnMut(usize) -> TokenId) -> (Vec<usize>, TokenId) {
+        let mut path = vec![0];
+        loop {
+            let current = *path.last().expect("path starts at the root");
+            let token = choose(current);
+            match self.child(current, token) {
+                Some(child) => path.push(child),
+                None => return (path, token),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::candidates::top_k_candidates;
+    use proptest::prelude::*;
+    use rand::{Rng, SeedableRng};
+
+    fn random_candidates(
+        seed: u64,
+        depths: usize,
+        vocab: usize,
+        k: usize,
+    ) -> (Vec<Vec<f32>>, Vec<DepthCandidates>) {
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
+        let logits: Vec<Vec<f32>> = (0..depths)
+            .map(|_| (0..vocab).map(|_| rng.random_range(-3.0..3.0)).collect())
+            .collect();
+        let candidates = logits
+            .iter()
+            .map(|row| top_k_candidates(row, k, 1))
+            .collect();
+        (logits, candidates)
+    }
+
+    /// Every prefix of up to `depths` tokens with its summed log-prob, by brute force.
+    fn all_prefixes(candidates: &[DepthCandidates], vocab: usize) -> Vec<(Vec<TokenId>, f64)> {
+        let mut lp: Vec<Vec<f64>> = vec![vec![f64::NEG_INFINITY; vocab]; candidates.len()];
+        for (d, c) in candidates.iter().enumerate() {
+            for (t, l) in c.token_ids.iter().zip(&c.log_probs) {
+                lp[d][*t as usize] = f64::from(*l);
+            }
+        }
+        let mut out = Vec::new();
+        let mut frontier: Vec<(Vec<TokenId>, f64)> = vec![(Vec::new(), 0.0)];
+        for level in &lp {
+            let mut next = Vec::new();
+            for (prefix, score) in &frontier {
+                for (t, l) in level.iter().enumerate() {
+                    if l.is_finite() {
+                        let mut p = prefix.clone();
+                        p.push(t as TokenId);
+                        next.push((p, score + l));
+                    }
+                }
+            }
+            out.extend(next.iter().cloned());
+            frontier = next;
+        }
+        out
+    }
+
+    fn prefix_of(tree: &DraftTree, mut node: usize) -> Vec<TokenId> {
+        let mut tokens = Vec::new();
+        while node != 0 {
+            tokens.push(tree.tokens[node]);
+            node = tree.parents[node];
+        }
+        tokens.reverse();
+        tokens
+    }
+
+    proptest! {
+        #[test]
+        fn the_tree_is_the_brute_force_top_b_and_well_formed(seed in 0u64..1000, depths in 1usize..4, vocab in 2usize..7, budget in 1usize..24) {
+            let k = budget.min(vocab);
+            let (_, candidates) = random_candidates(seed, depths, vocab, k);
+            let tree = DraftTree::build(99, &candidates, budget);
+            let mut prefixes = all_prefixes(&candidates, vocab);
+            let expected_nodes = budget.min(prefixes.len());
+            prop_assert_eq!(tree.len(), expected_nodes);
+            if budget <= vocab {
+                prop_assert_eq!(tree.len(), budget);
+            }
+            for i in 1..tree.tokens.len() {
+                prop_assert!(tree.parents[i] < i);
+                prop_assert_eq!(tree.depths[i], tree.depths[tree.parents[i]] + 1);
+                let siblings: Vec<TokenId> = tree.children[tree.parents[i]].iter().map(|&c| tree.tokens[c]).collect();
+                prop_assert_eq!(siblings.iter().filter(|&&t| t == tree.tokens[i]).count(), 1);
+            }
+            // The selected prefixes are a top-B set: none left out scores above one kept
+            // (ties may go either way; the exact tie order is pinned by the golden test).
+            prefixes.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let chosen: Vec<Vec<TokenId>> = (1..tree.tokens.len()).map(|i| prefix_of(&tree, i)).collect();
+            let worst_kept = chosen.iter().map(|p| prefixes.iter().find(|(q, _)| q == p).unwrap().1).fold(f64::INFINITY, f64::min);
+            let best_left = prefixes.iter().filter(|(q, _)| !chosen.contains(q)).map(|(_, s)| *s).fold(f64::NEG_INFINITY, f64::max);
+            prop_assert!(best_left <= worst_kept + 1e-9, "left out {} > kept {}", best_left, worst_kept);
+        }
+    }
+
+    #[test]
+    fn walk_follows_matching_children_and_returns_the_bonus() {
+        let (_, candidates) = random_candidates(3, 4, 6, 4);
+        let tree = DraftTree::build(7, &candidates, 12);
+        // The rank-0 spine: every depth's best token.
+        let spine: Vec<TokenId> = candidates.iter().map(|c| c.token_ids[0]).collect();
+        let (path, bonus) = tree.walk(|node| spine.get(tree.depths[node]).copied().unwrap_or(1000));
+        assert_eq!(
+            path.len(),
+            1 + spine.len().min(tree.depths.iter().copied().max().unwrap())
+        );
+        assert_eq!(bonus, 1000);
+        for (m, &node) in path.iter().enumerate() {
+            assert_eq!(tree.depths[node], m);
+        }
+        let (path, bonus) = tree.walk(|_| 999);
+        assert_eq!((path, bonus), (vec![0], 999));
+    }
+
+    #[test]
+    fn zero_budget_gives_a_root_only_tree() {
+        let (_, candidates) = random_candidates(1, 3, 5, 3);
+        let tree = DraftTree::build(4, &candidates, 0);
+        assert!(tree.is_empty());
+        assert_eq!(tree.row_parents(), vec![None]);
+    }
+}
