@@ -479,15 +479,9 @@ impl<'a> Generator<'a> {
         // nodes off the path are never sampled.
         let commit_start = Instant::now();
         let (path, bonus) = tree.walk(|node| sampler.sample(&rows[node]));
-        // Move the path's K/V to contiguous positions base.. (increasing order never overwrites
-        // a source still to be read); a chain prefix is already in place.
-        for (m, &node) in path.iter().enumerate().filter(|(m, node)| *m != **node) {
-            sequence
-                .kv
-                .copy_slot(table.slot(base + node), table.slot(base + m));
-        }
-        table.append(path.len());
-        table.truncate(table.len()); // frees pages that only held rejected rows
+        // The path's K/V move to contiguous positions base.. (no re-rotation: a node's position
+        // already is base + depth); rows off the path are freed.
+        table.commit_path(&mut sequence.kv, base, &path);
         if !output.taps.is_empty() {
             let rows = Tensor::from_vec(
                 path.iter().map(|&n| n as u32).collect::<Vec<_>>(),

@@ -1,6 +1,6 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{KvError, PageId};
+use crate::{KvError, KvStore, PageId};
 
 /// Free list shared by every [`PageTable`] of one pool.
 #[derive(Debug)]
@@ -155,6 +155,46 @@ impl PageTable {
     }
 }
 
+impl PageTable {
+    /// Commits the accepted path of a verified tree: the rows written at logical indices
+    /// `base + path[m]` become `base + m` for every `m`, the length becomes
+    /// `base + path.len()`, and every page holding only rejected rows returns to the pool.
+    ///
+    /// `path` must be strictly increasing (a root-to-leaf path in pop order, so
+    /// `path[m] >= m`). With one-token pages nothing moves: the page list is reordered. With
+    /// larger pages the K/V rows are copied in increasing `m`, which never overwrites a row
+    /// still to be read. A chain prefix (`path[m] == m`) moves nothing either way.
+    pub fn commit_path(&mut self, store: &mut KvStore, base: usize, path: &[usize]) {
+        debug_assert_eq!(self.len, base, "commit_path expects the rows uncommitted");
+        debug_assert!(path.windows(2).all(|w| w[0] < w[1]), "path must increase");
+        debug_assert!(path
+            .last()
+            .is_none_or(|&last| base + last < self.capacity()));
+        let in_place = path.iter().enumerate().all(|(m, &node)| m == node);
+        if !in_place {
+            if self.pool.page_size == 1 {
+                let tail: Vec<PageId> = self.pages.drain(base..).collect();
+                let mut kept = vec![false; tail.len()];
+                for &node in path {
+                    self.pages.push(tail[node]);
+                    kept[node] = true;
+                }
+                self.pages.extend(
+                    tail.iter()
+                        .zip(&kept)
+                        .filter(|(_, &k)| !k)
+                        .map(|(&page, _)| page),
+                );
+            } else {
+                for (m, &node) in path.iter().enumerate().filter(|(m, node)| m != *node) {
+                    store.copy_slot(self.slot(base + node), self.slot(base + m));
+                }
+            }
+        }
+        self.truncate(base + path.len());
+    }
+}
+
 impl Drop for PageTable {
     fn drop(&mut self) {
         self.truncate(0);
@@ -189,6 +229,41 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn commit_path_moves_the_path_rows_into_place_and_frees_the_rest(
+            page_size in 1usize..5,
+            base in 0usize..9,
+            picks in proptest::collection::vec(any::<bool>(), 1..20),
+        ) {
+            let rows = picks.len();
+            let pool = PagePool::new(64, page_size).unwrap();
+            let mut store = KvStore::new(2, pool.num_slots(), 3);
+            let mut table = pool.new_table();
+            table.reserve(base + rows).unwrap();
+            table.append(base);
+            // Row i of the tree carries the value i in every lane of every layer.
+            for i in 0..base + rows {
+                let value = [i as f32; 3];
+                for layer in 0..2 {
+                    store.write(layer, table.slot(i), &value, &value);
+                }
+            }
+            let path: Vec<usize> = std::iter::once(0).chain((1..rows).filter(|&i| picks[i])).collect();
+            table.commit_path(&mut store, base, &path);
+            prop_assert_eq!(table.len(), base + path.len());
+            for (m, &node) in path.iter().enumerate() {
+                let (keys, values) = store.layer(1);
+                let slot = table.slot(base + m);
+                prop_assert_eq!(keys[slot * 3], (base + node) as f32);
+                prop_assert_eq!(values[slot * 3 + 2], (base + node) as f32);
+            }
+            for i in 0..base {
+                prop_assert_eq!(store.layer(0).0[table.slot(i) * 3], i as f32);
+            }
+            prop_assert_eq!(table.pages().len(), pool.pages_for(base + path.len()));
+            prop_assert_eq!(pool.free_pages(), 64 - table.pages().len());
+        }
+
         #[test]
         fn pages_return_to_the_pool_however_tables_end(
             page_size in 1usize..8,

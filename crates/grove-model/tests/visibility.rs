@@ -297,3 +297,61 @@ fn bad_batches_are_rejected_with_a_reason() -> Result<()> {
         .contains("tap layer 9"));
     Ok(())
 }
+
+#[test]
+fn decoding_after_a_committed_tree_path_equals_a_fresh_prefill() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let model = load(&checkpoint(Family::Qwen3, false, false), dir.path())?;
+    let context: Vec<u32> = vec![4, 8, 15, 16, 23];
+    let parents = vec![None, Some(0), Some(0), Some(2), Some(1), Some(3)];
+    let depths = [0usize, 1, 1, 2, 2, 3];
+    let tokens: Vec<u32> = vec![42, 7, 9, 11, 13, 17];
+    let path = [0usize, 2, 3, 5]; // root -> 2 -> 3 -> 5, not a chain prefix
+    let next = 29u32;
+    for page_size in [1, 3, 16] {
+        let pool = PagePool::new(64, page_size)?;
+        let mut kv = model.new_kv_store(pool.num_slots());
+        let mut table = pool.new_table();
+        causal_logits(&model, &mut table, &mut kv, &context)?;
+        let base = table.len();
+        table.reserve(tokens.len())?;
+        let positions: Vec<usize> = depths.iter().map(|d| base + d).collect();
+        let segment = Segment {
+            table: &table,
+            context_len: base,
+            tokens: &tokens,
+            positions: &positions,
+            visibility: Visibility::Tree {
+                parents: parents.clone(),
+            },
+            logits: LogitRows::None,
+        };
+        model.forward(
+            &ForwardBatch {
+                segments: vec![segment],
+                taps: &[],
+            },
+            &mut kv,
+        )?;
+        table.commit_path(&mut kv, base, &path);
+        let after = causal_logits(&model, &mut table, &mut kv, &[next])?;
+
+        let committed: Vec<u32> = context
+            .iter()
+            .copied()
+            .chain(path.iter().map(|&n| tokens[n]))
+            .chain([next])
+            .collect();
+        let fresh_pool = PagePool::new(64, 1)?;
+        let mut fresh_kv = model.new_kv_store(fresh_pool.num_slots());
+        let mut fresh = fresh_pool.new_table();
+        let expected = causal_logits(&model, &mut fresh, &mut fresh_kv, &committed)?;
+        let diff = max_diff(&after[0], expected.last().unwrap());
+        assert!(diff < TOLERANCE, "page size {page_size}: {diff}");
+        assert_eq!(
+            pool.free_pages(),
+            64 - pool.pages_for(context.len() + path.len() + 1)
+        );
+    }
+    Ok(())
+}
