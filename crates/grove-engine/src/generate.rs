@@ -30,6 +30,9 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 pub struct GeneratorOptions {
     pub page_size: usize,
     pub prefill_chunk: usize,
+    /// Vocabulary shards for the per-depth top-K of draft logits (identical results for any
+    /// count; the seam a tensor-parallel LM head will use).
+    pub vocab_shards: usize,
 }
 
 impl Default for GeneratorOptions {
@@ -37,6 +40,7 @@ impl Default for GeneratorOptions {
         Self {
             page_size: 1,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            vocab_shards: 1,
         }
     }
 }
@@ -427,7 +431,10 @@ impl<'a> Generator<'a> {
             .and_then(|l| l.to_vec2())
             .map_err(ModelError::from)?;
         // The reference drafts from raw logits at every temperature (exact: see sampler.rs).
-        Ok(rows.iter().map(|row| top_k_candidates(row, k, 1)).collect())
+        Ok(rows
+            .iter()
+            .map(|row| top_k_candidates(row, k, self.options.vocab_shards))
+            .collect())
     }
 
     /// One round; emits at most `remaining` tokens.

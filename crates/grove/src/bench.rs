@@ -9,21 +9,26 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::{DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use grove_kv::PagePool;
 use grove_model::{ForwardBatch, LogitRows, Model, Segment};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::loading::{self, ModelArgs, SpecArgs};
+use crate::loading::{self, ModelArgs, SpecAlgorithm, SpecArgs};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// With a drafter, none and dflash run on the same prompts, alternating, in one run.
+    /// With a drafter, none, dflash and (for ddtree) every budget run on the same prompts,
+    /// alternating, in one run.
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// DDTree budgets to compare (with --speculative-algorithm ddtree); default: the one
+    /// --speculative-ddtree-budget gives.
+    #[arg(long, value_delimiter = ',')]
+    pub budgets: Vec<usize>,
     /// Prompt length for the prefill/decode measurement.
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
@@ -79,13 +84,17 @@ struct VerifyPoint {
 /// One decoding method's measurements.
 #[derive(Debug, Serialize)]
 struct MethodReport {
-    method: &'static str,
+    method: String,
     prefill_tokens_per_s: Spread,
     decode_tokens_per_s: Spread,
     /// Mean tau over all rounds of all measured runs.
     mean_accept_length: f64,
     /// Median decode tokens/s relative to `none` in the same run.
     decode_speedup_vs_none: f64,
+    /// Median decode tokens/s relative to `dflash` in the same run, when it ran.
+    decode_speedup_vs_dflash: Option<f64>,
+    /// Non-root tree nodes verified per round.
+    mean_tree_nodes: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -123,20 +132,35 @@ fn bench(args: &BenchArgs, threads: usize) -> Result<()> {
         page_size: args.model.page_size,
         ..Default::default()
     };
-    let mut methods: Vec<(&'static str, Generator)> =
-        vec![("none", Generator::new(model, None, options.clone()))];
+    let mut methods: Vec<(String, Generator)> =
+        vec![("none".into(), Generator::new(model, None, options.clone()))];
     if let Some(drafter) = &drafter {
-        let spec = DFlashSpec {
+        let num_draft_tokens = args.spec.num_draft_tokens(drafter);
+        let dflash = Generator::new(model, None, options.clone()).with_dflash(DFlashSpec {
             drafter,
-            num_draft_tokens: args.spec.num_draft_tokens(drafter),
-        };
-        methods.push((
-            "dflash",
-            Generator::new(model, None, options).with_dflash(spec)?,
-        ));
+            num_draft_tokens,
+        })?;
+        methods.push(("dflash".into(), dflash));
+        if args.spec.speculative_algorithm == SpecAlgorithm::DDTree {
+            let budgets = if args.budgets.is_empty() {
+                vec![args.spec.ddtree_budget(drafter)]
+            } else {
+                args.budgets.clone()
+            };
+            for budget in budgets {
+                let top_k = args.spec.speculative_ddtree_topk.unwrap_or(budget);
+                let tree =
+                    Generator::new(model, None, options.clone()).with_ddtree(DDTreeSpec {
+                        drafter,
+                        budget,
+                        top_k,
+                    })?;
+                methods.push((format!("ddtree-b{budget}"), tree));
+            }
+        }
     }
-    // samples[method] = (prefill tok/s, decode tok/s, tau per round)
-    let mut samples: Vec<(Vec<f64>, Vec<f64>, Vec<usize>)> =
+    // samples[method] = (prefill tok/s, decode tok/s, tau per round, tree nodes)
+    let mut samples: Vec<(Vec<f64>, Vec<f64>, Vec<usize>, usize)> =
         methods.iter().map(|_| Default::default()).collect();
     for repetition in 0..repetitions + 1 {
         let request = GenerateRequest {
@@ -154,23 +178,28 @@ fn bench(args: &BenchArgs, threads: usize) -> Result<()> {
                 sample.0.push(stats.prefill_tokens_per_s);
                 sample.1.push(stats.decode_tokens_per_s);
                 sample.2.extend(stats.accept_lengths);
+                sample.3 += stats.tree_nodes;
             }
         }
     }
     let mut method_reports: Vec<MethodReport> = methods
         .iter()
         .zip(samples)
-        .map(|((name, _), (prefill, decode, tau))| MethodReport {
-            method: name,
+        .map(|((name, _), (prefill, decode, tau, nodes))| MethodReport {
+            method: name.clone(),
             prefill_tokens_per_s: Spread::of(prefill),
             decode_tokens_per_s: Spread::of(decode),
             mean_accept_length: tau.iter().sum::<usize>() as f64 / tau.len().max(1) as f64,
+            mean_tree_nodes: nodes as f64 / tau.len().max(1) as f64,
             decode_speedup_vs_none: 1.0,
+            decode_speedup_vs_dflash: None,
         })
         .collect();
     let baseline = method_reports[0].decode_tokens_per_s.median;
+    let dflash = method_reports.get(1).map(|m| m.decode_tokens_per_s.median);
     for report in &mut method_reports {
         report.decode_speedup_vs_none = report.decode_tokens_per_s.median / baseline;
+        report.decode_speedup_vs_dflash = dflash.map(|d| report.decode_tokens_per_s.median / d);
     }
 
     let verify_cost = verify_curve(model, args, repetitions, &mut random_tokens)?;
@@ -265,12 +294,16 @@ fn print_report(report: &BenchReport) {
         report.prompt_tokens, report.new_tokens, report.repetitions
     );
     for method in &report.methods {
+        let vs_dflash = method
+            .decode_speedup_vs_dflash
+            .map_or(String::new(), |r| format!("  x dflash {r:.2}"));
         eprintln!(
-            "  {:<7} prefill tok/s {}  decode tok/s {}  tau {:.2}  decode x none {:.2}",
+            "  {:<11} prefill tok/s {}  decode tok/s {}  tau {:.2}  nodes {:>5.1}  decode x none {:.2}{vs_dflash}",
             method.method,
             spread(&method.prefill_tokens_per_s),
             spread(&method.decode_tokens_per_s),
             method.mean_accept_length,
+            method.mean_tree_nodes,
             method.decode_speedup_vs_none
         );
     }

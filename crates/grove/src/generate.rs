@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::{DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
 use grove_model::tokenizer::generation_stop_ids;
 use grove_model::{ChatMessage, Model};
 
@@ -118,16 +118,13 @@ fn generate(args: &GenerateArgs) -> Result<()> {
     };
     let options = GeneratorOptions {
         page_size: args.model.page_size,
+        vocab_shards: args.spec.tp_size,
         ..GeneratorOptions::default()
     };
-    let mut generator = Generator::new(&loaded.model, tokenizer, options);
-    if let Some(drafter) = &drafter {
-        let num_draft_tokens = args.spec.num_draft_tokens(drafter);
-        generator = generator.with_dflash(DFlashSpec {
-            drafter,
-            num_draft_tokens,
-        })?;
-    }
+    let generator = args.spec.apply(
+        Generator::new(&loaded.model, tokenizer, options),
+        drafter.as_ref(),
+    )?;
     let stream = args.format == OutputFormat::Text && tokenizer.is_some();
     let mut stdout = std::io::stdout();
     let output = generator.generate(&request, |text| {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Args;
+use grove_engine::{DDTreeSpec, DFlashSpec, Generator};
 use grove_model::random_checkpoint::RandomCheckpoint;
 use grove_model::{DFlashDrafter, Decoder, TextTokenizer};
 
@@ -66,12 +67,14 @@ pub enum SpecAlgorithm {
     None,
     #[value(name = "dflash")]
     DFlash,
+    #[value(name = "ddtree")]
+    DDTree,
 }
 
 /// Speculation flags shared by `generate` and `bench`.
 #[derive(Debug, Clone, Args)]
 pub struct SpecArgs {
-    /// none or dflash (case-insensitive).
+    /// none, dflash or ddtree (case-insensitive).
     #[arg(long, value_enum, ignore_case = true, default_value_t = SpecAlgorithm::None)]
     pub speculative_algorithm: SpecAlgorithm,
     /// A DFlash drafter directory (z-lab format: config.json + model.safetensors).
@@ -81,6 +84,16 @@ pub struct SpecArgs {
     /// drafter's.
     #[arg(long)]
     pub speculative_num_draft_tokens: Option<usize>,
+    /// DDTree: non-root nodes per draft tree; default: the drafter's block size - 1.
+    #[arg(long)]
+    pub speculative_ddtree_budget: Option<usize>,
+    /// DDTree: candidates per depth; default: the budget.
+    #[arg(long)]
+    pub speculative_ddtree_topk: Option<usize>,
+    /// Vocabulary shards for the per-depth top-K (in-process for now); results are identical
+    /// for any count.
+    #[arg(long, default_value_t = 1)]
+    pub tp_size: usize,
 }
 
 impl SpecArgs {
@@ -92,12 +105,14 @@ impl SpecArgs {
         ) {
             (SpecAlgorithm::None, None) => return Ok(None),
             (SpecAlgorithm::None, Some(_)) => {
-                anyhow::bail!("--speculative-draft-model-path needs --speculative-algorithm dflash")
+                anyhow::bail!(
+                    "--speculative-draft-model-path needs --speculative-algorithm dflash or ddtree"
+                )
             }
-            (SpecAlgorithm::DFlash, None) => anyhow::bail!(
-                "--speculative-algorithm dflash needs --speculative-draft-model-path DIR"
-            ),
-            (SpecAlgorithm::DFlash, Some(path)) => path,
+            (algorithm, None) => {
+                anyhow::bail!("--speculative-algorithm {algorithm:?} needs --speculative-draft-model-path DIR")
+            }
+            (_, Some(path)) => path,
         };
         let tokenizer = loaded.tokenizer.as_ref();
         let resolve = |token: &str| tokenizer.and_then(|t| t.inner().token_to_id(token));
@@ -110,6 +125,39 @@ impl SpecArgs {
     pub fn num_draft_tokens(&self, drafter: &DFlashDrafter) -> usize {
         self.speculative_num_draft_tokens
             .unwrap_or(drafter.config().block_size)
+    }
+
+    /// The DDTree budget for `drafter`.
+    pub fn ddtree_budget(&self, drafter: &DFlashDrafter) -> usize {
+        self.speculative_ddtree_budget
+            .unwrap_or(drafter.config().block_size - 1)
+    }
+
+    /// Configures `generator` for the chosen method with `drafter`.
+    pub fn apply<'a>(
+        &self,
+        generator: Generator<'a>,
+        drafter: Option<&'a DFlashDrafter>,
+    ) -> Result<Generator<'a>> {
+        let Some(drafter) = drafter else {
+            return Ok(generator);
+        };
+        Ok(match self.speculative_algorithm {
+            SpecAlgorithm::None => generator,
+            SpecAlgorithm::DFlash => generator.with_dflash(DFlashSpec {
+                drafter,
+                num_draft_tokens: self.num_draft_tokens(drafter),
+            })?,
+            SpecAlgorithm::DDTree => {
+                let budget = self.ddtree_budget(drafter);
+                let top_k = self.speculative_ddtree_topk.unwrap_or(budget);
+                generator.with_ddtree(DDTreeSpec {
+                    drafter,
+                    budget,
+                    top_k,
+                })?
+            }
+        })
     }
 }
 

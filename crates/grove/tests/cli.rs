@@ -377,3 +377,101 @@ fn bad_input_gives_a_clear_error_and_exit_code_one() {
         "{out_of_vocab}"
     );
 }
+
+#[test]
+fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(golden_dir().join("cases.json")).unwrap())
+            .unwrap();
+    let case = &cases["cases"][3];
+    let prompt: Vec<String> = case["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let (target, drafter) = (golden_dir().join("target"), golden_dir().join("drafter"));
+    let (target, drafter) = (target.to_str().unwrap(), drafter.to_str().unwrap());
+    let output = grove(&[
+        "generate",
+        "--model-path",
+        target,
+        "--prompt-ids",
+        &prompt.join(","),
+        "--speculative-algorithm",
+        "ddtree",
+        "--speculative-draft-model-path",
+        drafter,
+        "--speculative-ddtree-budget",
+        "16",
+        "--tp-size",
+        "3",
+        "--max-new-tokens",
+        "64",
+        "--format",
+        "json",
+        "--page-size",
+        "16",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["token_ids"], case["ddtree"]["16"]["new_tokens"]);
+    let stats = &json["stats"];
+    let rounds = stats["rounds"].as_u64().unwrap();
+    assert!(stats["tree_nodes"].as_u64().unwrap() <= 16 * rounds);
+    let histogram: u64 = stats["accepted_depth_histogram"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(histogram, rounds);
+    assert!(stats["t_tree_build_us"].is_u64());
+
+    let bench = grove(&[
+        "bench",
+        "--model-path",
+        target,
+        "--speculative-algorithm",
+        "ddtree",
+        "--speculative-draft-model-path",
+        drafter,
+        "--budgets",
+        "2,8",
+        "--prompt-tokens",
+        "8",
+        "--new-tokens",
+        "16",
+        "--repetitions",
+        "1",
+        "--context",
+        "16",
+        "--rows",
+        "1",
+    ]);
+    assert!(bench.status.success(), "{}", stderr(&bench));
+    let json: Value = serde_json::from_slice(&bench.stdout).unwrap();
+    let names: Vec<&str> = json["methods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["none", "dflash", "ddtree-b2", "ddtree-b8"]);
+    assert_eq!(json["methods"][1]["decode_speedup_vs_dflash"], 1.0);
+
+    let zero = failure(&[
+        "generate",
+        "--model-path",
+        target,
+        "--prompt-ids",
+        "1",
+        "--speculative-algorithm",
+        "ddtree",
+        "--speculative-draft-model-path",
+        drafter,
+        "--speculative-ddtree-budget",
+        "0",
+    ]);
+    assert!(zero.contains("speculative_ddtree_budget"), "{zero}");
+}
