@@ -81,6 +81,16 @@ struct VerifyPoint {
     ratio_to_one_row: f64,
 }
 
+/// What the measured runs of one method recorded.
+#[derive(Debug, Default)]
+struct Samples {
+    prefill: Vec<f64>,
+    decode: Vec<f64>,
+    /// Tau of every round.
+    tau: Vec<usize>,
+    tree_nodes: usize,
+}
+
 /// One decoding method's measurements.
 #[derive(Debug, Serialize)]
 struct MethodReport {
@@ -159,9 +169,7 @@ fn bench(args: &BenchArgs, threads: usize) -> Result<()> {
             }
         }
     }
-    // samples[method] = (prefill tok/s, decode tok/s, tau per round, tree nodes)
-    let mut samples: Vec<(Vec<f64>, Vec<f64>, Vec<usize>, usize)> =
-        methods.iter().map(|_| Default::default()).collect();
+    let mut samples: Vec<Samples> = methods.iter().map(|_| Samples::default()).collect();
     for repetition in 0..repetitions + 1 {
         let request = GenerateRequest {
             prompt: random_tokens(args.prompt_tokens),
@@ -175,22 +183,23 @@ fn bench(args: &BenchArgs, threads: usize) -> Result<()> {
             let stats = generator.generate(&request, |_| {})?.stats;
             // The first repetition warms caches and the thread pool; it is not counted.
             if repetition > 0 {
-                sample.0.push(stats.prefill_tokens_per_s);
-                sample.1.push(stats.decode_tokens_per_s);
-                sample.2.extend(stats.accept_lengths);
-                sample.3 += stats.tree_nodes;
+                sample.prefill.push(stats.prefill_tokens_per_s);
+                sample.decode.push(stats.decode_tokens_per_s);
+                sample.tau.extend(stats.accept_lengths);
+                sample.tree_nodes += stats.tree_nodes;
             }
         }
     }
     let mut method_reports: Vec<MethodReport> = methods
         .iter()
         .zip(samples)
-        .map(|((name, _), (prefill, decode, tau, nodes))| MethodReport {
+        .map(|((name, _), sample)| MethodReport {
             method: name.clone(),
-            prefill_tokens_per_s: Spread::of(prefill),
-            decode_tokens_per_s: Spread::of(decode),
-            mean_accept_length: tau.iter().sum::<usize>() as f64 / tau.len().max(1) as f64,
-            mean_tree_nodes: nodes as f64 / tau.len().max(1) as f64,
+            prefill_tokens_per_s: Spread::of(sample.prefill),
+            decode_tokens_per_s: Spread::of(sample.decode),
+            mean_accept_length: sample.tau.iter().sum::<usize>() as f64
+                / sample.tau.len().max(1) as f64,
+            mean_tree_nodes: sample.tree_nodes as f64 / sample.tau.len().max(1) as f64,
             decode_speedup_vs_none: 1.0,
             decode_speedup_vs_dflash: None,
         })
