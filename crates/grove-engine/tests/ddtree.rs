@@ -254,3 +254,30 @@ fn assert_taus_match(ours: &[usize], reference: &[usize], label: &str) {
         assert!(ours[shared] <= reference[shared], "{label}: last round");
     }
 }
+
+/// The walk draws one sample per visited node, in path order, so with the same seed DDTree
+/// emits exactly what plain sampling emits, for any budget.
+#[test]
+fn seeded_ddtree_sampling_emits_the_same_tokens_as_seeded_plain_sampling() -> Result<()> {
+    let (target, drafter, _, _) = golden()?;
+    let prompt: Vec<TokenId> = vec![970, 881, 849, 832, 613];
+    for seed in 0..4 {
+        let mut request = greedy(&prompt, 40);
+        request.sampling = SamplingParams {
+            temperature: 0.8,
+            top_k: 50,
+            top_p: 0.95,
+            seed: Some(seed),
+        };
+        let plain = Generator::new(&target, None, GeneratorOptions::default())
+            .generate(&request, |_| {})?;
+        for budget in [3, 16] {
+            let tree = ddtree(&target, &drafter, budget, budget, 4, &request)?;
+            assert_eq!(
+                tree.token_ids, plain.token_ids,
+                "seed {seed} budget {budget}"
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,4 +1,4 @@
-//! DFlash at T = 1 samples from the target's own distribution. On a 16-token random target
+//! DFlash and DDTree at T = 1 sample from the target's own distribution. On a 16-token random target
 //! with a random DFlash drafter, the joint law of the first two generated tokens (the second
 //! one decided by the draft-and-verify walk) is compared with the exact law
 //! `p(t1) p(t2 | t1)` by a chi-square test at significance 0.001. A negative control shows the
@@ -8,8 +8,8 @@ use anyhow::Result;
 use candle_core::{Device, Tensor};
 use grove_core::{SamplingParams, StopCondition, TokenId};
 use grove_engine::{
-    processed_distribution, DFlashSpec, DraftContext, Drafter, GenerateRequest, Generator,
-    GeneratorOptions,
+    processed_distribution, DDTreeSpec, DFlashSpec, DraftContext, Drafter, GenerateRequest,
+    Generator, GeneratorOptions,
 };
 use grove_kv::PagePool;
 use grove_model::random_checkpoint::{RandomCheckpoint, RandomDrafter};
@@ -134,17 +134,11 @@ impl Drafter for ArgmaxTableDrafter {
 /// Samples the first two tokens `SAMPLES` times with `drafter`; checks them against the exact
 /// law, and checks that a walk taking `draft_after[t1]` unchecked would be caught.
 fn check_law(
-    target: &Decoder,
-    drafter: &dyn Drafter,
+    generator: &Generator,
     draft_after: &[TokenId],
     exact: &[f64],
     min_accepted: u64,
 ) -> Result<()> {
-    let generator =
-        Generator::new(target, None, GeneratorOptions::default()).with_dflash(DFlashSpec {
-            drafter,
-            num_draft_tokens: 4,
-        })?;
     let mut counts = vec![0u64; VOCAB * VOCAB];
     let mut broken = vec![0u64; VOCAB * VOCAB];
     let mut accepted_second = 0;
@@ -184,7 +178,7 @@ fn check_law(
 }
 
 #[test]
-fn dflash_at_temperature_one_samples_the_targets_joint_law() -> Result<()> {
+fn dflash_and_ddtree_at_temperature_one_sample_the_targets_joint_law() -> Result<()> {
     // Tiny matmuls: threads would only add wake-ups (candle reads this per call).
     std::env::set_var("RAYON_NUM_THREADS", "1");
     let dir = tempfile::tempdir()?;
@@ -215,19 +209,37 @@ fn dflash_at_temperature_one_samples_the_targets_joint_law() -> Result<()> {
         ));
     }
 
+    let plain = || Generator::new(&target, None, GeneratorOptions::default());
+    let drafts = draft_table(&target, &drafter)?;
     // The real DFlash network (random weights: rarely right, but every code path runs).
-    check_law(
-        &target,
-        &drafter,
-        &draft_table(&target, &drafter)?,
-        &exact,
-        1,
-    )?;
+    let dflash = plain().with_dflash(DFlashSpec {
+        drafter: &drafter,
+        num_draft_tokens: 4,
+    })?;
+    check_law(&dflash, &drafts, &exact, 1)?;
     // A drafter that is right as often as a drafter can be.
     let oracle = ArgmaxTableDrafter {
         after_first: most_likely_second.clone(),
     };
-    check_law(&target, &oracle, &most_likely_second, &exact, SAMPLES / 5)
+    let with_oracle = plain().with_dflash(DFlashSpec {
+        drafter: &oracle,
+        num_draft_tokens: 4,
+    })?;
+    check_law(&with_oracle, &most_likely_second, &exact, SAMPLES / 5)?;
+    // DDTree over both drafters: four candidates per depth, so the walk chooses among
+    // siblings; the unchecked walk follows the rank-0 child.
+    let tree = plain().with_ddtree(DDTreeSpec {
+        drafter: &drafter,
+        budget: 6,
+        top_k: 4,
+    })?;
+    check_law(&tree, &drafts, &exact, 1)?;
+    let oracle_tree = plain().with_ddtree(DDTreeSpec {
+        drafter: &oracle,
+        budget: 6,
+        top_k: 4,
+    })?;
+    check_law(&oracle_tree, &most_likely_second, &exact, SAMPLES / 5)
 }
 
 /// The drafter's first greedy draft after each possible first token.
