@@ -1,29 +1,21 @@
 //! The drafter seam: what the decode loop needs from any source of draft blocks. DFlash is the
 //! real one; tests plug in oracle and adversarial drafters to pin the loop's lossless
 //! behaviour at both extremes of acceptance.
+//!
+//! All sequences of a batch share one drafter KV store; each sequence owns a page table in it
+//! whose length is the number of committed positions whose context has been added.
 
 use candle_core::Tensor;
 use grove_core::TokenId;
-use grove_kv::{KvStore, PagePool, PageTable};
+use grove_kv::{KvStore, PageTable};
 use grove_model::{DFlashDrafter, Model, ModelError};
 
-/// A drafter's per-sequence state: its own KV pool, whose table holds exactly the committed
-/// positions `0..start` once the pending features are added.
+/// One sequence's draft request: its drafter page table and the anchor at `position`.
 #[derive(Debug)]
-pub struct DraftContext {
-    pub table: PageTable,
-    pub kv: KvStore,
-}
-
-impl DraftContext {
-    /// A context for drafters that keep no KV.
-    pub fn empty() -> Self {
-        let pool = PagePool::new(0, 1).expect("page size 1 is valid");
-        Self {
-            table: pool.new_table(),
-            kv: KvStore::new(0, 0, 0),
-        }
-    }
+pub struct DraftBlock<'t> {
+    pub table: &'t mut PageTable,
+    pub anchor: TokenId,
+    pub position: usize,
 }
 
 pub trait Drafter: Send + Sync {
@@ -33,21 +25,26 @@ pub trait Drafter: Send + Sync {
     /// Target layers whose outputs the drafter consumes, in order (may be empty).
     fn target_taps(&self) -> &[usize];
 
-    /// State for one sequence of at most `max_len` committed tokens.
-    fn new_context(&self, max_len: usize, page_size: usize) -> Result<DraftContext, ModelError>;
+    /// The shared context store for `num_slots` slots (empty for drafters that keep no KV).
+    fn new_kv_store(&self, num_slots: usize) -> KvStore;
 
-    /// Adds the target features `[rows, taps * hidden]` of newly committed tokens.
-    fn extend(&self, context: &mut DraftContext, features: &Tensor) -> Result<(), ModelError>;
+    /// Adds the target features `[rows, taps * hidden]` of newly committed tokens to the
+    /// context of the sequence owning `table`.
+    fn extend(
+        &self,
+        kv: &mut KvStore,
+        table: &mut PageTable,
+        features: &Tensor,
+    ) -> Result<(), ModelError>;
 
-    /// Draft logits `[block_size - 1, vocab]` for the slots after `anchor`, which sits at
-    /// absolute position `position`.
+    /// Draft logits `[block_size - 1, vocab]` for the slots after each block's anchor, all
+    /// blocks in one pass.
     fn draft(
         &self,
         target: &dyn Model,
-        context: &mut DraftContext,
-        anchor: TokenId,
-        position: usize,
-    ) -> Result<Tensor, ModelError>;
+        kv: &mut KvStore,
+        blocks: &mut [DraftBlock<'_>],
+    ) -> Result<Vec<Tensor>, ModelError>;
 }
 
 impl Drafter for DFlashDrafter {
@@ -59,30 +56,40 @@ impl Drafter for DFlashDrafter {
         &self.config().target_layer_ids
     }
 
-    fn new_context(&self, max_len: usize, page_size: usize) -> Result<DraftContext, ModelError> {
-        let pool = PagePool::new((max_len + self.block_size()).div_ceil(page_size), page_size)?;
-        Ok(DraftContext {
-            kv: self.new_kv_store(pool.num_slots()),
-            table: pool.new_table(),
-        })
+    fn new_kv_store(&self, num_slots: usize) -> KvStore {
+        DFlashDrafter::new_kv_store(self, num_slots)
     }
 
-    fn extend(&self, context: &mut DraftContext, features: &Tensor) -> Result<(), ModelError> {
-        self.extend_context(features, &mut context.table, &mut context.kv)
+    fn extend(
+        &self,
+        kv: &mut KvStore,
+        table: &mut PageTable,
+        features: &Tensor,
+    ) -> Result<(), ModelError> {
+        self.extend_context(features, table, kv)
     }
 
     fn draft(
         &self,
         target: &dyn Model,
-        context: &mut DraftContext,
-        anchor: TokenId,
-        position: usize,
-    ) -> Result<Tensor, ModelError> {
-        debug_assert_eq!(
-            context.table.len(),
-            position,
-            "drafter context out of step with the target"
-        );
-        Ok(DFlashDrafter::draft(self, target, anchor, &mut context.table, &mut context.kv)?.logits)
+        kv: &mut KvStore,
+        blocks: &mut [DraftBlock<'_>],
+    ) -> Result<Vec<Tensor>, ModelError> {
+        let mut pairs: Vec<(&mut PageTable, TokenId)> = blocks
+            .iter_mut()
+            .map(|block| {
+                debug_assert_eq!(
+                    block.table.len(),
+                    block.position,
+                    "drafter context out of step with the target"
+                );
+                (&mut *block.table, block.anchor)
+            })
+            .collect();
+        Ok(self
+            .draft_batch(target, &mut pairs, kv)?
+            .into_iter()
+            .map(|output| output.logits)
+            .collect())
     }
 }

@@ -1,4 +1,4 @@
-//! Generation of one sequence: the single decode loop.
+//! Generation: the single decode loop, over one request or a batch of them.
 //!
 //! Prefill runs in chunks and chooses the first token (the anchor). Every round then builds a
 //! draft tree rooted at the anchor (root only without speculation, a chain of argmax drafts for
@@ -9,17 +9,13 @@
 //! becomes the new anchor. Drafts come from one drafter pass over `[anchor, MASK x (S-1)]`; the
 //! committed rows' taps extend the drafter's context.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use candle_core::Tensor;
 use grove_core::{FinishReason, SamplingParams, StopCondition, TokenId, ValidationError};
-use grove_kv::{KvStore, PagePool, PageTable};
-use grove_model::{ForwardBatch, LogitRows, Model, ModelError, Segment, TextTokenizer, Visibility};
-use grove_spec::{top_k_candidates, DepthCandidates, DraftTree};
+use grove_model::{Model, TextTokenizer};
 
-use crate::drafter::{DraftContext, Drafter};
-use crate::emitter::Emitter;
-use crate::sampler::Sampler;
+use crate::drafter::Drafter;
+use crate::round::Sequence;
 use crate::EngineError;
 
 /// Prompt rows per prefill forward: bounds activation memory on long prompts.
@@ -66,7 +62,7 @@ pub struct DDTreeSpec<'a> {
 
 /// What a round drafts.
 #[derive(Clone, Copy)]
-enum Method {
+pub(crate) enum Method {
     /// A chain of `num_draft_tokens - 1` argmax drafts.
     Chain { num_draft_tokens: usize },
     /// A best-first tree of `budget` nodes over the top-`top_k` tokens per depth.
@@ -74,9 +70,9 @@ enum Method {
 }
 
 #[derive(Clone, Copy)]
-struct Speculation<'a> {
-    drafter: &'a dyn Drafter,
-    method: Method,
+pub(crate) struct Speculation<'a> {
+    pub drafter: &'a dyn Drafter,
+    pub method: Method,
 }
 
 #[derive(Debug, Clone)]
@@ -125,32 +121,10 @@ pub struct GenerateOutput {
 
 /// Runs requests against one model. KV pools are sized per request and freed with it.
 pub struct Generator<'a> {
-    model: &'a dyn Model,
-    tokenizer: Option<&'a TextTokenizer>,
-    options: GeneratorOptions,
-    speculation: Option<Speculation<'a>>,
-}
-
-/// The KV state of one sequence: the target's, and the drafter's context if speculating.
-struct Sequence {
-    table: PageTable,
-    kv: KvStore,
-    draft: Option<DraftContext>,
-    /// Taps of committed tokens not yet in the drafter's context, `[rows, taps * hidden]`.
-    pending_features: Option<Tensor>,
-    /// The last chosen token; not yet in KV.
-    anchor: TokenId,
-}
-
-/// What one round produced.
-struct Round {
-    /// Accepted drafts followed by the target's own next token.
-    tokens: Vec<TokenId>,
-    tree_nodes: usize,
-    draft: Duration,
-    tree_build: Duration,
-    verify: Duration,
-    commit: Duration,
+    pub(crate) model: &'a dyn Model,
+    pub(crate) tokenizer: Option<&'a TextTokenizer>,
+    pub(crate) options: GeneratorOptions,
+    pub(crate) speculation: Option<Speculation<'a>>,
 }
 
 impl<'a> Generator<'a> {
@@ -259,56 +233,71 @@ impl<'a> Generator<'a> {
         request: &GenerateRequest,
         mut on_text: impl FnMut(&str),
     ) -> Result<GenerateOutput, EngineError> {
-        self.validate(request)?;
-        let prompt_len = request.prompt.len();
-        let max_new = request.stop.max_new_tokens;
-        let mut sampler = Sampler::new(request.sampling.clone());
-        let mut emitter = Emitter::new(self.tokenizer, &request.stop);
+        let mut outputs = self.run(std::slice::from_ref(request), &mut |_, text: &str| {
+            on_text(text)
+        })?;
+        Ok(outputs.pop().expect("one request in, one output out"))
+    }
 
-        let prefill_start = Instant::now();
-        let mut sequence = self.start(&request.prompt, max_new, &mut sampler)?;
-        let t_prefill = prefill_start.elapsed();
+    /// Generates for several requests at once: each step drafts all unfinished sequences in one
+    /// drafter pass and verifies them in one target forward. Every output is exactly what the
+    /// request produces alone (up to float rounding of batched matmuls near ties).
+    pub fn generate_batch(
+        &self,
+        requests: &[GenerateRequest],
+    ) -> Result<Vec<GenerateOutput>, EngineError> {
+        self.run(requests, &mut |_, _: &str| {})
+    }
 
-        let decode_start = Instant::now();
-        let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
-        let mut stats = GenerateStats {
-            accepted_per_position: vec![0; max_depth],
-            accepted_depth_histogram: vec![0; max_depth + 1],
-            ..GenerateStats::default()
-        };
-        let mut emitted = 1;
-        let mut finish = emitter.emit(sequence.anchor, &mut on_text)?;
-        while finish.is_none() {
-            let round = self.round(&mut sequence, max_new - emitted, &mut sampler)?;
-            // A stop inside the round cuts it: tau counts only the tokens emitted.
-            let mut round_emitted = 0;
-            for &token in &round.tokens {
-                round_emitted += 1;
-                finish = emitter.emit(token, &mut on_text)?;
-                if finish.is_some() {
-                    break;
-                }
-            }
-            emitted += round_emitted;
-            for position in stats
-                .accepted_per_position
-                .iter_mut()
-                .take(round_emitted - 1)
-            {
-                *position += 1;
-            }
-            stats.accept_lengths.push(round_emitted);
-            stats.accepted_depth_histogram[round_emitted - 1] += 1;
-            stats.tree_nodes += round.tree_nodes;
-            stats.t_draft_us += round.draft.as_micros() as u64;
-            stats.t_tree_build_us += round.tree_build.as_micros() as u64;
-            stats.t_verify_us += round.verify.as_micros() as u64;
-            stats.t_commit_us += round.commit.as_micros() as u64;
+    /// The decode loop.
+    fn run(
+        &self,
+        requests: &[GenerateRequest],
+        on_text: &mut impl FnMut(usize, &str),
+    ) -> Result<Vec<GenerateOutput>, EngineError> {
+        for request in requests {
+            self.validate(request)?;
         }
-        let t_decode = decode_start.elapsed();
-        let finish_reason = finish.expect("the loop ends with a reason");
-        let (token_ids, text) = emitter.finish(&mut on_text)?;
+        let mut pools = self.pools(requests)?;
+        let mut sequences = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            sequences
+                .push(self.start(request, &mut pools, &mut |text: &str| on_text(index, text))?);
+        }
+        let mut outputs: Vec<Option<GenerateOutput>> = vec![None; requests.len()];
+        loop {
+            let (indices, mut active): (Vec<usize>, Vec<&mut Sequence>) = sequences
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, s)| s.finish.is_none())
+                .unzip();
+            if active.is_empty() {
+                break;
+            }
+            self.step(&mut active, &mut pools, on_text, &indices)?;
+        }
+        for (index, sequence) in sequences.into_iter().enumerate() {
+            outputs[index] = Some(Self::finish(sequence, &mut |text: &str| {
+                on_text(index, text)
+            })?);
+        }
+        Ok(outputs
+            .into_iter()
+            .map(|o| o.expect("every sequence finishes"))
+            .collect())
+    }
 
+    /// Flushes a finished sequence's text and completes its statistics; its pages return.
+    fn finish(
+        sequence: Sequence<'_>,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<GenerateOutput, EngineError> {
+        let t_decode = sequence.decode_start.elapsed();
+        let finish_reason = sequence.finish.expect("finished");
+        let t_prefill = sequence.t_prefill;
+        let prompt_len = sequence.request.prompt.len();
+        let mut stats = sequence.stats;
+        let (token_ids, text) = sequence.emitter.finish(on_text)?;
         let seconds = |d: Duration| d.as_secs_f64().max(1e-9);
         let emitted_in_rounds = token_ids.len() - 1;
         stats.prompt_tokens = prompt_len;
@@ -335,186 +324,16 @@ impl<'a> Generator<'a> {
         })
     }
 
-    /// Allocates the KV pools, runs the prompt in chunks (capturing the drafter's taps) and
-    /// chooses the first token.
-    fn start(
-        &self,
-        prompt: &[TokenId],
-        max_new: usize,
-        sampler: &mut Sampler,
-    ) -> Result<Sequence, EngineError> {
-        let page_size = self.options.page_size;
-        // Verify rows may run up to a tree past the committed length.
-        let verify_block = match self.speculation.map(|s| s.method) {
+    /// Rows one verify may add past a sequence's committed length.
+    pub(crate) fn verify_rows(&self) -> usize {
+        match self.speculation.map(|s| s.method) {
             None => 1,
             Some(Method::Chain { num_draft_tokens }) => num_draft_tokens,
             Some(Method::Tree { budget, .. }) => budget + 1,
-        };
-        let pool = PagePool::new(
-            (prompt.len() + max_new + verify_block).div_ceil(page_size),
-            page_size,
-        )?;
-        let mut table = pool.new_table();
-        let mut kv = self.model.new_kv_store(pool.num_slots());
-        let taps = self.taps();
-        let mut last_logits = Vec::new();
-        let mut features = Vec::new();
-        for chunk in prompt.chunks(self.options.prefill_chunk.max(1)) {
-            table.reserve(chunk.len())?;
-            let positions: Vec<usize> = (table.len()..table.len() + chunk.len()).collect();
-            let segment = Segment::causal(&table, chunk, &positions, LogitRows::Last);
-            let output = self.model.forward(
-                &ForwardBatch {
-                    segments: vec![segment],
-                    taps,
-                },
-                &mut kv,
-            )?;
-            table.append(chunk.len());
-            last_logits = output.logits_row(0).map_err(ModelError::from)?;
-            if !taps.is_empty() {
-                features.push(Tensor::cat(&output.taps, 1).map_err(ModelError::from)?);
-            }
         }
-        let draft = self
-            .speculation
-            .map(|spec| spec.drafter.new_context(prompt.len() + max_new, page_size))
-            .transpose()?;
-        let pending_features = if features.is_empty() {
-            None
-        } else {
-            Some(Tensor::cat(&features, 0).map_err(ModelError::from)?)
-        };
-        Ok(Sequence {
-            table,
-            kv,
-            draft,
-            pending_features,
-            anchor: sampler.sample(&last_logits),
-        })
     }
 
-    fn taps(&self) -> &'a [usize] {
+    pub(crate) fn taps(&self) -> &'a [usize] {
         self.speculation.map_or(&[], |s| s.drafter.target_taps())
-    }
-
-    /// Candidates per depth for this round's tree, or none (a root-only tree).
-    fn draft(
-        &self,
-        sequence: &mut Sequence,
-        remaining: usize,
-    ) -> Result<Vec<DepthCandidates>, EngineError> {
-        let (Some(spec), Some(context)) = (self.speculation, sequence.draft.as_mut()) else {
-            return Ok(Vec::new());
-        };
-        // A round emits at most depth + 1 tokens: near the length limit shallower trees suffice,
-        // and with one token left there is nothing to draft.
-        let depth_cap = remaining - 1;
-        let (depths, k) = match spec.method {
-            Method::Chain { num_draft_tokens } => ((num_draft_tokens - 1).min(depth_cap), 1),
-            Method::Tree { budget, top_k } => (
-                (spec.drafter.block_size() - 1).min(depth_cap),
-                top_k.min(budget),
-            ),
-        };
-        if depths == 0 {
-            return Ok(Vec::new());
-        }
-        if let Some(features) = sequence.pending_features.take() {
-            spec.drafter.extend(context, &features)?;
-        }
-        let logits =
-            spec.drafter
-                .draft(self.model, context, sequence.anchor, sequence.table.len())?;
-        let rows: Vec<Vec<f32>> = logits
-            .narrow(0, 0, depths)
-            .and_then(|l| l.to_vec2())
-            .map_err(ModelError::from)?;
-        // The reference drafts from raw logits at every temperature (exact: see sampler.rs).
-        Ok(rows
-            .iter()
-            .map(|row| top_k_candidates(row, k, self.options.vocab_shards))
-            .collect())
-    }
-
-    /// One round; emits at most `remaining` tokens.
-    fn round(
-        &self,
-        sequence: &mut Sequence,
-        remaining: usize,
-        sampler: &mut Sampler,
-    ) -> Result<Round, EngineError> {
-        debug_assert!(remaining >= 1);
-        let draft_start = Instant::now();
-        let candidates = self.draft(sequence, remaining)?;
-        let draft_time = draft_start.elapsed();
-
-        let build_start = Instant::now();
-        let budget = match self.speculation.map(|s| s.method) {
-            Some(Method::Tree { budget, .. }) => budget,
-            _ => candidates.len(),
-        };
-        let tree = DraftTree::build(sequence.anchor, &candidates, budget);
-        let tree_build = build_start.elapsed();
-
-        let verify_start = Instant::now();
-        let table = &mut sequence.table;
-        let base = table.len();
-        table.reserve(tree.tokens.len())?;
-        let positions: Vec<usize> = tree.depths.iter().map(|d| base + d).collect();
-        let segment = Segment {
-            table,
-            context_len: base,
-            tokens: &tree.tokens,
-            positions: &positions,
-            visibility: Visibility::Tree {
-                parents: tree.row_parents(),
-            },
-            logits: LogitRows::All,
-        };
-        let output = self.model.forward(
-            &ForwardBatch {
-                segments: vec![segment],
-                taps: self.taps(),
-            },
-            &mut sequence.kv,
-        )?;
-        let rows: Vec<Vec<f32>> = output.logits.to_vec2().map_err(ModelError::from)?;
-        let verify_time = verify_start.elapsed();
-
-        // Walk: the target's choice at each visited node, drawn once per node in path order;
-        // nodes off the path are never sampled.
-        let commit_start = Instant::now();
-        let (path, bonus) = tree.walk(|node| sampler.sample(&rows[node]));
-        // The path's K/V move to contiguous positions base.. (no re-rotation: a node's position
-        // already is base + depth); rows off the path are freed.
-        table.commit_path(&mut sequence.kv, base, &path);
-        if !output.taps.is_empty() {
-            let rows = Tensor::from_vec(
-                path.iter().map(|&n| n as u32).collect::<Vec<_>>(),
-                path.len(),
-                &candle_core::Device::Cpu,
-            )
-            .map_err(ModelError::from)?;
-            let mut features = Tensor::cat(&output.taps, 1)
-                .and_then(|f| f.index_select(&rows, 0))
-                .map_err(ModelError::from)?;
-            // A round that drafted nothing left earlier features pending: keep them in order.
-            if let Some(earlier) = sequence.pending_features.take() {
-                features = Tensor::cat(&[earlier, features], 0).map_err(ModelError::from)?;
-            }
-            sequence.pending_features = Some(features);
-        }
-        sequence.anchor = bonus;
-        let mut tokens: Vec<TokenId> = path[1..].iter().map(|&n| tree.tokens[n]).collect();
-        tokens.push(bonus);
-        Ok(Round {
-            tokens,
-            tree_nodes: tree.len(),
-            draft: draft_time,
-            tree_build,
-            verify: verify_time,
-            commit: commit_start.elapsed(),
-        })
     }
 }

@@ -6,11 +6,12 @@ mod detokenizer;
 mod drafter;
 mod emitter;
 mod generate;
+mod round;
 mod sampler;
 mod stop_strings;
 
 pub use detokenizer::Detokenizer;
-pub use drafter::{DraftContext, Drafter};
+pub use drafter::{DraftBlock, Drafter};
 pub use generate::{
     DDTreeSpec, DFlashSpec, GenerateOutput, GenerateRequest, GenerateStats, Generator,
     GeneratorOptions,

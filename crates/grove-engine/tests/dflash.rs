@@ -10,8 +10,9 @@ use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 use grove_core::{SamplingParams, StopCondition, TokenId};
 use grove_engine::{
-    DFlashSpec, DraftContext, Drafter, GenerateOutput, GenerateRequest, Generator, GeneratorOptions,
+    DFlashSpec, DraftBlock, Drafter, GenerateOutput, GenerateRequest, Generator, GeneratorOptions,
 };
+use grove_kv::{KvStore, PageTable};
 use grove_model::{DFlashDrafter, Decoder, Model, ModelError};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -120,21 +121,35 @@ impl Drafter for ScriptedDrafter {
         &[]
     }
 
-    fn new_context(&self, _max_len: usize, _page_size: usize) -> Result<DraftContext, ModelError> {
-        Ok(DraftContext::empty())
+    fn new_kv_store(&self, _num_slots: usize) -> KvStore {
+        KvStore::new(0, 0, 0)
     }
 
-    fn extend(&self, _context: &mut DraftContext, _features: &Tensor) -> Result<(), ModelError> {
+    fn extend(
+        &self,
+        _kv: &mut KvStore,
+        _table: &mut PageTable,
+        _features: &Tensor,
+    ) -> Result<(), ModelError> {
         Ok(())
     }
 
     fn draft(
         &self,
         _target: &dyn Model,
-        _context: &mut DraftContext,
-        _anchor: TokenId,
-        position: usize,
-    ) -> Result<Tensor, ModelError> {
+        _kv: &mut KvStore,
+        blocks: &mut [DraftBlock<'_>],
+    ) -> Result<Vec<Tensor>, ModelError> {
+        blocks
+            .iter()
+            .map(|block| self.script(block.position))
+            .collect()
+    }
+}
+
+impl ScriptedDrafter {
+    /// One-hot logits for the slots after the anchor at `position`.
+    fn script(&self, position: usize) -> Result<Tensor, ModelError> {
         let mut logits = vec![0f32; (self.block_size - 1) * self.vocab_size];
         for slot in 0..self.block_size - 1 {
             let truth = self.sequence.get(position + 1 + slot).copied().unwrap_or(0) as usize;

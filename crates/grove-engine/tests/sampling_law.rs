@@ -8,10 +8,10 @@ use anyhow::Result;
 use candle_core::{Device, Tensor};
 use grove_core::{SamplingParams, StopCondition, TokenId};
 use grove_engine::{
-    processed_distribution, DDTreeSpec, DFlashSpec, DraftContext, Drafter, GenerateRequest,
+    processed_distribution, DDTreeSpec, DFlashSpec, DraftBlock, Drafter, GenerateRequest,
     Generator, GeneratorOptions,
 };
-use grove_kv::PagePool;
+use grove_kv::{KvStore, PagePool, PageTable};
 use grove_model::random_checkpoint::{RandomCheckpoint, RandomDrafter};
 use grove_model::{
     DFlashDrafter, Decoder, Family, ForwardBatch, LogitRows, Model, ModelError, Segment,
@@ -110,24 +110,33 @@ impl Drafter for ArgmaxTableDrafter {
         &[]
     }
 
-    fn new_context(&self, _max_len: usize, _page_size: usize) -> Result<DraftContext, ModelError> {
-        Ok(DraftContext::empty())
+    fn new_kv_store(&self, _num_slots: usize) -> KvStore {
+        KvStore::new(0, 0, 0)
     }
 
-    fn extend(&self, _context: &mut DraftContext, _features: &Tensor) -> Result<(), ModelError> {
+    fn extend(
+        &self,
+        _kv: &mut KvStore,
+        _table: &mut PageTable,
+        _features: &Tensor,
+    ) -> Result<(), ModelError> {
         Ok(())
     }
 
     fn draft(
         &self,
         _target: &dyn Model,
-        _context: &mut DraftContext,
-        anchor: TokenId,
-        _position: usize,
-    ) -> Result<Tensor, ModelError> {
-        let mut logits = vec![0f32; 3 * VOCAB];
-        logits[self.after_first[anchor as usize] as usize] = 10.0;
-        Ok(Tensor::from_vec(logits, (3, VOCAB), &Device::Cpu)?)
+        _kv: &mut KvStore,
+        blocks: &mut [DraftBlock<'_>],
+    ) -> Result<Vec<Tensor>, ModelError> {
+        blocks
+            .iter()
+            .map(|block| {
+                let mut logits = vec![0f32; 3 * VOCAB];
+                logits[self.after_first[block.anchor as usize] as usize] = 10.0;
+                Ok(Tensor::from_vec(logits, (3, VOCAB), &Device::Cpu)?)
+            })
+            .collect()
     }
 }
 
@@ -262,10 +271,17 @@ fn draft_table(target: &Decoder, drafter: &DFlashDrafter) -> Result<Vec<TokenId>
     let features = Tensor::cat(&target.forward(&batch, &mut kv)?.taps, 1)?;
     (0..VOCAB as TokenId)
         .map(|t1| {
-            let mut context = drafter.new_context(16, 1)?;
-            drafter.extend(&mut context, &features)?;
-            let logits = Drafter::draft(drafter, target, &mut context, t1, PROMPT.len())?;
-            Ok(logits.get(0)?.argmax(0)?.to_scalar::<u32>()?)
+            let draft_pool = PagePool::new(16, 1)?;
+            let mut draft_kv = Drafter::new_kv_store(drafter, draft_pool.num_slots());
+            let mut table = draft_pool.new_table();
+            drafter.extend(&mut draft_kv, &mut table, &features)?;
+            let mut blocks = [DraftBlock {
+                table: &mut table,
+                anchor: t1,
+                position: PROMPT.len(),
+            }];
+            let logits = Drafter::draft(drafter, target, &mut draft_kv, &mut blocks)?;
+            Ok(logits[0].get(0)?.argmax(0)?.to_scalar::<u32>()?)
         })
         .collect()
 }

@@ -303,26 +303,62 @@ impl DFlashDrafter {
         table: &mut PageTable,
         kv: &mut KvStore,
     ) -> Result<DraftOutput, ModelError> {
+        let mut outputs = self.draft_batch(target, &mut [(table, anchor)], kv)?;
+        Ok(outputs.pop().expect("one block in, one out"))
+    }
+
+    /// One drafter forward over the blocks of several sequences, each `(table, anchor)` with
+    /// its block at positions `table.len()..`; returns one [`DraftOutput`] per block.
+    pub fn draft_batch(
+        &self,
+        target: &dyn Model,
+        blocks: &mut [(&mut PageTable, TokenId)],
+        kv: &mut KvStore,
+    ) -> Result<Vec<DraftOutput>, ModelError> {
         let size = self.config.block_size;
-        table.reserve(size)?;
-        let mut block = vec![self.config.mask_token_id; size];
-        block[0] = anchor;
-        let positions: Vec<usize> = (table.len()..table.len() + size).collect();
-        let segment = Segment {
-            table,
-            context_len: table.len(),
-            tokens: &block,
-            positions: &positions,
-            visibility: Visibility::Bidirectional,
-            logits: LogitRows::None,
-        };
+        for (table, _) in blocks.iter_mut() {
+            table.reserve(size)?;
+        }
+        let tokens: Vec<Vec<TokenId>> = blocks
+            .iter()
+            .map(|(_, anchor)| {
+                std::iter::once(*anchor)
+                    .chain(std::iter::repeat_n(self.config.mask_token_id, size - 1))
+                    .collect()
+            })
+            .collect();
+        let positions: Vec<Vec<usize>> = blocks
+            .iter()
+            .map(|(table, _)| (table.len()..table.len() + size).collect())
+            .collect();
+        let segments = blocks
+            .iter()
+            .zip(tokens.iter().zip(&positions))
+            .map(|((table, _), (tokens, positions))| Segment {
+                table,
+                context_len: table.len(),
+                tokens,
+                positions,
+                visibility: Visibility::Bidirectional,
+                logits: LogitRows::None,
+            })
+            .collect();
         let batch = ForwardBatch {
-            segments: vec![segment],
+            segments,
             taps: &[],
         };
-        let (hidden, _) = self.layers.forward(target.embed(&block)?, &batch, kv)?;
+        let flat: Vec<TokenId> = tokens.concat();
+        let (hidden, _) = self.layers.forward(target.embed(&flat)?, &batch, kv)?;
         let hidden = self.norm.forward(&hidden)?;
-        let logits = target.project_logits(&hidden.narrow(0, 1, size - 1)?)?;
-        Ok(DraftOutput { hidden, logits })
+        (0..blocks.len())
+            .map(|i| {
+                let block = hidden.narrow(0, i * size, size)?;
+                let logits = target.project_logits(&block.narrow(0, 1, size - 1)?)?;
+                Ok(DraftOutput {
+                    hidden: block,
+                    logits,
+                })
+            })
+            .collect()
     }
 }

@@ -1,0 +1,356 @@
+//! The batched step: every active sequence's round is drafted in one drafter pass and verified
+//! in one target forward (ragged trees, per-sequence visibility and positions); the walk and
+//! the commit are per sequence. Sequences share one target KV store and one drafter store, each
+//! owning page tables in them, so a finished sequence returns its pages at once.
+
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use grove_core::{FinishReason, TokenId};
+use grove_kv::{KvStore, PagePool, PageTable};
+use grove_model::{ForwardBatch, LogitRows, ModelError, Segment, Visibility};
+use grove_spec::{top_k_candidates, DepthCandidates, DraftTree};
+
+use crate::drafter::DraftBlock;
+use crate::emitter::Emitter;
+use crate::generate::{GenerateRequest, GenerateStats, Generator, Method};
+use crate::sampler::Sampler;
+use crate::EngineError;
+
+/// KV memory shared by the sequences of one run.
+pub(crate) struct Pools {
+    pub pool: PagePool,
+    pub kv: KvStore,
+    pub draft_pool: PagePool,
+    pub draft_kv: KvStore,
+}
+
+/// One request in flight.
+pub(crate) struct Sequence<'r> {
+    pub request: &'r GenerateRequest,
+    pub table: PageTable,
+    /// The drafter's context for this sequence (speculation only).
+    pub draft_table: Option<PageTable>,
+    /// Taps of committed tokens not yet in the drafter's context, `[rows, taps * hidden]`.
+    pub pending_features: Option<Tensor>,
+    /// The last chosen token; not yet in KV.
+    pub anchor: TokenId,
+    pub sampler: Sampler,
+    pub emitter: Emitter<'r>,
+    pub stats: GenerateStats,
+    pub emitted: usize,
+    pub finish: Option<FinishReason>,
+    pub t_prefill: Duration,
+    pub decode_start: Instant,
+}
+
+impl Sequence<'_> {
+    fn remaining(&self) -> usize {
+        self.request.stop.max_new_tokens - self.emitted
+    }
+}
+
+/// Timings of one batched step, charged to every sequence in it.
+#[derive(Default)]
+struct StepTimes {
+    draft: Duration,
+    tree_build: Duration,
+    verify: Duration,
+}
+
+impl<'a> Generator<'a> {
+    /// Pools large enough for every request's prompt, output and one verify tree.
+    pub(crate) fn pools(&self, requests: &[GenerateRequest]) -> Result<Pools, EngineError> {
+        let page_size = self.options.page_size;
+        let pages = |extra: usize| -> usize {
+            requests
+                .iter()
+                .map(|r| (r.prompt.len() + r.stop.max_new_tokens + extra).div_ceil(page_size))
+                .sum()
+        };
+        let pool = PagePool::new(pages(self.verify_rows()), page_size)?;
+        let draft_block = self.speculation.map_or(0, |s| s.drafter.block_size());
+        let draft_pool = PagePool::new(
+            if draft_block == 0 {
+                0
+            } else {
+                pages(draft_block)
+            },
+            page_size,
+        )?;
+        Ok(Pools {
+            kv: self.model.new_kv_store(pool.num_slots()),
+            draft_kv: match self.speculation {
+                Some(spec) => spec.drafter.new_kv_store(draft_pool.num_slots()),
+                None => KvStore::new(0, 0, 0),
+            },
+            pool,
+            draft_pool,
+        })
+    }
+
+    /// Runs a prompt in chunks (capturing the drafter's taps), chooses the first token and
+    /// emits it.
+    pub(crate) fn start<'r>(
+        &self,
+        request: &'r GenerateRequest,
+        pools: &mut Pools,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Sequence<'r>, EngineError>
+    where
+        'a: 'r,
+    {
+        let prefill_start = Instant::now();
+        let mut table = pools.pool.new_table();
+        let taps = self.taps();
+        let mut last_logits = Vec::new();
+        let mut features = Vec::new();
+        for chunk in request.prompt.chunks(self.options.prefill_chunk.max(1)) {
+            table.reserve(chunk.len())?;
+            let positions: Vec<usize> = (table.len()..table.len() + chunk.len()).collect();
+            let segment = Segment::causal(&table, chunk, &positions, LogitRows::Last);
+            let output = self.model.forward(
+                &ForwardBatch {
+                    segments: vec![segment],
+                    taps,
+                },
+                &mut pools.kv,
+            )?;
+            table.append(chunk.len());
+            last_logits = output.logits_row(0).map_err(ModelError::from)?;
+            if !taps.is_empty() {
+                features.push(Tensor::cat(&output.taps, 1).map_err(ModelError::from)?);
+            }
+        }
+        let pending_features = if features.is_empty() {
+            None
+        } else {
+            Some(Tensor::cat(&features, 0).map_err(ModelError::from)?)
+        };
+        let mut sampler = Sampler::new(request.sampling.clone());
+        let anchor = sampler.sample(&last_logits);
+        let t_prefill = prefill_start.elapsed();
+        let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
+        let mut sequence = Sequence {
+            request,
+            table,
+            draft_table: self.speculation.map(|_| pools.draft_pool.new_table()),
+            pending_features,
+            anchor,
+            sampler,
+            emitter: Emitter::new(self.tokenizer, &request.stop),
+            stats: GenerateStats {
+                accepted_per_position: vec![0; max_depth],
+                accepted_depth_histogram: vec![0; max_depth + 1],
+                ..GenerateStats::default()
+            },
+            emitted: 1,
+            finish: None,
+            t_prefill,
+            decode_start: Instant::now(),
+        };
+        sequence.finish = sequence.emitter.emit(anchor, on_text)?;
+        Ok(sequence)
+    }
+
+    /// One round for every sequence in `batch` (none of them finished).
+    pub(crate) fn step(
+        &self,
+        batch: &mut [&mut Sequence<'_>],
+        pools: &mut Pools,
+        on_text: &mut impl FnMut(usize, &str),
+        indices: &[usize],
+    ) -> Result<(), EngineError> {
+        let mut times = StepTimes::default();
+        let draft_start = Instant::now();
+        let candidates = self.draft(batch, pools)?;
+        times.draft = draft_start.elapsed();
+
+        let build_start = Instant::now();
+        let budget = match self.speculation.map(|s| s.method) {
+            Some(Method::Tree { budget, .. }) => Some(budget),
+            _ => None,
+        };
+        let trees: Vec<DraftTree> = batch
+            .iter()
+            .zip(&candidates)
+            .map(|(sequence, candidates)| {
+                DraftTree::build(
+                    sequence.anchor,
+                    candidates,
+                    budget.unwrap_or(candidates.len()),
+                )
+            })
+            .collect();
+        times.tree_build = build_start.elapsed();
+
+        let verify_start = Instant::now();
+        let bases: Vec<usize> = batch.iter().map(|s| s.table.len()).collect();
+        for (sequence, tree) in batch.iter_mut().zip(&trees) {
+            sequence.table.reserve(tree.tokens.len())?;
+        }
+        let positions: Vec<Vec<usize>> = trees
+            .iter()
+            .zip(&bases)
+            .map(|(tree, base)| tree.depths.iter().map(|d| base + d).collect())
+            .collect();
+        let segments = batch
+            .iter()
+            .zip(&trees)
+            .zip(&positions)
+            .map(|((sequence, tree), positions)| Segment {
+                table: &sequence.table,
+                context_len: sequence.table.len(),
+                tokens: &tree.tokens,
+                positions,
+                visibility: Visibility::Tree {
+                    parents: tree.row_parents(),
+                },
+                logits: LogitRows::All,
+            })
+            .collect();
+        let output = self.model.forward(
+            &ForwardBatch {
+                segments,
+                taps: self.taps(),
+            },
+            &mut pools.kv,
+        )?;
+        let rows: Vec<Vec<f32>> = output.logits.to_vec2().map_err(ModelError::from)?;
+        let taps = if output.taps.is_empty() {
+            None
+        } else {
+            Some(Tensor::cat(&output.taps, 1).map_err(ModelError::from)?)
+        };
+        times.verify = verify_start.elapsed();
+
+        let mut offset = 0;
+        for (((sequence, tree), base), &index) in
+            batch.iter_mut().zip(&trees).zip(bases).zip(indices)
+        {
+            let commit_start = Instant::now();
+            let node_rows = &rows[offset..offset + tree.tokens.len()];
+            // Walk: the target's choice at each visited node, drawn once per node in path
+            // order; nodes off the path are never sampled.
+            let (path, bonus) = tree.walk(|node| sequence.sampler.sample(&node_rows[node]));
+            // The path's K/V move to positions base.. (no re-rotation: a node's position already
+            // is base + depth); rows off the path are freed.
+            sequence.table.commit_path(&mut pools.kv, base, &path);
+            if let Some(taps) = &taps {
+                let picked: Vec<u32> = path.iter().map(|&n| (offset + n) as u32).collect();
+                let picked = Tensor::from_vec(picked, path.len(), &candle_core::Device::Cpu)
+                    .map_err(ModelError::from)?;
+                let mut features = taps.index_select(&picked, 0).map_err(ModelError::from)?;
+                // A round that drafted nothing left earlier features pending: keep them in order.
+                if let Some(earlier) = sequence.pending_features.take() {
+                    features = Tensor::cat(&[earlier, features], 0).map_err(ModelError::from)?;
+                }
+                sequence.pending_features = Some(features);
+            }
+            sequence.anchor = bonus;
+            offset += tree.tokens.len();
+            let commit = commit_start.elapsed();
+
+            let tokens = path[1..].iter().map(|&n| tree.tokens[n]).chain([bonus]);
+            // A stop inside the round cuts it: tau counts only the tokens emitted.
+            let mut round_emitted = 0;
+            for token in tokens {
+                round_emitted += 1;
+                sequence.finish = sequence
+                    .emitter
+                    .emit(token, &mut |text: &str| on_text(index, text))?;
+                if sequence.finish.is_some() {
+                    break;
+                }
+            }
+            sequence.emitted += round_emitted;
+            let stats = &mut sequence.stats;
+            for position in stats
+                .accepted_per_position
+                .iter_mut()
+                .take(round_emitted - 1)
+            {
+                *position += 1;
+            }
+            stats.accept_lengths.push(round_emitted);
+            stats.accepted_depth_histogram[round_emitted - 1] += 1;
+            stats.tree_nodes += tree.len();
+            stats.t_draft_us += times.draft.as_micros() as u64;
+            stats.t_tree_build_us += times.tree_build.as_micros() as u64;
+            stats.t_verify_us += times.verify.as_micros() as u64;
+            stats.t_commit_us += commit.as_micros() as u64;
+        }
+        Ok(())
+    }
+
+    /// Per-depth candidates for each sequence's tree (empty: a root-only tree), from one
+    /// batched drafter pass over the sequences that draft.
+    fn draft(
+        &self,
+        batch: &mut [&mut Sequence<'_>],
+        pools: &mut Pools,
+    ) -> Result<Vec<Vec<DepthCandidates>>, EngineError> {
+        let mut candidates = vec![Vec::new(); batch.len()];
+        let Some(spec) = self.speculation else {
+            return Ok(candidates);
+        };
+        // A round emits at most depth + 1 tokens: near the length limit shallower trees
+        // suffice, and with one token left there is nothing to draft.
+        let plan: Vec<(usize, usize)> = batch
+            .iter()
+            .map(|sequence| {
+                let depth_cap = sequence.remaining() - 1;
+                match spec.method {
+                    Method::Chain { num_draft_tokens } => {
+                        ((num_draft_tokens - 1).min(depth_cap), 1)
+                    }
+                    Method::Tree { budget, top_k } => (
+                        (spec.drafter.block_size() - 1).min(depth_cap),
+                        top_k.min(budget),
+                    ),
+                }
+            })
+            .collect();
+        let mut blocks = Vec::new();
+        let mut drafting = Vec::new();
+        for (index, (sequence, &(depths, _))) in batch.iter_mut().zip(&plan).enumerate() {
+            if depths == 0 {
+                continue;
+            }
+            let position = sequence.table.len();
+            let draft_table = sequence
+                .draft_table
+                .as_mut()
+                .expect("speculating sequences have a drafter table");
+            if let Some(features) = sequence.pending_features.take() {
+                spec.drafter
+                    .extend(&mut pools.draft_kv, draft_table, &features)?;
+            }
+            blocks.push(DraftBlock {
+                table: draft_table,
+                anchor: sequence.anchor,
+                position,
+            });
+            drafting.push(index);
+        }
+        if blocks.is_empty() {
+            return Ok(candidates);
+        }
+        let logits = spec
+            .drafter
+            .draft(self.model, &mut pools.draft_kv, &mut blocks)?;
+        for (index, logits) in drafting.into_iter().zip(logits) {
+            let (depths, k) = plan[index];
+            let rows: Vec<Vec<f32>> = logits
+                .narrow(0, 0, depths)
+                .and_then(|l| l.to_vec2())
+                .map_err(ModelError::from)?;
+            // The reference drafts from raw logits at every temperature (exact: see sampler.rs).
+            candidates[index] = rows
+                .iter()
+                .map(|row| top_k_candidates(row, k, self.options.vocab_shards))
+                .collect();
+        }
+        Ok(candidates)
+    }
+}
