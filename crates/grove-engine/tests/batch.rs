@@ -2,30 +2,17 @@
 //! step over all unfinished sequences, ragged trees, sequences finishing at different steps)
 //! produce exactly what each produces alone, for plain decoding, DFlash and DDTree.
 
-use std::path::PathBuf;
+mod common;
 
 use anyhow::Result;
-use candle_core::Device;
+use common::*;
 use grove_core::{SamplingParams, StopCondition, TokenId};
 use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
-use grove_model::{DFlashDrafter, Decoder};
 use rand::{Rng, SeedableRng};
-
-fn golden_dir() -> PathBuf {
-    std::env::var_os("GROVE_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"))
-}
 
 #[test]
 fn batched_requests_produce_exactly_their_solo_outputs() -> Result<()> {
-    let target = Decoder::load(&golden_dir().join("target"), &Device::Cpu)?;
-    let drafter = DFlashDrafter::load(
-        &golden_dir().join("drafter"),
-        &target,
-        |_| None,
-        &Device::Cpu,
-    )?;
+    let (target, drafter) = golden_pair()?;
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(11);
     let requests: Vec<GenerateRequest> = (0..16)
         .map(|i| {

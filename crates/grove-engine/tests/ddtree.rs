@@ -4,11 +4,12 @@
 //! on random prompts for budgets 1..64 and page sizes 1 and 16; a chain-shaped tree is the
 //! DFlash path exactly.
 
-use std::path::PathBuf;
+mod common;
 
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
-use grove_core::{SamplingParams, StopCondition, TokenId};
+use common::*;
+use grove_core::{SamplingParams, TokenId};
 use grove_engine::{
     DDTreeSpec, DFlashSpec, GenerateOutput, GenerateRequest, Generator, GeneratorOptions,
 };
@@ -16,12 +17,6 @@ use grove_model::{DFlashDrafter, Decoder};
 use grove_spec::{top_k_candidates, DepthCandidates, DraftTree};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-
-fn golden_dir() -> PathBuf {
-    std::env::var_os("GROVE_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"))
-}
 
 fn golden() -> Result<(
     Decoder,
@@ -36,17 +31,6 @@ fn golden() -> Result<(
         serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json")).context("cases")?)?;
     let tensors = candle_core::safetensors::load(dir.join("tensors.safetensors"), &Device::Cpu)?;
     Ok((target, drafter, cases, tensors))
-}
-
-fn greedy(prompt: &[TokenId], max_new_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCondition {
-            max_new_tokens,
-            ..Default::default()
-        },
-    }
 }
 
 fn ddtree(
@@ -236,23 +220,6 @@ fn a_chain_shaped_tree_is_exactly_the_dflash_path() -> Result<()> {
         assert_eq!(chain.stats.tree_nodes, dflash.stats.tree_nodes);
     }
     Ok(())
-}
-
-/// Our per-round tau against the reference's, which keeps going until its committed length
-/// passes the limit (overshooting in its last round, or adding one more round when the limit
-/// falls exactly on a round boundary) and truncates afterwards; we stop at the limit. So every
-/// round but the reference's last must agree, and our final round may be shorter.
-fn assert_taus_match(ours: &[usize], reference: &[usize], label: &str) {
-    let shared = reference.len() - 1;
-    assert!(
-        ours.len() == shared || ours.len() == reference.len(),
-        "{label}: rounds {ours:?} vs {reference:?}"
-    );
-    let compared = ours.len().min(shared);
-    assert_eq!(ours[..compared], reference[..compared], "{label}");
-    if ours.len() == reference.len() {
-        assert!(ours[shared] <= reference[shared], "{label}: last round");
-    }
 }
 
 /// The walk draws one sample per visited node, in path order, so with the same seed DDTree

@@ -4,46 +4,19 @@
 //! (every round accepts the whole block) and an adversarial one (every round accepts nothing),
 //! for page sizes 1 and 16.
 
-use std::path::PathBuf;
+mod common;
 
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
-use grove_core::{SamplingParams, StopCondition, TokenId};
+use common::*;
+use grove_core::{SamplingParams, TokenId};
 use grove_engine::{
     DFlashSpec, DraftBlock, Drafter, GenerateOutput, GenerateRequest, Generator, GeneratorOptions,
 };
 use grove_kv::{KvStore, PageTable};
-use grove_model::{DFlashDrafter, Decoder, Model, ModelError};
+use grove_model::{Decoder, Model, ModelError};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-
-fn golden_dir() -> PathBuf {
-    std::env::var_os("GROVE_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"))
-}
-
-fn golden_pair() -> Result<(Decoder, DFlashDrafter)> {
-    let target = Decoder::load(&golden_dir().join("target"), &Device::Cpu)?;
-    let drafter = DFlashDrafter::load(
-        &golden_dir().join("drafter"),
-        &target,
-        |_| None,
-        &Device::Cpu,
-    )?;
-    Ok((target, drafter))
-}
-
-fn greedy(prompt: &[TokenId], max_new_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCondition {
-            max_new_tokens,
-            ..Default::default()
-        },
-    }
-}
 
 fn run(
     target: &Decoder,
@@ -302,21 +275,4 @@ fn seeded_dflash_sampling_emits_the_same_tokens_as_seeded_plain_sampling() -> Re
         "only {accepted_drafts} drafts accepted: the walk was barely exercised"
     );
     Ok(())
-}
-
-/// Our per-round tau against the reference's, which keeps going until its committed length
-/// passes the limit (overshooting in its last round, or adding one more round when the limit
-/// falls exactly on a round boundary) and truncates afterwards; we stop at the limit. So every
-/// round but the reference's last must agree, and our final round may be shorter.
-fn assert_taus_match(ours: &[usize], reference: &[usize], label: &str) {
-    let shared = reference.len() - 1;
-    assert!(
-        ours.len() == shared || ours.len() == reference.len(),
-        "{label}: rounds {ours:?} vs {reference:?}"
-    );
-    let compared = ours.len().min(shared);
-    assert_eq!(ours[..compared], reference[..compared], "{label}");
-    if ours.len() == reference.len() {
-        assert!(ours[shared] <= reference[shared], "{label}: last round");
-    }
 }

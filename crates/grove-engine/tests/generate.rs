@@ -2,21 +2,16 @@
 //! checkpoint for every page size; seeded sampling is reproducible; stop tokens, stop strings,
 //! incremental UTF-8 text and bad requests behave as documented.
 
-use std::path::PathBuf;
+mod common;
 
 use anyhow::{Context, Result};
 use candle_core::Device;
+use common::*;
 use grove_core::{FinishReason, SamplingParams, StopCondition, ValidationError};
 use grove_engine::{Detokenizer, EngineError, GenerateRequest, Generator, GeneratorOptions};
 use grove_model::random_checkpoint::RandomCheckpoint;
 use grove_model::{Decoder, TextTokenizer};
 use serde_json::Value;
-
-fn golden_dir() -> PathBuf {
-    std::env::var_os("GROVE_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"))
-}
 
 fn golden_cases() -> Result<Vec<Value>> {
     let dir = golden_dir();
