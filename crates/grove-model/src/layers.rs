@@ -1,7 +1,9 @@
 //! The building blocks a decoder is made of. The linear layer hides the weight format, so a
 //! quantized model is the same model file with other weights.
 
-use candle_core::{Module, Tensor};
+use candle_core::{DType, Module, Storage, Tensor};
+
+use crate::kernels::{matmul_transposed, MAX_STREAMING_ROWS};
 
 use crate::weights::Weights;
 use crate::ModelError;
@@ -37,9 +39,42 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// `x W^T` through the streaming kernel when `x` has few rows and everything is host f32.
+    fn streaming_forward(&self, x: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let &[rows, k] = x.dims() else {
+            return Ok(None);
+        };
+        let &[n, weight_k] = self.weight.dims() else {
+            return Ok(None);
+        };
+        let eligible = rows <= MAX_STREAMING_ROWS
+            && k == weight_k
+            && x.dtype() == DType::F32
+            && self.weight.dtype() == DType::F32
+            && self.weight.is_contiguous()
+            && x.device().is_cpu();
+        if !eligible {
+            return Ok(None);
+        }
+        let input = x.flatten_all()?.to_vec1::<f32>()?;
+        let (storage, layout) = self.weight.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            return Ok(None);
+        };
+        let start = layout.start_offset();
+        let weight = &cpu.as_slice::<f32>()?[start..start + n * k];
+        let output = matmul_transposed(&input, rows, weight, n, k);
+        Ok(Some(Tensor::from_vec(output, (rows, n), x.device())?))
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
+        let y = match self.streaming_forward(x)? {
+            Some(y) => y,
+            None => x.matmul(&self.weight.t()?)?,
+        };
         match &self.bias {
             Some(bias) => y.broadcast_add(bias),
             None => Ok(y),

@@ -7,6 +7,7 @@ pub mod config;
 mod decoder;
 pub mod dflash;
 pub mod forward;
+pub mod kernels;
 pub mod layer_stack;
 pub mod layers;
 pub mod random_checkpoint;
