@@ -10,7 +10,7 @@ use crate::EngineError;
 /// Turns chosen tokens into output: the stop checks, incremental text and stop strings.
 pub(crate) struct Emitter<'a> {
     tokenizer: Option<&'a TextTokenizer>,
-    stop: &'a StopCondition,
+    stop: StopCondition,
     detokenizer: Detokenizer,
     stop_strings: StopStrings,
     token_ids: Vec<TokenId>,
@@ -20,16 +20,21 @@ pub(crate) struct Emitter<'a> {
 }
 
 impl<'a> Emitter<'a> {
-    pub(crate) fn new(tokenizer: Option<&'a TextTokenizer>, stop: &'a StopCondition) -> Self {
+    pub(crate) fn new(tokenizer: Option<&'a TextTokenizer>, stop: &StopCondition) -> Self {
         Self {
             tokenizer,
-            stop,
+            stop: stop.clone(),
             detokenizer: Detokenizer::new(),
             stop_strings: StopStrings::new(stop.stop_strings.clone()),
             token_ids: Vec::new(),
             text: String::new(),
             stopped_by_string: false,
         }
+    }
+
+    /// Every token emitted so far.
+    pub(crate) fn token_ids(&self) -> &[TokenId] {
+        &self.token_ids
     }
 
     /// Records one token; returns why generation ends, if it does.

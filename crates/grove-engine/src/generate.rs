@@ -16,6 +16,7 @@ use grove_model::{Model, TextTokenizer};
 
 use crate::drafter::Drafter;
 use crate::round::Sequence;
+use crate::scheduler::{Engine, EngineEvent, EngineLimits};
 use crate::EngineError;
 
 /// Prompt rows per prefill forward: bounds activation memory on long prompts.
@@ -186,7 +187,7 @@ impl<'a> Generator<'a> {
         Ok(self)
     }
 
-    fn validate(&self, request: &GenerateRequest) -> Result<(), ValidationError> {
+    pub(crate) fn validate(&self, request: &GenerateRequest) -> Result<(), ValidationError> {
         let config = self.model.config();
         if request.prompt.is_empty() {
             return Err(ValidationError::Empty { field: "prompt" });
@@ -249,46 +250,45 @@ impl<'a> Generator<'a> {
         self.run(requests, &mut |_, _: &str| {})
     }
 
-    /// The decode loop.
+    /// The decode loop: an engine sized for all `requests` at once, stepped until idle.
     fn run(
         &self,
         requests: &[GenerateRequest],
         on_text: &mut impl FnMut(usize, &str),
     ) -> Result<Vec<GenerateOutput>, EngineError> {
+        let page_size = self.options.page_size.max(1);
+        let max_total_tokens = requests
+            .iter()
+            .map(|r| {
+                (r.prompt.len() + r.stop.max_new_tokens + self.verify_rows()).div_ceil(page_size)
+                    * page_size
+            })
+            .sum();
+        let limits = EngineLimits {
+            max_total_tokens,
+            max_running: requests.len(),
+        };
+        let mut engine = Engine::new(self, limits)?;
         for request in requests {
-            self.validate(request)?;
-        }
-        let mut pools = self.pools(requests)?;
-        let mut sequences = Vec::with_capacity(requests.len());
-        for (index, request) in requests.iter().enumerate() {
-            sequences
-                .push(self.start(request, &mut pools, &mut |text: &str| on_text(index, text))?);
+            engine.submit(request.clone())?;
         }
         let mut outputs: Vec<Option<GenerateOutput>> = vec![None; requests.len()];
-        loop {
-            let (indices, mut active): (Vec<usize>, Vec<&mut Sequence>) = sequences
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, s)| s.finish.is_none())
-                .unzip();
-            if active.is_empty() {
-                break;
+        while !engine.is_idle() {
+            for event in engine.step()? {
+                match event {
+                    EngineEvent::Text { id, text } => on_text(id as usize, &text),
+                    EngineEvent::Finished { id, output } => outputs[id as usize] = Some(*output),
+                }
             }
-            self.step(&mut active, &mut pools, on_text, &indices)?;
-        }
-        for (index, sequence) in sequences.into_iter().enumerate() {
-            outputs[index] = Some(Self::finish(sequence, &mut |text: &str| {
-                on_text(index, text)
-            })?);
         }
         Ok(outputs
             .into_iter()
-            .map(|o| o.expect("every sequence finishes"))
+            .map(|o| o.expect("every request finishes"))
             .collect())
     }
 
     /// Flushes a finished sequence's text and completes its statistics; its pages return.
-    fn finish(
+    pub(crate) fn finish(
         sequence: Sequence<'_>,
         on_text: &mut impl FnMut(&str),
     ) -> Result<GenerateOutput, EngineError> {

@@ -8,6 +8,7 @@ mod emitter;
 mod generate;
 mod round;
 mod sampler;
+mod scheduler;
 mod stop_strings;
 
 pub use detokenizer::Detokenizer;
@@ -17,6 +18,7 @@ pub use generate::{
     GeneratorOptions,
 };
 pub use sampler::{argmax, processed_distribution, Sampler};
+pub use scheduler::{Engine, EngineEvent, EngineLimits, RequestId};
 pub use stop_strings::{StopScan, StopStrings};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,8 +1,9 @@
 //! The batched step: every active sequence's round is drafted in one drafter pass and verified
 //! in one target forward (ragged trees, per-sequence visibility and positions); the walk and
 //! the commit are per sequence. Sequences share one target KV store and one drafter store, each
-//! owning page tables in them, so a finished sequence returns its pages at once.
+//! owning page tables in them, so a finished or preempted sequence returns its pages at once.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -25,9 +26,11 @@ pub(crate) struct Pools {
     pub draft_kv: KvStore,
 }
 
-/// One request in flight.
+/// One request in flight. Its KV may be dropped (preemption) and rebuilt by a new prefill
+/// of everything it committed; the sampler and the emitted text carry on untouched.
 pub(crate) struct Sequence<'r> {
-    pub request: &'r GenerateRequest,
+    pub id: u64,
+    pub request: Arc<GenerateRequest>,
     pub table: PageTable,
     /// The drafter's context for this sequence (speculation only).
     pub draft_table: Option<PageTable>,
@@ -40,6 +43,8 @@ pub(crate) struct Sequence<'r> {
     pub stats: GenerateStats,
     pub emitted: usize,
     pub finish: Option<FinishReason>,
+    /// Its KV is empty: it waits for a (re)prefill.
+    pub needs_prefill: bool,
     pub t_prefill: Duration,
     pub decode_start: Instant,
 }
@@ -47,6 +52,26 @@ pub(crate) struct Sequence<'r> {
 impl Sequence<'_> {
     fn remaining(&self) -> usize {
         self.request.stop.max_new_tokens - self.emitted
+    }
+
+    /// Tokens whose K/V the sequence holds once prefilled: the prompt and every emitted token
+    /// but the last (the anchor).
+    pub fn committed_tokens(&self) -> Vec<TokenId> {
+        let emitted = self.emitter.token_ids();
+        let mut tokens = self.request.prompt.clone();
+        tokens.extend_from_slice(&emitted[..emitted.len().saturating_sub(1)]);
+        tokens
+    }
+
+    /// Drops the sequence's KV (its pages return to the pools) until the next prefill.
+    pub fn release(&mut self, pools: &Pools) {
+        self.table = pools.pool.new_table();
+        self.draft_table = self
+            .draft_table
+            .as_ref()
+            .map(|_| pools.draft_pool.new_table());
+        self.pending_features = None;
+        self.needs_prefill = true;
     }
 }
 
@@ -59,25 +84,22 @@ struct StepTimes {
 }
 
 impl<'a> Generator<'a> {
-    /// Pools large enough for every request's prompt, output and one verify tree.
-    pub(crate) fn pools(&self, requests: &[GenerateRequest]) -> Result<Pools, EngineError> {
+    /// Pools of `target_pages` pages for the target and enough for the drafter's context.
+    pub(crate) fn pools(
+        &self,
+        target_pages: usize,
+        max_running: usize,
+    ) -> Result<Pools, EngineError> {
         let page_size = self.options.page_size;
-        let pages = |extra: usize| -> usize {
-            requests
-                .iter()
-                .map(|r| (r.prompt.len() + r.stop.max_new_tokens + extra).div_ceil(page_size))
-                .sum()
-        };
-        let pool = PagePool::new(pages(self.verify_rows()), page_size)?;
+        let pool = PagePool::new(target_pages, page_size)?;
+        // The drafter holds the committed context plus one block per running sequence.
         let draft_block = self.speculation.map_or(0, |s| s.drafter.block_size());
-        let draft_pool = PagePool::new(
-            if draft_block == 0 {
-                0
-            } else {
-                pages(draft_block)
-            },
-            page_size,
-        )?;
+        let draft_pages = if draft_block == 0 {
+            0
+        } else {
+            target_pages + max_running * draft_block.div_ceil(page_size)
+        };
+        let draft_pool = PagePool::new(draft_pages, page_size)?;
         Ok(Pools {
             kv: self.model.new_kv_store(pool.num_slots()),
             draft_kv: match self.speculation {
@@ -89,26 +111,62 @@ impl<'a> Generator<'a> {
         })
     }
 
-    /// Runs a prompt in chunks (capturing the drafter's taps), chooses the first token and
-    /// emits it.
-    pub(crate) fn start<'r>(
+    /// A new sequence for `request`, holding no KV yet.
+    pub(crate) fn admit(
         &self,
-        request: &'r GenerateRequest,
+        id: u64,
+        request: Arc<GenerateRequest>,
+        pools: &Pools,
+    ) -> Sequence<'a> {
+        let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
+        Sequence {
+            id,
+            table: pools.pool.new_table(),
+            draft_table: self.speculation.map(|_| pools.draft_pool.new_table()),
+            pending_features: None,
+            anchor: 0,
+            sampler: Sampler::new(request.sampling.clone()),
+            emitter: Emitter::new(self.tokenizer, &request.stop),
+            stats: GenerateStats {
+                accepted_per_position: vec![0; max_depth],
+                accepted_depth_histogram: vec![0; max_depth + 1],
+                ..GenerateStats::default()
+            },
+            request,
+            emitted: 0,
+            finish: None,
+            needs_prefill: true,
+            t_prefill: Duration::ZERO,
+            decode_start: Instant::now(),
+        }
+    }
+
+    /// Pages a prefill of `sequence` takes, plus its first verify.
+    pub(crate) fn prefill_pages(&self, sequence: &Sequence<'_>, pools: &Pools) -> usize {
+        pools
+            .pool
+            .pages_for(sequence.committed_tokens().len() + self.verify_rows())
+    }
+
+    /// Runs the committed tokens through the target in chunks (capturing the drafter's taps).
+    /// A fresh sequence then chooses and emits its first token; a preempted one resumes with
+    /// the anchor it had.
+    pub(crate) fn prefill(
+        &self,
+        sequence: &mut Sequence<'_>,
         pools: &mut Pools,
         on_text: &mut impl FnMut(&str),
-    ) -> Result<Sequence<'r>, EngineError>
-    where
-        'a: 'r,
-    {
+    ) -> Result<(), EngineError> {
         let prefill_start = Instant::now();
-        let mut table = pools.pool.new_table();
+        let tokens = sequence.committed_tokens();
+        let table = &mut sequence.table;
         let taps = self.taps();
         let mut last_logits = Vec::new();
         let mut features = Vec::new();
-        for chunk in request.prompt.chunks(self.options.prefill_chunk.max(1)) {
+        for chunk in tokens.chunks(self.options.prefill_chunk.max(1)) {
             table.reserve(chunk.len())?;
             let positions: Vec<usize> = (table.len()..table.len() + chunk.len()).collect();
-            let segment = Segment::causal(&table, chunk, &positions, LogitRows::Last);
+            let segment = Segment::causal(table, chunk, &positions, LogitRows::Last);
             let output = self.model.forward(
                 &ForwardBatch {
                     segments: vec![segment],
@@ -122,35 +180,42 @@ impl<'a> Generator<'a> {
                 features.push(Tensor::cat(&output.taps, 1).map_err(ModelError::from)?);
             }
         }
-        let pending_features = if features.is_empty() {
+        sequence.pending_features = if features.is_empty() {
             None
         } else {
             Some(Tensor::cat(&features, 0).map_err(ModelError::from)?)
         };
-        let mut sampler = Sampler::new(request.sampling.clone());
-        let anchor = sampler.sample(&last_logits);
-        let t_prefill = prefill_start.elapsed();
-        let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
-        let mut sequence = Sequence {
-            request,
-            table,
-            draft_table: self.speculation.map(|_| pools.draft_pool.new_table()),
-            pending_features,
-            anchor,
-            sampler,
-            emitter: Emitter::new(self.tokenizer, &request.stop),
-            stats: GenerateStats {
-                accepted_per_position: vec![0; max_depth],
-                accepted_depth_histogram: vec![0; max_depth + 1],
-                ..GenerateStats::default()
-            },
-            emitted: 1,
-            finish: None,
-            t_prefill,
-            decode_start: Instant::now(),
-        };
-        sequence.finish = sequence.emitter.emit(anchor, on_text)?;
-        Ok(sequence)
+        sequence.needs_prefill = false;
+        if sequence.emitted == 0 {
+            sequence.anchor = sequence.sampler.sample(&last_logits);
+            sequence.emitted = 1;
+            sequence.t_prefill += prefill_start.elapsed();
+            sequence.decode_start = Instant::now();
+            sequence.finish = sequence.emitter.emit(sequence.anchor, on_text)?;
+        } else {
+            sequence.t_prefill += prefill_start.elapsed();
+        }
+        Ok(())
+    }
+
+    /// Reserves what the next round of `sequence` needs in both pools (all or nothing).
+    pub(crate) fn reserve_round(
+        &self,
+        sequence: &mut Sequence<'_>,
+    ) -> Result<(), grove_kv::KvError> {
+        sequence.table.reserve(self.verify_rows())?;
+        if let (Some(table), Some(spec)) = (sequence.draft_table.as_mut(), self.speculation) {
+            let pending = sequence
+                .pending_features
+                .as_ref()
+                .map_or(0, |f| f.dim(0).unwrap_or(0));
+            if let Err(error) = table.reserve(pending + spec.drafter.block_size()) {
+                let committed = sequence.table.len();
+                sequence.table.truncate(committed);
+                return Err(error);
+            }
+        }
+        Ok(())
     }
 
     /// One round for every sequence in `batch` (none of them finished).
@@ -158,8 +223,7 @@ impl<'a> Generator<'a> {
         &self,
         batch: &mut [&mut Sequence<'_>],
         pools: &mut Pools,
-        on_text: &mut impl FnMut(usize, &str),
-        indices: &[usize],
+        on_text: &mut impl FnMut(u64, &str),
     ) -> Result<(), EngineError> {
         let mut times = StepTimes::default();
         let draft_start = Instant::now();
@@ -225,9 +289,8 @@ impl<'a> Generator<'a> {
         times.verify = verify_start.elapsed();
 
         let mut offset = 0;
-        for (((sequence, tree), base), &index) in
-            batch.iter_mut().zip(&trees).zip(bases).zip(indices)
-        {
+        for ((sequence, tree), base) in batch.iter_mut().zip(&trees).zip(bases) {
+            let id = sequence.id;
             let commit_start = Instant::now();
             let node_rows = &rows[offset..offset + tree.tokens.len()];
             // Walk: the target's choice at each visited node, drawn once per node in path
@@ -258,7 +321,7 @@ impl<'a> Generator<'a> {
                 round_emitted += 1;
                 sequence.finish = sequence
                     .emitter
-                    .emit(token, &mut |text: &str| on_text(index, text))?;
+                    .emit(token, &mut |text: &str| on_text(id, text))?;
                 if sequence.finish.is_some() {
                     break;
                 }

@@ -9,6 +9,10 @@ use rayon::prelude::*;
 
 use crate::forward::{ForwardBatch, Visibility};
 
+/// Below this many multiply-adds attention runs on the calling thread: handing tiny work to
+/// the pool costs a wake-up and a context switch per layer.
+const PARALLEL_MIN_WORK: usize = 1 << 16;
+
 /// Which logical indices of its segment one row attends to.
 #[derive(Debug, Clone)]
 struct RowKeys {
@@ -108,48 +112,62 @@ pub fn attend(
     let row_width = num_heads * head_dim;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let mut output = vec![0f32; plan.rows.len() * row_width];
-    output
-        .par_chunks_mut(row_width)
-        .zip(queries.par_chunks(row_width))
-        .zip(plan.rows.par_iter())
-        .for_each_init(
-            || vec![0f32; group * plan.max_keys],
-            |scores, ((out_row, query_row), row)| {
-                let slots = &plan.slots[row.segment];
-                let key_slots: Vec<usize> = slots[..row.prefix]
-                    .iter()
-                    .copied()
-                    .chain(row.extra.iter().map(|&i| slots[i]))
-                    .collect();
-                let num_keys = key_slots.len();
-                for kv_head in 0..num_kv_heads {
-                    let kv_offset = kv_head * head_dim;
-                    let heads = kv_head * group..(kv_head + 1) * group;
-                    // Scores for the `group` query heads sharing this KV head: each key row is
-                    // read once for all of them.
-                    for (key_index, &slot) in key_slots.iter().enumerate() {
-                        let key = &keys[slot * kv_width + kv_offset..][..head_dim];
-                        for (g, head) in heads.clone().enumerate() {
-                            let query = &query_row[head * head_dim..][..head_dim];
-                            scores[g * num_keys + key_index] = dot(query, key) * scale;
-                        }
+    let attend_row =
+        |scores: &mut Vec<f32>, ((out_row, query_row), row): ((&mut [f32], &[f32]), &RowKeys)| {
+            let slots = &plan.slots[row.segment];
+            let key_slots: Vec<usize> = slots[..row.prefix]
+                .iter()
+                .copied()
+                .chain(row.extra.iter().map(|&i| slots[i]))
+                .collect();
+            let num_keys = key_slots.len();
+            for kv_head in 0..num_kv_heads {
+                let kv_offset = kv_head * head_dim;
+                let heads = kv_head * group..(kv_head + 1) * group;
+                // Scores for the `group` query heads sharing this KV head: each key row is
+                // read once for all of them.
+                for (key_index, &slot) in key_slots.iter().enumerate() {
+                    let key = &keys[slot * kv_width + kv_offset..][..head_dim];
+                    for (g, head) in heads.clone().enumerate() {
+                        let query = &query_row[head * head_dim..][..head_dim];
+                        scores[g * num_keys + key_index] = dot(query, key) * scale;
                     }
-                    for g in 0..group {
-                        softmax_in_place(&mut scores[g * num_keys..(g + 1) * num_keys]);
-                    }
-                    for (key_index, &slot) in key_slots.iter().enumerate() {
-                        let value = &values[slot * kv_width + kv_offset..][..head_dim];
-                        for (g, head) in heads.clone().enumerate() {
-                            let weight = scores[g * num_keys + key_index];
-                            let out = &mut out_row[head * head_dim..][..head_dim];
-                            for (o, v) in out.iter_mut().zip(value) {
-                                *o += weight * v;
-                            }
+                }
+                for g in 0..group {
+                    softmax_in_place(&mut scores[g * num_keys..(g + 1) * num_keys]);
+                }
+                for (key_index, &slot) in key_slots.iter().enumerate() {
+                    let value = &values[slot * kv_width + kv_offset..][..head_dim];
+                    for (g, head) in heads.clone().enumerate() {
+                        let weight = scores[g * num_keys + key_index];
+                        let out = &mut out_row[head * head_dim..][..head_dim];
+                        for (o, v) in out.iter_mut().zip(value) {
+                            *o += weight * v;
                         }
                     }
                 }
-            },
-        );
+            }
+        };
+    let work: usize = plan
+        .rows
+        .iter()
+        .map(|r| r.prefix + r.extra.len())
+        .sum::<usize>()
+        * row_width;
+    if work >= PARALLEL_MIN_WORK {
+        output
+            .par_chunks_mut(row_width)
+            .zip(queries.par_chunks(row_width))
+            .zip(plan.rows.par_iter())
+            .for_each_init(|| vec![0f32; group * plan.max_keys], attend_row);
+    } else {
+        let mut scores = vec![0f32; group * plan.max_keys];
+        output
+            .chunks_mut(row_width)
+            .zip(queries.chunks(row_width))
+            .zip(plan.rows.iter())
+            .for_each(|item| attend_row(&mut scores, item));
+    }
     output
 }
 

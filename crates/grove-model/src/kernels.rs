@@ -13,22 +13,34 @@ pub const MAX_STREAMING_ROWS: usize = 8;
 /// Weight rows per parallel task: enough work to amortize scheduling, small enough to balance.
 const ROWS_PER_TASK: usize = 64;
 
+/// Below this many multiply-adds a product runs on the calling thread: handing it to the pool
+/// would cost more (a wake-up and a context switch) than it saves.
+const PARALLEL_MIN_WORK: usize = 1 << 20;
+
 /// `x W^T` as `[rows, n]`.
 pub fn matmul_transposed(x: &[f32], rows: usize, weight: &[f32], n: usize, k: usize) -> Vec<f32> {
     debug_assert_eq!(x.len(), rows * k);
     debug_assert_eq!(weight.len(), n * k);
     // Computed weight-row major ([n, rows]) so each task writes one contiguous block.
     let mut transposed = vec![0f32; n * rows];
-    transposed
-        .par_chunks_mut(ROWS_PER_TASK * rows)
-        .zip(weight.par_chunks(ROWS_PER_TASK * k))
-        .for_each(|(outputs, weights)| {
-            for (out, w) in outputs.chunks_exact_mut(rows).zip(weights.chunks_exact(k)) {
-                for (value, input) in out.iter_mut().zip(x.chunks_exact(k)) {
-                    *value = dot(input, w);
-                }
+    let task = |(outputs, weights): (&mut [f32], &[f32])| {
+        for (out, w) in outputs.chunks_exact_mut(rows).zip(weights.chunks_exact(k)) {
+            for (value, input) in out.iter_mut().zip(x.chunks_exact(k)) {
+                *value = dot(input, w);
             }
-        });
+        }
+    };
+    if n * k * rows >= PARALLEL_MIN_WORK {
+        transposed
+            .par_chunks_mut(ROWS_PER_TASK * rows)
+            .zip(weight.par_chunks(ROWS_PER_TASK * k))
+            .for_each(task);
+    } else {
+        transposed
+            .chunks_mut(ROWS_PER_TASK * rows)
+            .zip(weight.chunks(ROWS_PER_TASK * k))
+            .for_each(task);
+    }
     let mut output = vec![0f32; rows * n];
     for (j, column) in transposed.chunks_exact(rows).enumerate() {
         for (i, &value) in column.iter().enumerate() {

@@ -1,0 +1,213 @@
+//! The engine: one owner for the KV pools, the waiting queue and the running sequences, driven
+//! one step at a time (continuous batching).
+//!
+//! Each step: admit waiting sequences in order while the pool has room for their prefill and
+//! first verify (`max_running` at most); reserve every running sequence's next round, oldest
+//! first, preempting the newest when the pool runs out (its pages return; it waits at the front
+//! of the queue and is prefilled again with everything it committed, so its output is
+//! unchanged); run one batched round; report text and finished requests. Finished or cancelled
+//! sequences free their pages at once.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use grove_core::ValidationError;
+
+use crate::generate::{GenerateOutput, GenerateRequest, Generator};
+use crate::round::{Pools, Sequence};
+use crate::EngineError;
+
+/// Identifies a request inside one [`Engine`].
+pub type RequestId = u64;
+
+/// What a step produced.
+#[derive(Debug)]
+pub enum EngineEvent {
+    /// Text that became final for a request.
+    Text { id: RequestId, text: String },
+    /// A request ended; its pages are back in the pool.
+    Finished {
+        id: RequestId,
+        output: Box<GenerateOutput>,
+    },
+}
+
+/// Limits of one engine.
+#[derive(Debug, Clone)]
+pub struct EngineLimits {
+    /// KV capacity in tokens (rounded up to whole pages).
+    pub max_total_tokens: usize,
+    /// Sequences decoding at once.
+    pub max_running: usize,
+}
+
+pub struct Engine<'a> {
+    generator: &'a Generator<'a>,
+    limits: EngineLimits,
+    pools: Pools,
+    waiting: VecDeque<Sequence<'a>>,
+    running: Vec<Sequence<'a>>,
+    next_id: RequestId,
+    preemptions: u64,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(generator: &'a Generator<'a>, limits: EngineLimits) -> Result<Self, EngineError> {
+        let pages = limits
+            .max_total_tokens
+            .div_ceil(generator.options.page_size.max(1));
+        let pools = generator.pools(pages, limits.max_running.max(1))?;
+        Ok(Self {
+            generator,
+            limits,
+            pools,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+            preemptions: 0,
+        })
+    }
+
+    /// Validates and queues a request.
+    pub fn submit(&mut self, request: GenerateRequest) -> Result<RequestId, EngineError> {
+        self.generator.validate(&request)?;
+        let needed =
+            request.prompt.len() + request.stop.max_new_tokens + self.generator.verify_rows();
+        let capacity = self.pools.pool.num_slots();
+        if needed > capacity {
+            return Err(ValidationError::OutOfRange {
+                field: "max_new_tokens",
+                limit: "such that prompt + max_new_tokens + one verify fits the KV pool (--max-total-tokens)",
+                value: format!("{} + {} needs {needed} slots of {capacity}", request.prompt.len(), request.stop.max_new_tokens),
+            }
+            .into());
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting
+            .push_back(self.generator.admit(id, Arc::new(request), &self.pools));
+        Ok(id)
+    }
+
+    /// Drops a request wherever it is; its pages return at once. False if it is unknown.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        let before = self.waiting.len() + self.running.len();
+        self.waiting.retain(|s| s.id != id);
+        self.running.retain(|s| s.id != id);
+        before != self.waiting.len() + self.running.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.pools.pool.free_pages()
+    }
+
+    pub fn total_pages(&self) -> usize {
+        self.pools.pool.total_pages()
+    }
+
+    /// Sequences preempted so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Admits, reserves (preempting when needed), runs one batched round and reports.
+    pub fn step(&mut self) -> Result<Vec<EngineEvent>, EngineError> {
+        let mut events = Vec::new();
+        self.admit(&mut events)?;
+        // A prefill can end a request at once (its first token stops it).
+        self.collect_finished(&mut events)?;
+        self.reserve_rounds();
+        if !self.running.is_empty() {
+            let mut batch: Vec<&mut Sequence<'a>> = self.running.iter_mut().collect();
+            let mut on_text = |id: RequestId, text: &str| {
+                events.push(EngineEvent::Text {
+                    id,
+                    text: text.to_owned(),
+                })
+            };
+            self.generator
+                .step(&mut batch, &mut self.pools, &mut on_text)?;
+        }
+        self.collect_finished(&mut events)?;
+        Ok(events)
+    }
+
+    /// Prefills waiting sequences, in order, while they fit.
+    fn admit(&mut self, events: &mut Vec<EngineEvent>) -> Result<(), EngineError> {
+        while self.running.len() < self.limits.max_running.max(1) {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            if self.generator.prefill_pages(front, &self.pools) > self.pools.pool.free_pages() {
+                break;
+            }
+            let mut sequence = self.waiting.pop_front().expect("front exists");
+            let id = sequence.id;
+            self.generator
+                .prefill(&mut sequence, &mut self.pools, &mut |text: &str| {
+                    events.push(EngineEvent::Text {
+                        id,
+                        text: text.to_owned(),
+                    })
+                })?;
+            self.running.push(sequence);
+        }
+        Ok(())
+    }
+
+    /// Reserves every running sequence's next round, oldest first; when the pool is short,
+    /// the newest running sequence is preempted and waits at the front of the queue.
+    fn reserve_rounds(&mut self) {
+        let mut index = 0;
+        while index < self.running.len() {
+            if self
+                .generator
+                .reserve_round(&mut self.running[index])
+                .is_ok()
+            {
+                index += 1;
+                continue;
+            }
+            let mut newest = self
+                .running
+                .pop()
+                .expect("the sequence being reserved is running");
+            newest.release(&self.pools);
+            self.preemptions += 1;
+            self.waiting.push_front(newest);
+        }
+    }
+
+    fn collect_finished(&mut self, events: &mut Vec<EngineEvent>) -> Result<(), EngineError> {
+        let (finished, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|s| s.finish.is_some());
+        self.running = running;
+        for sequence in finished {
+            let id = sequence.id;
+            let output = Generator::finish(sequence, &mut |text: &str| {
+                events.push(EngineEvent::Text {
+                    id,
+                    text: text.to_owned(),
+                })
+            })?;
+            events.push(EngineEvent::Finished {
+                id,
+                output: Box::new(output),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,216 @@
+//! The engine's scheduling keeps every output exact: requests joining between steps, a KV pool
+//! too small for all of them (the newest running sequence is preempted, requeued and prefilled
+//! again), and cancellations, for plain decoding, DFlash and DDTree. Afterwards every page is
+//! back in the pool.
+
+mod common;
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+use common::*;
+use grove_core::{SamplingParams, TokenId};
+use grove_engine::{
+    DDTreeSpec, DFlashSpec, Engine, EngineEvent, EngineLimits, GenerateOutput, GenerateRequest,
+    Generator, GeneratorOptions,
+};
+use rand::{Rng, SeedableRng};
+
+fn requests(count: usize, seed: u64) -> Vec<GenerateRequest> {
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
+    (0..count)
+        .map(|i| {
+            let length = rng.random_range(1..24);
+            let mut request = greedy(
+                &(0..length)
+                    .map(|_| rng.random_range(0..1021) as TokenId)
+                    .collect::<Vec<_>>(),
+                rng.random_range(8..40),
+            );
+            if i % 3 == 2 {
+                request.sampling = SamplingParams {
+                    temperature: 1.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    seed: Some(i as u64),
+                };
+            }
+            request
+        })
+        .collect()
+}
+
+/// Runs `requests` through `engine`, submitting request `i` before step `arrivals[i]`; returns
+/// the outputs by request index and the text streamed for each.
+fn drive(
+    engine: &mut Engine,
+    requests: &[GenerateRequest],
+    arrivals: &[usize],
+) -> Result<Vec<(GenerateOutput, String)>> {
+    let mut ids = HashMap::new();
+    let mut texts: HashMap<usize, String> = HashMap::new();
+    let mut outputs: HashMap<usize, GenerateOutput> = HashMap::new();
+    let mut step = 0;
+    while outputs.len() < requests.len() {
+        for (index, request) in requests
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| arrivals[*i] == step)
+        {
+            ids.insert(engine.submit(request.clone())?, index);
+        }
+        for event in engine.step()? {
+            match event {
+                EngineEvent::Text { id, text } => {
+                    texts.entry(ids[&id]).or_default().push_str(&text)
+                }
+                EngineEvent::Finished { id, output } => {
+                    outputs.insert(ids[&id], *output);
+                }
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "the engine stopped making progress");
+    }
+    Ok((0..requests.len())
+        .map(|i| {
+            (
+                outputs.remove(&i).unwrap(),
+                texts.remove(&i).unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+#[test]
+fn late_arrivals_and_a_small_pool_with_preemption_change_no_output() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let requests = requests(10, 5);
+    let arrivals: Vec<usize> = (0..requests.len()).map(|i| (i * 3) % 7).collect();
+    for page_size in [1, 4] {
+        let options = GeneratorOptions {
+            page_size,
+            ..Default::default()
+        };
+        let generators = [
+            ("none", Generator::new(&target, None, options.clone())),
+            (
+                "dflash",
+                Generator::new(&target, None, options.clone()).with_dflash(DFlashSpec {
+                    drafter: &drafter,
+                    num_draft_tokens: 8,
+                })?,
+            ),
+            (
+                "ddtree",
+                Generator::new(&target, None, options.clone()).with_ddtree(DDTreeSpec {
+                    drafter: &drafter,
+                    budget: 8,
+                    top_k: 8,
+                })?,
+            ),
+        ];
+        for (name, generator) in &generators {
+            let solo: Vec<GenerateOutput> = requests
+                .iter()
+                .map(|r| generator.generate(r, |_| {}))
+                .collect::<Result<_, _>>()?;
+            // Room for about two sequences at a time while eight may run: preemption is certain.
+            let mut engine = Engine::new(
+                generator,
+                EngineLimits {
+                    max_total_tokens: 140,
+                    max_running: 8,
+                },
+            )?;
+            let outputs = drive(&mut engine, &requests, &arrivals)?;
+            let label = format!("{name} page size {page_size}");
+            assert!(
+                engine.preemptions() > 0,
+                "{label}: the pool never ran short"
+            );
+            for (i, ((output, _), alone)) in outputs.iter().zip(&solo).enumerate() {
+                assert_eq!(output.token_ids, alone.token_ids, "{label} request {i}");
+                assert_eq!(
+                    output.finish_reason, alone.finish_reason,
+                    "{label} request {i}"
+                );
+            }
+            assert!(engine.is_idle());
+            assert_eq!(
+                engine.free_pages(),
+                engine.total_pages(),
+                "{label}: pages leaked"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn cancelling_returns_pages_and_the_others_finish_exactly() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let generator =
+        Generator::new(&target, None, GeneratorOptions::default()).with_ddtree(DDTreeSpec {
+            drafter: &drafter,
+            budget: 6,
+            top_k: 6,
+        })?;
+    let requests = requests(4, 9);
+    let mut engine = Engine::new(
+        &generator,
+        EngineLimits {
+            max_total_tokens: 1000,
+            max_running: 4,
+        },
+    )?;
+    let ids: Vec<u64> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()))
+        .collect::<Result<_, _>>()?;
+    engine.step()?;
+    engine.step()?;
+    assert!(engine.cancel(ids[1]));
+    assert!(!engine.cancel(ids[1]));
+    let mut finished = HashMap::new();
+    while !engine.is_idle() {
+        for event in engine.step()? {
+            if let EngineEvent::Finished { id, output } = event {
+                finished.insert(id, output);
+            }
+        }
+    }
+    assert!(!finished.contains_key(&ids[1]));
+    for index in [0, 2, 3] {
+        let alone = generator.generate(&requests[index], |_| {})?;
+        assert_eq!(
+            finished[&ids[index]].token_ids, alone.token_ids,
+            "request {index}"
+        );
+    }
+    assert_eq!(engine.free_pages(), engine.total_pages());
+    Ok(())
+}
+
+#[test]
+fn a_request_larger_than_the_pool_is_refused_naming_the_limit() -> Result<()> {
+    let (target, _) = golden_pair()?;
+    let generator = Generator::new(&target, None, GeneratorOptions::default());
+    let mut engine = Engine::new(
+        &generator,
+        EngineLimits {
+            max_total_tokens: 64,
+            max_running: 2,
+        },
+    )?;
+    let error = engine
+        .submit(greedy(&[1, 2, 3], 100))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("max_new_tokens") && error.contains("--max-total-tokens"),
+        "{error}"
+    );
+    assert!(engine.is_idle());
+    Ok(())
+}
