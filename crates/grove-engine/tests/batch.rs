@@ -7,7 +7,7 @@ mod common;
 use anyhow::Result;
 use common::*;
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::GenerateRequest;
 use rand::{Rng, SeedableRng};
 
 #[test]
@@ -40,28 +40,7 @@ fn batched_requests_produce_exactly_their_solo_outputs() -> Result<()> {
         })
         .collect();
     for page_size in [1, 4] {
-        let options = GeneratorOptions {
-            page_size,
-            ..Default::default()
-        };
-        let generators = [
-            ("none", Generator::new(&target, None, options.clone())),
-            (
-                "dflash",
-                Generator::new(&target, None, options.clone()).with_dflash(DFlashSpec {
-                    drafter: &drafter,
-                    num_draft_tokens: 8,
-                })?,
-            ),
-            (
-                "ddtree",
-                Generator::new(&target, None, options.clone()).with_ddtree(DDTreeSpec {
-                    drafter: &drafter,
-                    budget: 12,
-                    top_k: 12,
-                })?,
-            ),
-        ];
+        let generators = three_methods(&target, &drafter, page_size, 12)?;
         for (name, generator) in &generators {
             let together = generator.generate_batch(&requests)?;
             for (i, (request, batched)) in requests.iter().zip(&together).enumerate() {

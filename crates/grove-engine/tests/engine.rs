@@ -11,8 +11,8 @@ use anyhow::Result;
 use common::*;
 use grove_core::{SamplingParams, TokenId};
 use grove_engine::{
-    DDTreeSpec, DFlashSpec, Engine, EngineEvent, EngineLimits, GenerateOutput, GenerateRequest,
-    Generator, GeneratorOptions,
+    DDTreeSpec, Engine, EngineEvent, EngineLimits, GenerateOutput, GenerateRequest, Generator,
+    GeneratorOptions,
 };
 use rand::{Rng, SeedableRng};
 
@@ -88,28 +88,7 @@ fn late_arrivals_and_a_small_pool_with_preemption_change_no_output() -> Result<(
     let requests = requests(10, 5);
     let arrivals: Vec<usize> = (0..requests.len()).map(|i| (i * 3) % 7).collect();
     for page_size in [1, 4] {
-        let options = GeneratorOptions {
-            page_size,
-            ..Default::default()
-        };
-        let generators = [
-            ("none", Generator::new(&target, None, options.clone())),
-            (
-                "dflash",
-                Generator::new(&target, None, options.clone()).with_dflash(DFlashSpec {
-                    drafter: &drafter,
-                    num_draft_tokens: 8,
-                })?,
-            ),
-            (
-                "ddtree",
-                Generator::new(&target, None, options.clone()).with_ddtree(DDTreeSpec {
-                    drafter: &drafter,
-                    budget: 8,
-                    top_k: 8,
-                })?,
-            ),
-        ];
+        let generators = three_methods(&target, &drafter, page_size, 8)?;
         for (name, generator) in &generators {
             let solo: Vec<GenerateOutput> = requests
                 .iter()

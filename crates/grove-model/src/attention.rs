@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use crate::forward::{ForwardBatch, Visibility};
+use crate::kernels::dot;
 
 /// Below this many multiply-adds attention runs on the calling thread: handing tiny work to
 /// the pool costs a wake-up and a context switch per layer.
@@ -169,25 +170,6 @@ pub fn attend(
             .for_each(|item| attend_row(&mut scores, item));
     }
     output
-}
-
-/// Dot product with 8 independent accumulators so the compiler can vectorize it.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let chunks_a = a.chunks_exact(8);
-    let chunks_b = b.chunks_exact(8);
-    let tail: f32 = chunks_a
-        .remainder()
-        .iter()
-        .zip(chunks_b.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in chunks_a.zip(chunks_b) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 fn softmax_in_place(scores: &mut [f32]) {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use candle_core::Device;
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::GenerateRequest;
+use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use grove_model::{DFlashDrafter, Decoder};
 
 /// The golden reference set: `$GROVE_GOLDEN_DIR`, else `../shared/golden` beside the repo.
@@ -54,4 +54,35 @@ pub fn assert_taus_match(ours: &[usize], reference: &[usize], label: &str) {
     if ours.len() == reference.len() {
         assert!(ours[shared] <= reference[shared], "{label}: last round");
     }
+}
+
+/// Plain decoding, DFlash (block 8) and DDTree (`budget`) over the golden pair.
+pub fn three_methods<'a>(
+    target: &'a Decoder,
+    drafter: &'a DFlashDrafter,
+    page_size: usize,
+    budget: usize,
+) -> Result<[(&'static str, Generator<'a>); 3]> {
+    let options = GeneratorOptions {
+        page_size,
+        ..Default::default()
+    };
+    Ok([
+        ("none", Generator::new(target, None, options.clone())),
+        (
+            "dflash",
+            Generator::new(target, None, options.clone()).with_dflash(DFlashSpec {
+                drafter,
+                num_draft_tokens: 8,
+            })?,
+        ),
+        (
+            "ddtree",
+            Generator::new(target, None, options).with_ddtree(DDTreeSpec {
+                drafter,
+                budget,
+                top_k: budget,
+            })?,
+        ),
+    ])
 }
