@@ -1,0 +1,50 @@
+//! Host-side costs of a DDTree round at real sizes: per-depth top-K over a 151936-token row
+//! (1 and 4 vocabulary shards) and the best-first tree build for growing budgets.
+//! `cargo bench -p grove-spec`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use grove_spec::{top_k_candidates, DraftTree};
+use rand::{Rng, SeedableRng};
+
+const VOCAB: usize = 151_936;
+const DEPTHS: usize = 15;
+
+fn logits(seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
+    (0..DEPTHS)
+        .map(|_| (0..VOCAB).map(|_| rng.random_range(-8.0..8.0)).collect())
+        .collect()
+}
+
+fn candidates(c: &mut Criterion) {
+    let rows = logits(1);
+    let mut group = c.benchmark_group("top_k_one_depth");
+    for (k, shards) in [(1, 1), (16, 1), (64, 1), (64, 4)] {
+        group.bench_with_input(
+            BenchmarkId::new(format!("k{k}"), format!("shards{shards}")),
+            &(k, shards),
+            |b, &(k, shards)| b.iter(|| top_k_candidates(&rows[0], k, shards)),
+        );
+    }
+    group.finish();
+}
+
+fn tree_build(c: &mut Criterion) {
+    let rows = logits(2);
+    let mut group = c.benchmark_group("tree_build");
+    for budget in [4usize, 16, 64, 256, 1024] {
+        let candidates: Vec<_> = rows
+            .iter()
+            .map(|row| top_k_candidates(row, budget, 1))
+            .collect();
+        group.bench_with_input(
+            BenchmarkId::from_parameter(budget),
+            &budget,
+            |b, &budget| b.iter(|| DraftTree::build(0, &candidates, budget)),
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, candidates, tree_build);
+criterion_main!(benches);
