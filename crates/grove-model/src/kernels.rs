@@ -64,29 +64,20 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 const LANES: usize = 16;
 
 fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (chunks_a, chunks_b) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = chunks_a
-        .remainder()
-        .iter()
-        .zip(chunks_b.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in chunks_a.zip(chunks_b) {
-        // Fixed-size arrays: no bounds checks, so the loop vectorizes.
-        let (x, y): (&[f32; LANES], &[f32; LANES]) =
-            (x.try_into().expect("lanes"), y.try_into().expect("lanes"));
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
+    dot_lanes(a, b, |x, y, acc| acc + x * y)
 }
 
 /// The same loop compiled for AVX2 with fused multiply-adds (two 8-wide accumulators).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes(a, b, |x, y, acc| x.mul_add(y, acc))
+}
+
+/// `LANES` independent accumulators over fixed-size chunks (no bounds checks, so the loop
+/// vectorizes); inlined so that each caller compiles it with its own target features.
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32], step: impl Fn(f32, f32, f32) -> f32) -> f32 {
     let mut acc = [0f32; LANES];
     let (chunks_a, chunks_b) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let tail: f32 = chunks_a
@@ -99,7 +90,7 @@ fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
         let (x, y): (&[f32; LANES], &[f32; LANES]) =
             (x.try_into().expect("lanes"), y.try_into().expect("lanes"));
         for l in 0..LANES {
-            acc[l] = x[l].mul_add(y[l], acc[l]);
+            acc[l] = step(x[l], y[l], acc[l]);
         }
     }
     acc.iter().sum::<f32>() + tail

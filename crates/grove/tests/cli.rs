@@ -40,23 +40,15 @@ fn failure(args: &[&str]) -> String {
 
 #[test]
 fn generate_json_on_the_golden_target_matches_the_reference() {
-    let cases: Value =
-        serde_json::from_str(&std::fs::read_to_string(golden_dir().join("cases.json")).unwrap())
-            .unwrap();
-    let case = &cases["cases"][1];
-    let prompt: Vec<String> = case["prompt"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
+    let (case, prompt) = golden_case(1);
+    let case = &case;
     let target = golden_dir().join("target");
     let output = grove(&[
         "generate",
         "--model-path",
         target.to_str().unwrap(),
         "--prompt-ids",
-        &prompt.join(","),
+        &prompt,
         "--max-new-tokens",
         "64",
         "--format",
@@ -186,23 +178,15 @@ fn bench_compares_none_and_dflash_in_one_run() {
 
 #[test]
 fn generate_with_dflash_on_the_golden_pair_is_lossless_and_reports_rounds() {
-    let cases: Value =
-        serde_json::from_str(&std::fs::read_to_string(golden_dir().join("cases.json")).unwrap())
-            .unwrap();
-    let case = &cases["cases"][2];
-    let prompt: Vec<String> = case["prompt"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
+    let (case, prompt) = golden_case(2);
+    let case = &case;
     let (target, drafter) = (golden_dir().join("target"), golden_dir().join("drafter"));
     let output = grove(&[
         "generate",
         "--model-path",
         target.to_str().unwrap(),
         "--prompt-ids",
-        &prompt.join(","),
+        &prompt,
         "--speculative-algorithm",
         "DFLASH",
         "--speculative-draft-model-path",
@@ -229,7 +213,7 @@ fn generate_with_dflash_on_the_golden_pair_is_lossless_and_reports_rounds() {
         "--model-path",
         target.to_str().unwrap(),
         "--prompt-ids",
-        &prompt.join(","),
+        &prompt,
         "--speculative-algorithm",
         "dflash",
         "--speculative-draft-model-path",
@@ -248,6 +232,21 @@ fn generate_with_dflash_on_the_golden_pair_is_lossless_and_reports_rounds() {
         .unwrap()
         .iter()
         .all(|t| t.as_u64().unwrap() <= 4));
+}
+
+/// Golden case `index` and its prompt as `--prompt-ids` text.
+fn golden_case(index: usize) -> (Value, String) {
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(golden_dir().join("cases.json")).unwrap())
+            .unwrap();
+    let case = cases["cases"][index].clone();
+    let prompt: Vec<String> = case["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    (case, prompt.join(","))
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
@@ -380,16 +379,8 @@ fn bad_input_gives_a_clear_error_and_exit_code_one() {
 
 #[test]
 fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
-    let cases: Value =
-        serde_json::from_str(&std::fs::read_to_string(golden_dir().join("cases.json")).unwrap())
-            .unwrap();
-    let case = &cases["cases"][3];
-    let prompt: Vec<String> = case["prompt"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
+    let (case, prompt) = golden_case(3);
+    let case = &case;
     let (target, drafter) = (golden_dir().join("target"), golden_dir().join("drafter"));
     let (target, drafter) = (target.to_str().unwrap(), drafter.to_str().unwrap());
     let output = grove(&[
@@ -397,7 +388,7 @@ fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
         "--model-path",
         target,
         "--prompt-ids",
-        &prompt.join(","),
+        &prompt,
         "--speculative-algorithm",
         "ddtree",
         "--speculative-draft-model-path",
