@@ -17,6 +17,7 @@ use grove_model::{Model, TextTokenizer};
 use crate::drafter::Drafter;
 use crate::round::Sequence;
 use crate::scheduler::{Engine, EngineEvent, EngineLimits};
+use crate::speculation::{self, SpecAlgorithm, SpeculationOverride};
 use crate::EngineError;
 
 /// Prompt rows per prefill forward: bounds activation memory on long prompts.
@@ -81,11 +82,16 @@ pub struct GenerateRequest {
     pub prompt: Vec<TokenId>,
     pub sampling: SamplingParams,
     pub stop: StopCondition,
+    /// The request's own speculation, within the generator's (default: the generator's).
+    pub speculation: SpeculationOverride,
 }
 
 /// Per-request statistics, in the JSON shape `grove generate --format json` prints.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct GenerateStats {
+    /// The method this request ran with and its draft nodes per round (0 without speculation).
+    pub algorithm: SpecAlgorithm,
+    pub budget: usize,
     pub prompt_tokens: usize,
     pub new_tokens: usize,
     /// Rounds after prefill (the prefill chooses the first token).
@@ -224,7 +230,8 @@ impl<'a> Generator<'a> {
                 value: "0".into(),
             });
         }
-        request.sampling.validate()
+        request.sampling.validate()?;
+        self.resolve_method(request.speculation).map(|_| ())
     }
 
     /// Generates until a stop token, a stop string or `max_new_tokens`. `on_text` receives
@@ -278,6 +285,7 @@ impl<'a> Generator<'a> {
                 match event {
                     EngineEvent::Text { id, text } => on_text(id as usize, &text),
                     EngineEvent::Finished { id, output } => outputs[id as usize] = Some(*output),
+                    EngineEvent::Started { .. } => {}
                 }
             }
         }
@@ -325,12 +333,9 @@ impl<'a> Generator<'a> {
     }
 
     /// Rows one verify may add past a sequence's committed length.
+    /// Rows one verify may add past a sequence's committed length: the most any request may ask.
     pub(crate) fn verify_rows(&self) -> usize {
-        match self.speculation.map(|s| s.method) {
-            None => 1,
-            Some(Method::Chain { num_draft_tokens }) => num_draft_tokens,
-            Some(Method::Tree { budget, .. }) => budget + 1,
-        }
+        speculation::verify_rows(self.speculation.map(|s| s.method))
     }
 
     pub(crate) fn taps(&self) -> &'a [usize] {

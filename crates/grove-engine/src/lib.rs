@@ -9,6 +9,7 @@ mod generate;
 mod round;
 mod sampler;
 mod scheduler;
+mod speculation;
 mod stop_strings;
 
 pub use detokenizer::Detokenizer;
@@ -17,8 +18,10 @@ pub use generate::{
     DDTreeSpec, DFlashSpec, GenerateOutput, GenerateRequest, GenerateStats, Generator,
     GeneratorOptions,
 };
+pub use round::StepTimings;
 pub use sampler::{argmax, processed_distribution, Sampler};
 pub use scheduler::{Engine, EngineEvent, EngineLimits, RequestId};
+pub use speculation::{SpecAlgorithm, SpeculationOverride, SpeculationSettings};
 pub use stop_strings::{StopScan, StopStrings};
 
 #[derive(Debug, thiserror::Error)]

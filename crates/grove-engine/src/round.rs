@@ -16,6 +16,7 @@ use crate::drafter::DraftBlock;
 use crate::emitter::Emitter;
 use crate::generate::{GenerateRequest, GenerateStats, Generator, Method};
 use crate::sampler::Sampler;
+use crate::speculation::{self, SpecAlgorithm};
 use crate::EngineError;
 
 /// KV memory shared by the sequences of one run.
@@ -31,6 +32,8 @@ pub(crate) struct Pools {
 pub(crate) struct Sequence<'r> {
     pub id: u64,
     pub request: Arc<GenerateRequest>,
+    /// What its rounds draft (resolved from the request within the generator's ceiling).
+    pub method: Option<Method>,
     pub table: PageTable,
     /// The drafter's context for this sequence (speculation only).
     pub draft_table: Option<PageTable>,
@@ -54,6 +57,11 @@ impl Sequence<'_> {
         self.request.stop.max_new_tokens - self.emitted
     }
 
+    /// Rows its next verify may add past its committed length.
+    pub fn verify_rows(&self) -> usize {
+        speculation::verify_rows(self.method)
+    }
+
     /// Tokens whose K/V the sequence holds once prefilled: the prompt and every emitted token
     /// but the last (the anchor).
     pub fn committed_tokens(&self) -> Vec<TokenId> {
@@ -75,12 +83,17 @@ impl Sequence<'_> {
     }
 }
 
-/// Timings of one batched step, charged to every sequence in it.
-#[derive(Default)]
-struct StepTimes {
-    draft: Duration,
-    tree_build: Duration,
-    verify: Duration,
+/// What one batched step did and how long each phase took (draft, tree build and verify are
+/// charged to every sequence in the step; commit is summed over them).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTimings {
+    pub sequences: usize,
+    /// Rows the target verified (tree nodes including roots).
+    pub verified_rows: usize,
+    pub draft: Duration,
+    pub tree_build: Duration,
+    pub verify: Duration,
+    pub commit: Duration,
 }
 
 impl<'a> Generator<'a> {
@@ -116,18 +129,29 @@ impl<'a> Generator<'a> {
         &self,
         id: u64,
         request: Arc<GenerateRequest>,
+        method: Option<Method>,
         pools: &Pools,
     ) -> Sequence<'a> {
         let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
+        let (algorithm, budget) = match method {
+            None => (SpecAlgorithm::None, 0),
+            Some(Method::Chain { num_draft_tokens }) => {
+                (SpecAlgorithm::DFlash, num_draft_tokens - 1)
+            }
+            Some(Method::Tree { budget, .. }) => (SpecAlgorithm::DDTree, budget),
+        };
         Sequence {
             id,
+            method,
             table: pools.pool.new_table(),
-            draft_table: self.speculation.map(|_| pools.draft_pool.new_table()),
+            draft_table: method.map(|_| pools.draft_pool.new_table()),
             pending_features: None,
             anchor: 0,
             sampler: Sampler::new(request.sampling.clone()),
             emitter: Emitter::new(self.tokenizer, &request.stop),
             stats: GenerateStats {
+                algorithm,
+                budget,
                 accepted_per_position: vec![0; max_depth],
                 accepted_depth_histogram: vec![0; max_depth + 1],
                 ..GenerateStats::default()
@@ -145,7 +169,7 @@ impl<'a> Generator<'a> {
     pub(crate) fn prefill_pages(&self, sequence: &Sequence<'_>, pools: &Pools) -> usize {
         pools
             .pool
-            .pages_for(sequence.committed_tokens().len() + self.verify_rows())
+            .pages_for(sequence.committed_tokens().len() + sequence.verify_rows())
     }
 
     /// Runs the committed tokens through the target in chunks (capturing the drafter's taps).
@@ -160,7 +184,12 @@ impl<'a> Generator<'a> {
         let prefill_start = Instant::now();
         let tokens = sequence.committed_tokens();
         let table = &mut sequence.table;
-        let taps = self.taps();
+        // Only sequences that draft keep the drafter's features.
+        let taps = if sequence.method.is_some() {
+            self.taps()
+        } else {
+            &[]
+        };
         let mut last_logits = Vec::new();
         let mut features = Vec::new();
         for chunk in tokens.chunks(self.options.prefill_chunk.max(1)) {
@@ -203,7 +232,7 @@ impl<'a> Generator<'a> {
         &self,
         sequence: &mut Sequence<'_>,
     ) -> Result<(), grove_kv::KvError> {
-        sequence.table.reserve(self.verify_rows())?;
+        sequence.table.reserve(sequence.verify_rows())?;
         if let (Some(table), Some(spec)) = (sequence.draft_table.as_mut(), self.speculation) {
             let pending = sequence
                 .pending_features
@@ -224,29 +253,29 @@ impl<'a> Generator<'a> {
         batch: &mut [&mut Sequence<'_>],
         pools: &mut Pools,
         on_text: &mut impl FnMut(u64, &str),
-    ) -> Result<(), EngineError> {
-        let mut times = StepTimes::default();
+    ) -> Result<StepTimings, EngineError> {
+        let mut times = StepTimings {
+            sequences: batch.len(),
+            ..StepTimings::default()
+        };
         let draft_start = Instant::now();
         let candidates = self.draft(batch, pools)?;
         times.draft = draft_start.elapsed();
 
         let build_start = Instant::now();
-        let budget = match self.speculation.map(|s| s.method) {
-            Some(Method::Tree { budget, .. }) => Some(budget),
-            _ => None,
-        };
         let trees: Vec<DraftTree> = batch
             .iter()
             .zip(&candidates)
             .map(|(sequence, candidates)| {
-                DraftTree::build(
-                    sequence.anchor,
-                    candidates,
-                    budget.unwrap_or(candidates.len()),
-                )
+                let budget = match sequence.method {
+                    Some(Method::Tree { budget, .. }) => budget,
+                    _ => candidates.len(),
+                };
+                DraftTree::build(sequence.anchor, candidates, budget)
             })
             .collect();
         times.tree_build = build_start.elapsed();
+        times.verified_rows = trees.iter().map(|t| t.tokens.len()).sum();
 
         let verify_start = Instant::now();
         let bases: Vec<usize> = batch.iter().map(|s| s.table.len()).collect();
@@ -299,7 +328,7 @@ impl<'a> Generator<'a> {
             // The path's K/V move to positions base.. (no re-rotation: a node's position already
             // is base + depth); rows off the path are freed.
             sequence.table.commit_path(&mut pools.kv, base, &path);
-            if let Some(taps) = &taps {
+            if let (Some(taps), Some(_)) = (&taps, sequence.method) {
                 let picked: Vec<u32> = path.iter().map(|&n| (offset + n) as u32).collect();
                 let picked = Tensor::from_vec(picked, path.len(), &candle_core::Device::Cpu)
                     .map_err(ModelError::from)?;
@@ -313,6 +342,7 @@ impl<'a> Generator<'a> {
             sequence.anchor = bonus;
             offset += tree.tokens.len();
             let commit = commit_start.elapsed();
+            times.commit += commit;
 
             let tokens = path[1..].iter().map(|&n| tree.tokens[n]).chain([bonus]);
             // A stop inside the round cuts it: tau counts only the tokens emitted.
@@ -343,7 +373,7 @@ impl<'a> Generator<'a> {
             stats.t_verify_us += times.verify.as_micros() as u64;
             stats.t_commit_us += commit.as_micros() as u64;
         }
-        Ok(())
+        Ok(times)
     }
 
     /// Per-depth candidates for each sequence's tree (empty: a root-only tree), from one
@@ -363,11 +393,12 @@ impl<'a> Generator<'a> {
             .iter()
             .map(|sequence| {
                 let depth_cap = sequence.remaining() - 1;
-                match spec.method {
-                    Method::Chain { num_draft_tokens } => {
+                match sequence.method {
+                    None => (0, 0),
+                    Some(Method::Chain { num_draft_tokens }) => {
                         ((num_draft_tokens - 1).min(depth_cap), 1)
                     }
-                    Method::Tree { budget, top_k } => (
+                    Some(Method::Tree { budget, top_k }) => (
                         (spec.drafter.block_size() - 1).min(depth_cap),
                         top_k.min(budget),
                     ),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use grove_core::ValidationError;
 
 use crate::generate::{GenerateOutput, GenerateRequest, Generator};
-use crate::round::{Pools, Sequence};
+use crate::round::{Pools, Sequence, StepTimings};
 use crate::EngineError;
 
 /// Identifies a request inside one [`Engine`].
@@ -23,6 +23,8 @@ pub type RequestId = u64;
 /// What a step produced.
 #[derive(Debug)]
 pub enum EngineEvent {
+    /// A request left the queue: its first prefill began (not sent again after a preemption).
+    Started { id: RequestId },
     /// Text that became final for a request.
     Text { id: RequestId, text: String },
     /// A request ended; its pages are back in the pool.
@@ -49,6 +51,7 @@ pub struct Engine<'a> {
     running: Vec<Sequence<'a>>,
     next_id: RequestId,
     preemptions: u64,
+    last_step: StepTimings,
 }
 
 impl<'a> Engine<'a> {
@@ -65,14 +68,17 @@ impl<'a> Engine<'a> {
             running: Vec::new(),
             next_id: 0,
             preemptions: 0,
+            last_step: StepTimings::default(),
         })
     }
 
     /// Validates and queues a request.
     pub fn submit(&mut self, request: GenerateRequest) -> Result<RequestId, EngineError> {
         self.generator.validate(&request)?;
-        let needed =
-            request.prompt.len() + request.stop.max_new_tokens + self.generator.verify_rows();
+        let method = self.generator.resolve_method(request.speculation)?;
+        let needed = request.prompt.len()
+            + request.stop.max_new_tokens
+            + crate::speculation::verify_rows(method);
         let capacity = self.pools.pool.num_slots();
         if needed > capacity {
             return Err(ValidationError::OutOfRange {
@@ -84,8 +90,10 @@ impl<'a> Engine<'a> {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting
-            .push_back(self.generator.admit(id, Arc::new(request), &self.pools));
+        self.waiting.push_back(
+            self.generator
+                .admit(id, Arc::new(request), method, &self.pools),
+        );
         Ok(id)
     }
 
@@ -122,6 +130,11 @@ impl<'a> Engine<'a> {
         self.waiting.len()
     }
 
+    /// What the last step's batched round did (empty if it ran none).
+    pub fn last_step(&self) -> &StepTimings {
+        &self.last_step
+    }
+
     /// Admits, reserves (preempting when needed), runs one batched round and reports.
     pub fn step(&mut self) -> Result<Vec<EngineEvent>, EngineError> {
         let mut events = Vec::new();
@@ -129,6 +142,7 @@ impl<'a> Engine<'a> {
         // A prefill can end a request at once (its first token stops it).
         self.collect_finished(&mut events)?;
         self.reserve_rounds();
+        self.last_step = StepTimings::default();
         if !self.running.is_empty() {
             let mut batch: Vec<&mut Sequence<'a>> = self.running.iter_mut().collect();
             let mut on_text = |id: RequestId, text: &str| {
@@ -137,7 +151,8 @@ impl<'a> Engine<'a> {
                     text: text.to_owned(),
                 })
             };
-            self.generator
+            self.last_step = self
+                .generator
                 .step(&mut batch, &mut self.pools, &mut on_text)?;
         }
         self.collect_finished(&mut events)?;
@@ -155,6 +170,9 @@ impl<'a> Engine<'a> {
             }
             let mut sequence = self.waiting.pop_front().expect("front exists");
             let id = sequence.id;
+            if sequence.emitted == 0 {
+                events.push(EngineEvent::Started { id });
+            }
             self.generator
                 .prefill(&mut sequence, &mut self.pools, &mut |text: &str| {
                     events.push(EngineEvent::Text {

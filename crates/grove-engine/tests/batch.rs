@@ -7,7 +7,7 @@ mod common;
 use anyhow::Result;
 use common::*;
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::GenerateRequest;
+use grove_engine::{GenerateRequest, SpecAlgorithm, SpeculationOverride};
 use rand::{Rng, SeedableRng};
 
 #[test]
@@ -36,6 +36,7 @@ fn batched_requests_produce_exactly_their_solo_outputs() -> Result<()> {
                     max_new_tokens: rng.random_range(1..40),
                     ..Default::default()
                 },
+                speculation: Default::default(),
             }
         })
         .collect();
@@ -55,5 +56,102 @@ fn batched_requests_produce_exactly_their_solo_outputs() -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Requests choosing their own speculation (none, DFlash chains and DDTree trees of different
+/// budgets, all under the engine's ceiling) share one batched step and still produce exactly
+/// their solo outputs, and greedy ones exactly plain greedy decoding.
+#[test]
+fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let [(_, plain), _, (_, generator)] = three_methods(&target, &drafter, 1, 12)?;
+    let choices = [
+        SpeculationOverride::default(),
+        SpeculationOverride {
+            algorithm: Some(SpecAlgorithm::None),
+            budget: None,
+        },
+        SpeculationOverride {
+            algorithm: Some(SpecAlgorithm::DFlash),
+            budget: Some(3),
+        },
+        SpeculationOverride {
+            algorithm: Some(SpecAlgorithm::DFlash),
+            budget: None,
+        },
+        SpeculationOverride {
+            algorithm: Some(SpecAlgorithm::DDTree),
+            budget: Some(4),
+        },
+        SpeculationOverride {
+            algorithm: None,
+            budget: Some(1),
+        },
+    ];
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
+    let requests: Vec<GenerateRequest> = (0..12)
+        .map(|i| {
+            let length = rng.random_range(1..20);
+            let prompt: Vec<TokenId> = (0..length)
+                .map(|_| rng.random_range(0..1021) as TokenId)
+                .collect();
+            GenerateRequest {
+                speculation: choices[i % choices.len()],
+                ..greedy(&prompt, rng.random_range(2..30))
+            }
+        })
+        .collect();
+    let together = generator.generate_batch(&requests)?;
+    for (i, (request, batched)) in requests.iter().zip(&together).enumerate() {
+        let alone = generator.generate(request, |_| {})?;
+        let unspeculated = GenerateRequest {
+            speculation: SpeculationOverride::default(),
+            ..request.clone()
+        };
+        let reference = plain.generate(&unspeculated, |_| {})?;
+        let label = format!("request {i} {:?}", request.speculation);
+        assert_eq!(batched.token_ids, alone.token_ids, "{label}");
+        assert_eq!(batched.token_ids, reference.token_ids, "{label}");
+        assert_eq!(
+            batched.stats.accept_lengths, alone.stats.accept_lengths,
+            "{label}"
+        );
+        let expected = match request.speculation.algorithm {
+            Some(SpecAlgorithm::None) => (SpecAlgorithm::None, 0),
+            Some(SpecAlgorithm::DFlash) => (
+                SpecAlgorithm::DFlash,
+                request.speculation.budget.unwrap_or(7),
+            ),
+            _ => (
+                SpecAlgorithm::DDTree,
+                request.speculation.budget.unwrap_or(12),
+            ),
+        };
+        assert_eq!(
+            (batched.stats.algorithm, batched.stats.budget),
+            expected,
+            "{label}"
+        );
+    }
+    // Over the ceiling, or speculating on an engine without a drafter: refused, naming the field.
+    let over = GenerateRequest {
+        speculation: SpeculationOverride {
+            algorithm: None,
+            budget: Some(13),
+        },
+        ..greedy(&[1, 2], 4)
+    };
+    let message = generator.generate(&over, |_| {}).unwrap_err().to_string();
+    assert!(
+        message.contains("speculative.budget") && message.contains("13"),
+        "{message}"
+    );
+    let tree = GenerateRequest {
+        speculation: choices[4],
+        ..greedy(&[1, 2], 4)
+    };
+    let message = plain.generate(&tree, |_| {}).unwrap_err().to_string();
+    assert!(message.contains("speculative.algorithm"), "{message}");
     Ok(())
 }

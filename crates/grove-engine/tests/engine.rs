@@ -48,6 +48,7 @@ fn drive(
     arrivals: &[usize],
 ) -> Result<Vec<(GenerateOutput, String)>> {
     let mut ids = HashMap::new();
+    let mut started = std::collections::HashSet::new();
     let mut texts: HashMap<usize, String> = HashMap::new();
     let mut outputs: HashMap<usize, GenerateOutput> = HashMap::new();
     let mut step = 0;
@@ -61,7 +62,12 @@ fn drive(
         }
         for event in engine.step()? {
             match event {
+                // Once per request, preempted or not, and before any of its text.
+                EngineEvent::Started { id } => {
+                    assert!(started.insert(id), "request {id} started twice");
+                }
                 EngineEvent::Text { id, text } => {
+                    assert!(started.contains(&id), "text before start");
                     texts.entry(ids[&id]).or_default().push_str(&text)
                 }
                 EngineEvent::Finished { id, output } => {

@@ -33,6 +33,7 @@ fn request(prompt: Vec<u32>, max_new_tokens: usize, sampling: SamplingParams) ->
             max_new_tokens,
             ..Default::default()
         },
+        speculation: Default::default(),
     }
 }
 

@@ -162,6 +162,7 @@ fn check_law(
                 max_new_tokens: 3,
                 ..Default::default()
             },
+            speculation: Default::default(),
         };
         let output = generator.generate(&request, |_| {})?;
         let (t1, t2) = (output.token_ids[0] as usize, output.token_ids[1] as usize);

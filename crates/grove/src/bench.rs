@@ -178,6 +178,7 @@ fn bench(args: &BenchArgs, threads: usize) -> Result<()> {
                 max_new_tokens: args.new_tokens,
                 ..Default::default()
             },
+            speculation: Default::default(),
         };
         for ((_, generator), sample) in methods.iter().zip(samples.iter_mut()) {
             let stats = generator.generate(&request, |_| {})?.stats;

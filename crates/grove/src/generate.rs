@@ -6,8 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use grove_core::{SamplingParams, StopCondition, TokenId};
 use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
-use grove_model::tokenizer::generation_stop_ids;
-use grove_model::{ChatMessage, Model};
+use grove_model::ChatMessage;
 
 use crate::loading::{self, ModelArgs, SpecArgs};
 
@@ -93,15 +92,11 @@ fn generate(args: &GenerateArgs) -> Result<()> {
         }
         (None, None) => bail!("pass --prompt or --prompt-ids"),
     };
-    let mut stop_token_ids = Vec::new();
-    if !args.ignore_eos {
-        stop_token_ids = generation_stop_ids(&loaded.dir, &loaded.model.config().eos_token_ids)?;
-        if let Some(id) = tokenizer.and_then(|t| t.eos_token_id()) {
-            if !stop_token_ids.contains(&id) {
-                stop_token_ids.push(id);
-            }
-        }
-    }
+    let stop_token_ids = if args.ignore_eos {
+        Vec::new()
+    } else {
+        loaded.stop_token_ids()?
+    };
     let request = GenerateRequest {
         prompt,
         sampling: SamplingParams {
@@ -115,6 +110,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
             stop_token_ids,
             stop_strings: args.stop.clone(),
         },
+        speculation: Default::default(),
     };
     let options = GeneratorOptions {
         page_size: args.model.page_size,

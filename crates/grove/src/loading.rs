@@ -5,9 +5,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Args;
-use grove_engine::{DDTreeSpec, DFlashSpec, Generator};
+use grove_core::TokenId;
+use grove_engine::{Drafter, Generator, SpeculationSettings};
 use grove_model::random_checkpoint::RandomCheckpoint;
-use grove_model::{DFlashDrafter, Decoder, TextTokenizer};
+use grove_model::tokenizer::generation_stop_ids;
+use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 
 /// The embedded default model, resolved at build time so `cargo run` works from any directory.
 pub const DEFAULT_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
@@ -133,31 +135,28 @@ impl SpecArgs {
             .unwrap_or(drafter.config().block_size - 1)
     }
 
+    /// The engine's speculation as the flags give it.
+    pub fn settings(&self) -> SpeculationSettings {
+        SpeculationSettings {
+            algorithm: match self.speculative_algorithm {
+                SpecAlgorithm::None => grove_engine::SpecAlgorithm::None,
+                SpecAlgorithm::DFlash => grove_engine::SpecAlgorithm::DFlash,
+                SpecAlgorithm::DDTree => grove_engine::SpecAlgorithm::DDTree,
+            },
+            num_draft_tokens: self.speculative_num_draft_tokens,
+            budget: self.speculative_ddtree_budget,
+            top_k: self.speculative_ddtree_topk,
+        }
+    }
+
     /// Configures `generator` for the chosen method with `drafter`.
     pub fn apply<'a>(
         &self,
         generator: Generator<'a>,
         drafter: Option<&'a DFlashDrafter>,
     ) -> Result<Generator<'a>> {
-        let Some(drafter) = drafter else {
-            return Ok(generator);
-        };
-        Ok(match self.speculative_algorithm {
-            SpecAlgorithm::None => generator,
-            SpecAlgorithm::DFlash => generator.with_dflash(DFlashSpec {
-                drafter,
-                num_draft_tokens: self.num_draft_tokens(drafter),
-            })?,
-            SpecAlgorithm::DDTree => {
-                let budget = self.ddtree_budget(drafter);
-                let top_k = self.speculative_ddtree_topk.unwrap_or(budget);
-                generator.with_ddtree(DDTreeSpec {
-                    drafter,
-                    budget,
-                    top_k,
-                })?
-            }
-        })
+        let drafter = drafter.map(|d| d as &dyn Drafter);
+        Ok(generator.with_speculation(self.settings(), drafter)?)
     }
 }
 
@@ -165,6 +164,19 @@ pub struct Loaded {
     pub model: Decoder,
     pub tokenizer: Option<TextTokenizer>,
     pub dir: PathBuf,
+}
+
+impl Loaded {
+    /// The ids that end generation: the checkpoint's `eos_token_id`s and the tokenizer's EOS.
+    pub fn stop_token_ids(&self) -> Result<Vec<TokenId>> {
+        let mut ids = generation_stop_ids(&self.dir, &self.model.config().eos_token_ids)?;
+        if let Some(id) = self.tokenizer.as_ref().and_then(|t| t.eos_token_id()) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
 }
 
 /// Loads the model and, if the directory has one, its tokenizer.

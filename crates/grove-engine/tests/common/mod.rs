@@ -36,6 +36,7 @@ pub fn greedy(prompt: &[TokenId], max_new_tokens: usize) -> GenerateRequest {
             max_new_tokens,
             ..Default::default()
         },
+        speculation: Default::default(),
     }
 }
 
