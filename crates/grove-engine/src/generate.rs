@@ -285,7 +285,7 @@ impl<'a> Generator<'a> {
                 match event {
                     EngineEvent::Text { id, text } => on_text(id as usize, &text),
                     EngineEvent::Finished { id, output } => outputs[id as usize] = Some(*output),
-                    EngineEvent::Started { .. } => {}
+                    EngineEvent::Started { .. } | EngineEvent::Tokens { .. } => {}
                 }
             }
         }

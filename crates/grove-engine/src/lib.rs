@@ -16,7 +16,7 @@ pub use detokenizer::Detokenizer;
 pub use drafter::{DraftBlock, Drafter};
 pub use generate::{
     DDTreeSpec, DFlashSpec, GenerateOutput, GenerateRequest, GenerateStats, Generator,
-    GeneratorOptions,
+    GeneratorOptions, DEFAULT_PREFILL_CHUNK,
 };
 pub use round::StepTimings;
 pub use sampler::{argmax, processed_distribution, Sampler};

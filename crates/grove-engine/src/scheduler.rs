@@ -8,10 +8,10 @@
 //! unchanged); run one batched round; report text and finished requests. Finished or cancelled
 //! sequences free their pages at once.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use grove_core::ValidationError;
+use grove_core::{TokenId, ValidationError};
 
 use crate::generate::{GenerateOutput, GenerateRequest, Generator};
 use crate::round::{Pools, Sequence, StepTimings};
@@ -25,6 +25,9 @@ pub type RequestId = u64;
 pub enum EngineEvent {
     /// A request left the queue: its first prefill began (not sent again after a preemption).
     Started { id: RequestId },
+    /// Tokens a step chose for a request (several per round when drafts are accepted); a stop
+    /// token that ends the request is included.
+    Tokens { id: RequestId, tokens: Vec<TokenId> },
     /// Text that became final for a request.
     Text { id: RequestId, text: String },
     /// A request ended; its pages are back in the pool.
@@ -138,9 +141,15 @@ impl<'a> Engine<'a> {
     /// Admits, reserves (preempting when needed), runs one batched round and reports.
     pub fn step(&mut self) -> Result<Vec<EngineEvent>, EngineError> {
         let mut events = Vec::new();
+        let before: HashMap<RequestId, usize> = self
+            .running
+            .iter()
+            .chain(&self.waiting)
+            .map(|s| (s.id, s.emitted))
+            .collect();
         self.admit(&mut events)?;
         // A prefill can end a request at once (its first token stops it).
-        self.collect_finished(&mut events)?;
+        self.collect_finished(&mut events, &before)?;
         self.reserve_rounds();
         self.last_step = StepTimings::default();
         if !self.running.is_empty() {
@@ -155,7 +164,11 @@ impl<'a> Engine<'a> {
                 .generator
                 .step(&mut batch, &mut self.pools, &mut on_text)?;
         }
-        self.collect_finished(&mut events)?;
+        self.collect_finished(&mut events, &before)?;
+        // Waiting too: a sequence admitted and then preempted in this step chose its first token.
+        for sequence in self.running.iter().chain(&self.waiting) {
+            push_tokens(&mut events, sequence, &before);
+        }
         Ok(events)
     }
 
@@ -208,13 +221,18 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn collect_finished(&mut self, events: &mut Vec<EngineEvent>) -> Result<(), EngineError> {
+    fn collect_finished(
+        &mut self,
+        events: &mut Vec<EngineEvent>,
+        before: &HashMap<RequestId, usize>,
+    ) -> Result<(), EngineError> {
         let (finished, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
             .into_iter()
             .partition(|s| s.finish.is_some());
         self.running = running;
         for sequence in finished {
             let id = sequence.id;
+            push_tokens(events, &sequence, before);
             let output = Generator::finish(sequence, &mut |text: &str| {
                 events.push(EngineEvent::Text {
                     id,
@@ -227,5 +245,21 @@ impl<'a> Engine<'a> {
             });
         }
         Ok(())
+    }
+}
+
+/// The tokens `sequence` emitted since the step began (none: no event).
+fn push_tokens(
+    events: &mut Vec<EngineEvent>,
+    sequence: &Sequence<'_>,
+    before: &HashMap<RequestId, usize>,
+) {
+    let start = before.get(&sequence.id).copied().unwrap_or(0);
+    let tokens = &sequence.emitter.token_ids()[start..sequence.emitted];
+    if !tokens.is_empty() {
+        events.push(EngineEvent::Tokens {
+            id: sequence.id,
+            tokens: tokens.to_vec(),
+        });
     }
 }

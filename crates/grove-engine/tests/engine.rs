@@ -49,6 +49,7 @@ fn drive(
 ) -> Result<Vec<(GenerateOutput, String)>> {
     let mut ids = HashMap::new();
     let mut started = std::collections::HashSet::new();
+    let mut streamed: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut texts: HashMap<usize, String> = HashMap::new();
     let mut outputs: HashMap<usize, GenerateOutput> = HashMap::new();
     let mut step = 0;
@@ -70,7 +71,12 @@ fn drive(
                     assert!(started.contains(&id), "text before start");
                     texts.entry(ids[&id]).or_default().push_str(&text)
                 }
+                EngineEvent::Tokens { id, tokens } => {
+                    streamed.entry(id).or_default().extend(tokens);
+                }
                 EngineEvent::Finished { id, output } => {
+                    // Every token was reported, once and in order, before the end.
+                    assert_eq!(streamed.get(&id), Some(&output.token_ids), "request {id}");
                     outputs.insert(ids[&id], *output);
                 }
             }

@@ -40,6 +40,17 @@ impl ModelArgs {
     }
 }
 
+/// The compute thread count (default: all cores), also exported as `RAYON_NUM_THREADS`, which
+/// candle's matmuls read.
+pub fn resolve_threads(threads: Option<usize>) -> usize {
+    let threads = threads
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .max(1);
+    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    threads
+}
+
 /// Runs `job` on a pool of `threads` compute threads (default: all cores). candle's matmuls read
 /// the count from `RAYON_NUM_THREADS`, and running the job *inside* the pool makes every
 /// parallel section (matmuls, attention) start from a pool thread: started from outside, each
@@ -51,11 +62,7 @@ pub fn with_threads<T>(
 where
     T: Send,
 {
-    let threads = threads
-        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
-        .unwrap_or(1)
-        .max(1);
-    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    let threads = resolve_threads(threads);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

@@ -1,11 +1,12 @@
 //! `grove`: LLM inference with DFlash/DDTree speculative decoding.
 //!
-//! Subcommands: `generate` (one prompt, text or JSON out), `bench` (prefill/decode speed and the
+//! Subcommands: `generate` (one prompt, text or JSON out), `serve` (the OpenAI API), `bench` (prefill/decode speed and the
 //! verify cost curve), `tiny-model` (writes the seeded random checkpoint used as the default).
 
 mod bench;
 mod generate;
 mod loading;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ struct Cli {
 enum Command {
     /// Generate text for one prompt.
     Generate(generate::GenerateArgs),
+    /// Serve the OpenAI API (completions, chat, SSE streaming, metrics).
+    Serve(serve::ServeArgs),
     /// Measure prefill and decode speed, and the verify cost curve.
     Bench(bench::BenchArgs),
     /// Write a seeded random Qwen3 checkpoint with a byte-level tokenizer.
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::TinyModel(args) => loading::write_tiny_model(args),
     };

@@ -1,0 +1,148 @@
+//! The one error type of the HTTP edge and its one mapping to HTTP: every failure a client can
+//! see becomes an OpenAI-style body `{"error": {"message", "type", "param", "code"}}` with the
+//! status OpenAI uses for it.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use grove_core::ValidationError;
+use grove_engine::EngineError;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// Bad input: names the field (`param`) and the limit in the message.
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<String>,
+        code: Option<&'static str>,
+    },
+    #[error("invalid or missing API key: send `Authorization: Bearer <key>` with the key the server was started with (--api-key)")]
+    Unauthorized,
+    #[error(
+        "the model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)"
+    )]
+    ModelNotFound { requested: String, served: String },
+    #[error("no route for {method} {path}")]
+    RouteNotFound { method: String, path: String },
+    #[error(
+        "the server's queue is full ({limit} waiting requests, --max-queued-requests); retry later"
+    )]
+    QueueFull { limit: usize },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: Some(param.into()),
+            code: None,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::ModelNotFound { .. } | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest { .. }
+            | Self::Unauthorized
+            | Self::ModelNotFound { .. }
+            | Self::RouteNotFound { .. } => "invalid_request_error",
+            Self::QueueFull { .. } => "rate_limit_error",
+            Self::Internal(_) => "server_error",
+        }
+    }
+
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            Self::InvalidRequest { param, .. } => param.as_deref(),
+            Self::ModelNotFound { .. } => Some("model"),
+            _ => None,
+        }
+    }
+
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            Self::InvalidRequest { code, .. } => *code,
+            Self::Unauthorized => Some("invalid_api_key"),
+            Self::ModelNotFound { .. } => Some("model_not_found"),
+            Self::RouteNotFound { .. } => Some("not_found"),
+            Self::QueueFull { .. } => Some("queue_full"),
+            Self::Internal(_) => None,
+        }
+    }
+
+    /// The JSON body, also sent as the last SSE event of a stream that fails midway.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.kind(),
+                "param": self.param(),
+                "code": self.code(),
+            }
+        })
+    }
+
+    /// Short label for the `grove_requests_total{outcome}` metric.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::QueueFull { .. } => "rejected",
+            Self::Internal(_) => "error",
+            _ => "invalid",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status(), Json(self.body())).into_response()
+    }
+}
+
+/// The engine speaks in its own parameter names; clients know OpenAI's.
+fn openai_param(field: &str) -> &str {
+    match field {
+        "max_new_tokens" => "max_tokens",
+        other => other,
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(error: ValidationError) -> Self {
+        let message = error.to_string().replace("max_new_tokens", "max_tokens");
+        let (param, code) = match &error {
+            ValidationError::OutOfRange { field, .. } => (openai_param(field), None),
+            ValidationError::Empty { field } => (openai_param(field), None),
+            ValidationError::TokenOutOfVocab { field, .. } => (openai_param(field), None),
+            ValidationError::ContextOverflow { .. } => {
+                ("max_tokens", Some("context_length_exceeded"))
+            }
+        };
+        Self::InvalidRequest {
+            message,
+            param: Some(param.to_owned()),
+            code,
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        match error {
+            EngineError::Validation(error) => error.into(),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! `grove serve`: an OpenAI-compatible HTTP server over the continuous-batching engine.
+//!
+//! Two halves joined by channels: the engine thread ([`worker`]) owns the model, the KV pools
+//! and the scheduler and runs one batched speculative round per step; the HTTP side (axum on
+//! tokio) validates requests at the edge into typed requests, hands them over, and turns the
+//! events it gets back into JSON or SSE. Errors have one type and one mapping to HTTP
+//! ([`ApiError`]).
+
+mod error;
+pub mod metrics;
+mod protocol;
+mod routes;
+mod validate;
+mod worker;
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+use grove_core::TokenId;
+
+pub use error::ApiError;
+pub use validate::{MAX_STOP_BYTES, MAX_STOP_SEQUENCES};
+pub use worker::{EngineSettings, EngineStatus, ServedModel};
+
+/// Server settings beyond the engine's.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The name clients pass as `model` and `GET /v1/models` lists.
+    pub model_name: String,
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Tokens that end generation unless a request sets `ignore_eos`.
+    pub stop_token_ids: Vec<TokenId>,
+    pub engine: EngineSettings,
+}
+
+/// A started engine with the routes that feed it. Dropping the router (and so every sender
+/// into the engine) lets the engine thread finish its requests and exit.
+pub struct Server {
+    pub router: axum::Router,
+    pub status: Arc<EngineStatus>,
+    pub engine_thread: JoinHandle<Result<(), String>>,
+}
+
+/// Starts the engine thread over `served` and builds the routes; fails if the engine cannot
+/// be built (bad speculation settings, a pool too small to allocate).
+pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String> {
+    let model_config = served.model.config().clone();
+    let tokenizer = served.tokenizer.clone();
+    let (commands, receiver) = mpsc::channel();
+    let (ready_sender, ready) = mpsc::channel();
+    let status = Arc::new(EngineStatus::default());
+    let engine_status = status.clone();
+    let settings = config.engine.clone();
+    let engine_thread = std::thread::Builder::new()
+        .name("grove-engine".into())
+        .spawn(move || {
+            // The step loop runs *inside* its compute pool so that every parallel section
+            // starts from a pool thread (see `with_threads` in the CLI).
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(settings.threads.max(1))
+                .thread_name(|i| format!("grove-compute-{i}"))
+                .build()
+                .map_err(|e| e.to_string())?;
+            pool.install(|| worker::run(served, settings, receiver, engine_status, ready_sender))
+        })
+        .map_err(|e| e.to_string())?;
+    let engine = match ready.recv() {
+        Ok(ready) => ready,
+        Err(_) => {
+            return Err(match engine_thread.join() {
+                Ok(Err(error)) => error,
+                _ => "the engine thread stopped while starting".into(),
+            })
+        }
+    };
+    let state = Arc::new(routes::Shared {
+        limits: validate::ModelLimits {
+            name: config.model_name,
+            context: model_config.max_position_embeddings,
+            vocab_size: model_config.vocab_size,
+            kv_tokens: engine.kv_tokens,
+            verify_rows: engine.verify_rows,
+            stop_token_ids: config.stop_token_ids,
+            tokenizer,
+        },
+        api_key: config.api_key,
+        commands,
+        status: status.clone(),
+        default_algorithm: engine.default_algorithm,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        next_id: AtomicU64::new(0),
+    });
+    // Install the recorder before the first request records anything.
+    metrics::handle();
+    Ok(Server {
+        router: routes::router(state),
+        status,
+        engine_thread,
+    })
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

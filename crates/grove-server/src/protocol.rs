@@ -1,0 +1,138 @@
+//! OpenAI wire types: what clients send (deserialized as-is, checked in `validate.rs`) and what
+//! the server answers. Fields OpenAI defines that grove does not implement are parsed so that
+//! setting them is refused by name instead of silently ignored.
+
+use grove_engine::SpecAlgorithm;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `prompt`: a string, a token array, or a list of one of either.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<i64>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The `speculative` extension: a request's own speculation, capped by the server's flags.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeField {
+    pub algorithm: Option<SpecAlgorithm>,
+    pub budget: Option<i64>,
+}
+
+/// Sampling, stopping and extension fields both endpoints share (read from the same JSON
+/// object as the endpoint's own fields; unknown fields are ignored, as OpenAI's are).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonFields {
+    pub model: String,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// Extension (vLLM, SGLang): 0 or -1 disables.
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub speculative: Option<SpeculativeField>,
+    /// Extension (vLLM): keep generating past end-of-sequence tokens.
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// Extension (vLLM): the choice also carries the generated `token_ids` (non-streaming).
+    #[serde(default)]
+    pub return_token_ids: bool,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    pub logprobs: Option<Value>,
+    pub echo: Option<bool>,
+    pub best_of: Option<i64>,
+    pub suffix: Option<String>,
+}
+
+/// Message content: a string or a list of parts (only text parts are supported).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    /// The newer name of `max_tokens` for chat.
+    pub max_completion_tokens: Option<i64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub response_format: Option<Value>,
+}
+
+/// `usage`, with grove's speculation extension.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub speculative: SpeculativeUsage,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeculativeUsage {
+    pub algorithm: SpecAlgorithm,
+    /// Draft nodes verified per round (0 without speculation).
+    pub budget: usize,
+    /// Rounds after prefill.
+    pub rounds: usize,
+    /// Tokens emitted per round (accepted drafts + the target's own).
+    pub mean_accept_length: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    pub max_model_len: usize,
+}

@@ -1,0 +1,385 @@
+//! The HTTP routes: OpenAI completions and chat (JSON or SSE), models, health, metrics.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use grove_engine::{GenerateOutput, GenerateRequest, SpecAlgorithm};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::error::ApiError;
+use crate::metrics;
+use crate::protocol::{ChatRequest, CompletionRequest, ModelCard, SpeculativeUsage, Usage};
+use crate::validate::{parse_json, ModelLimits, ValidRequest};
+use crate::worker::{EngineStatus, Submission, WorkerEvent};
+
+/// What every handler shares.
+pub(crate) struct Shared {
+    pub limits: ModelLimits,
+    pub api_key: Option<String>,
+    pub commands: Sender<Submission>,
+    pub status: Arc<EngineStatus>,
+    pub default_algorithm: SpecAlgorithm,
+    pub created: u64,
+    pub next_id: AtomicU64,
+}
+
+pub(crate) type AppState = Arc<Shared>;
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_page))
+        .fallback(fallback)
+        .with_state(state)
+}
+
+/// Which OpenAI endpoint a response is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Completions,
+    Chat,
+}
+
+async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let valid = authorize(&state, &headers)
+        .and_then(|()| parse_json::<CompletionRequest>(&body))
+        .and_then(|request| check_model(&state, &request.1.model).map(|()| request))
+        .and_then(|request| state.limits.completion(request));
+    run(state, valid, Endpoint::Completions).await
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let valid = authorize(&state, &headers)
+        .and_then(|()| parse_json::<ChatRequest>(&body))
+        .and_then(|request| check_model(&state, &request.1.model).map(|()| request))
+        .and_then(|request| state.limits.chat(request));
+    run(state, valid, Endpoint::Chat).await
+}
+
+fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+fn check_model(state: &Shared, model: &str) -> Result<(), ApiError> {
+    if model == state.limits.name {
+        Ok(())
+    } else {
+        Err(ApiError::ModelNotFound {
+            requested: model.to_owned(),
+            served: state.limits.name.clone(),
+        })
+    }
+}
+
+/// Submits a validated request and answers it as JSON or as an SSE stream.
+async fn run(
+    state: AppState,
+    valid: Result<ValidRequest, ApiError>,
+    endpoint: Endpoint,
+) -> Response {
+    let valid = match valid {
+        Ok(valid) => valid,
+        Err(error) => {
+            metrics::request_outcome(error.outcome());
+            return error.into_response();
+        }
+    };
+    let events = match submit(&state, valid.generate).await {
+        Ok(events) => events,
+        Err(error) => return error.into_response(),
+    };
+    let reply = Reply {
+        id: format!(
+            "{}-{}",
+            match endpoint {
+                Endpoint::Completions => "cmpl",
+                Endpoint::Chat => "chatcmpl",
+            },
+            state.next_id.fetch_add(1, Ordering::Relaxed)
+        ),
+        created: unix_now(),
+        model: state.limits.name.clone(),
+        endpoint,
+    };
+    if valid.stream {
+        Sse::new(sse_stream(
+            reply,
+            events,
+            valid.include_usage,
+            valid.return_token_ids,
+        ))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+    } else {
+        match collect(events).await {
+            Ok(output) => Json(reply.complete(&output, valid.return_token_ids)).into_response(),
+            Err(error) => error.into_response(),
+        }
+    }
+}
+
+/// Hands the request to the engine thread and waits for its verdict (queue room, the checks
+/// only the engine can make).
+async fn submit(
+    state: &Shared,
+    request: GenerateRequest,
+) -> Result<UnboundedReceiver<WorkerEvent>, ApiError> {
+    let (sender, mut events) = unbounded_channel();
+    let stopped = || ApiError::Internal("the engine thread has stopped".into());
+    state
+        .commands
+        .send(Submission {
+            request,
+            events: sender,
+            received: Instant::now(),
+        })
+        .map_err(|_| stopped())?;
+    match events.recv().await {
+        Some(WorkerEvent::Accepted) => Ok(events),
+        Some(WorkerEvent::Rejected(error)) => Err(error),
+        _ => Err(stopped()),
+    }
+}
+
+async fn collect(mut events: UnboundedReceiver<WorkerEvent>) -> Result<GenerateOutput, ApiError> {
+    while let Some(event) = events.recv().await {
+        match event {
+            WorkerEvent::Finished(output) => return Ok(*output),
+            WorkerEvent::Failed(error) | WorkerEvent::Rejected(error) => return Err(error),
+            WorkerEvent::Text(_) | WorkerEvent::Tokens(_) | WorkerEvent::Accepted => {}
+        }
+    }
+    Err(ApiError::Internal("the engine dropped the request".into()))
+}
+
+/// The fields every response object of one request shares.
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value, usage: Option<Usage>) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+        })
+    }
+
+    /// The non-streaming response.
+    fn complete(&self, output: &GenerateOutput, with_token_ids: bool) -> Value {
+        let mut choice = match self.endpoint {
+            Endpoint::Completions => json!({
+                "index": 0, "text": output.text, "logprobs": null,
+                "finish_reason": output.finish_reason,
+            }),
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": output.text},
+                "logprobs": null,
+                "finish_reason": output.finish_reason,
+            }),
+        };
+        if with_token_ids {
+            choice["token_ids"] = json!(output.token_ids);
+        }
+        self.envelope(false, json!([choice]), Some(usage(output)))
+    }
+
+    /// One streamed piece: text (a delta for chat), or the end with its finish reason.
+    fn chunk(&self, text: Option<&str>, output: Option<&GenerateOutput>) -> Value {
+        let finish_reason = output.map(|o| o.finish_reason);
+        let choice = match self.endpoint {
+            Endpoint::Completions => json!({
+                "index": 0, "text": text.unwrap_or(""), "logprobs": null,
+                "finish_reason": finish_reason,
+            }),
+            Endpoint::Chat => json!({
+                "index": 0,
+                "delta": text.map_or(json!({}), |t| json!({"content": t})),
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }),
+        };
+        self.envelope(true, json!([choice]), None)
+    }
+}
+
+fn usage(output: &GenerateOutput) -> Usage {
+    let stats = &output.stats;
+    Usage {
+        prompt_tokens: stats.prompt_tokens,
+        completion_tokens: stats.new_tokens,
+        total_tokens: stats.prompt_tokens + stats.new_tokens,
+        speculative: SpeculativeUsage {
+            algorithm: stats.algorithm,
+            budget: stats.budget,
+            rounds: stats.rounds,
+            mean_accept_length: stats.mean_accept_length,
+        },
+    }
+}
+
+fn data(value: &Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(value.to_string()))
+}
+
+/// SSE events for one request: chat's role chunk, text chunks as the engine finalizes text
+/// (and each step's token ids when asked), the finish chunk, the usage chunk if asked,
+/// `[DONE]`. Dropping the stream (the client went away) closes the channel, and the engine
+/// cancels the sequence before its next step.
+fn sse_stream(
+    reply: Reply,
+    events: UnboundedReceiver<WorkerEvent>,
+    include_usage: bool,
+    return_token_ids: bool,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let opening = match reply.endpoint {
+        Endpoint::Chat => vec![data(&reply.envelope(
+            true,
+            json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null, "finish_reason": null}]),
+            None,
+        ))],
+        Endpoint::Completions => Vec::new(),
+    };
+    let body = stream::unfold(Some((reply, events)), move |state| async move {
+        let (reply, mut events) = state?;
+        let batch = match events.recv().await {
+            Some(WorkerEvent::Text(text)) => {
+                return Some((
+                    vec![data(&reply.chunk(Some(&text), None))],
+                    Some((reply, events)),
+                ))
+            }
+            Some(WorkerEvent::Tokens(tokens)) => {
+                let batch = if return_token_ids {
+                    let mut chunk = reply.chunk(None, None);
+                    chunk["choices"][0]["token_ids"] = json!(tokens);
+                    vec![data(&chunk)]
+                } else {
+                    Vec::new()
+                };
+                return Some((batch, Some((reply, events))));
+            }
+            Some(WorkerEvent::Finished(output)) => {
+                let mut batch = vec![data(&reply.chunk(None, Some(&output)))];
+                if include_usage {
+                    batch.push(data(&reply.envelope(true, json!([]), Some(usage(&output)))));
+                }
+                batch.push(Ok(Event::default().data("[DONE]")));
+                batch
+            }
+            Some(WorkerEvent::Failed(error)) | Some(WorkerEvent::Rejected(error)) => {
+                vec![data(&error.body())]
+            }
+            Some(WorkerEvent::Accepted) => Vec::new(),
+            None => vec![data(
+                &ApiError::Internal("the engine dropped the request".into()).body(),
+            )],
+        };
+        Some((batch, None))
+    });
+    stream::iter(opening).chain(body.flat_map(stream::iter))
+}
+
+async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(error) = authorize(&state, &headers) {
+        return error.into_response();
+    }
+    let card = ModelCard {
+        id: state.limits.name.clone(),
+        object: "model",
+        created: state.created,
+        owned_by: "grove",
+        max_model_len: state.limits.context,
+    };
+    Json(json!({"object": "list", "data": [card]})).into_response()
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    let status = &state.status;
+    let alive = status.alive.load(Ordering::Relaxed);
+    let body = json!({
+        "status": if alive { "ok" } else { "unavailable" },
+        "model": state.limits.name,
+        "speculative_algorithm": state.default_algorithm,
+        "running": status.running.load(Ordering::Relaxed),
+        "waiting": status.waiting.load(Ordering::Relaxed),
+        "kv_free_pages": status.free_pages.load(Ordering::Relaxed),
+        "kv_total_pages": status.total_pages.load(Ordering::Relaxed),
+        "preemptions": status.preemptions.load(Ordering::Relaxed),
+    });
+    let code = if alive {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+async fn metrics_page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics::render(),
+    )
+        .into_response()
+}
+
+async fn fallback(method: Method, uri: Uri) -> Response {
+    ApiError::RouteNotFound {
+        method: method.to_string(),
+        path: uri.path().to_owned(),
+    }
+    .into_response()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,252 @@
+//! The engine thread: the one owner of the model, the KV pools and the scheduler. HTTP handlers
+//! hand it requests over a channel and get their events back on a per-request channel; between
+//! two steps it takes new requests (continuous batching), drops those whose client went away
+//! (their pages return at once) and publishes gauges.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use grove_core::TokenId;
+use grove_engine::{
+    Drafter, Engine, EngineEvent, EngineLimits, GenerateOutput, GenerateRequest, Generator,
+    GeneratorOptions, RequestId, SpecAlgorithm, SpeculationSettings,
+};
+use grove_model::{Model, TextTokenizer};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::ApiError;
+use crate::metrics;
+
+/// What the engine thread owns.
+pub struct ServedModel {
+    pub model: Box<dyn Model>,
+    pub drafter: Option<Box<dyn Drafter>>,
+    pub tokenizer: Option<Arc<TextTokenizer>>,
+}
+
+/// The engine's settings (the server's flags).
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    pub options: GeneratorOptions,
+    pub speculation: SpeculationSettings,
+    pub limits: EngineLimits,
+    /// Requests waiting beyond this many are refused with 429.
+    pub max_queued: usize,
+    /// Compute threads of the engine's rayon pool.
+    pub threads: usize,
+}
+
+/// A request handed to the engine thread.
+pub(crate) struct Submission {
+    pub request: GenerateRequest,
+    pub events: UnboundedSender<WorkerEvent>,
+    pub received: Instant,
+}
+
+/// What a handler hears about its request, in order: `Accepted` or `Rejected` first, then
+/// text, then `Finished` (or `Failed`).
+#[derive(Debug)]
+pub(crate) enum WorkerEvent {
+    Accepted,
+    Rejected(ApiError),
+    Tokens(Vec<TokenId>),
+    Text(String),
+    Finished(Box<GenerateOutput>),
+    Failed(ApiError),
+}
+
+/// Engine state the edge reads without asking the engine thread.
+#[derive(Debug, Default)]
+pub struct EngineStatus {
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub free_pages: AtomicUsize,
+    pub total_pages: AtomicUsize,
+    pub preemptions: AtomicU64,
+    /// Cleared when the engine thread exits (a model error it could not recover from).
+    pub alive: AtomicBool,
+}
+
+impl EngineStatus {
+    fn publish(&self, engine: &Engine<'_>) {
+        self.running.store(engine.running(), Ordering::Relaxed);
+        self.waiting.store(engine.waiting(), Ordering::Relaxed);
+        self.free_pages
+            .store(engine.free_pages(), Ordering::Relaxed);
+        self.total_pages
+            .store(engine.total_pages(), Ordering::Relaxed);
+        self.preemptions
+            .store(engine.preemptions(), Ordering::Relaxed);
+        metrics::engine_gauges(engine);
+    }
+}
+
+/// One client's request in flight.
+struct Client {
+    events: UnboundedSender<WorkerEvent>,
+    received: Instant,
+    /// When the last step that chose tokens for it ended.
+    last_tokens: Option<Instant>,
+}
+
+/// What the edge needs to know once the engine is built.
+pub(crate) struct Ready {
+    /// Tokens the KV pool holds.
+    pub kv_tokens: usize,
+    /// The most rows one verify may add (the speculation ceiling + 1).
+    pub verify_rows: usize,
+    pub default_algorithm: SpecAlgorithm,
+}
+
+/// Builds the generator and engine over `served`, reports `Ready`, and runs the step loop
+/// until every sender of `commands` is gone.
+pub(crate) fn run(
+    served: ServedModel,
+    settings: EngineSettings,
+    commands: Receiver<Submission>,
+    status: Arc<EngineStatus>,
+    ready: Sender<Ready>,
+) -> Result<(), String> {
+    let generator = Generator::new(
+        served.model.as_ref(),
+        served.tokenizer.as_deref(),
+        settings.options.clone(),
+    )
+    .with_speculation(settings.speculation, served.drafter.as_deref())
+    .map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(&generator, settings.limits.clone()).map_err(|e| e.to_string())?;
+    status.alive.store(true, Ordering::Relaxed);
+    status.publish(&engine);
+    let _ = ready.send(Ready {
+        kv_tokens: engine.total_pages() * settings.options.page_size.max(1),
+        verify_rows: generator.max_budget() + 1,
+        default_algorithm: generator.default_algorithm(),
+    });
+    drop(ready);
+    let mut clients: HashMap<RequestId, Client> = HashMap::new();
+    loop {
+        // Idle: sleep until a request arrives. Busy: take whatever arrived since the last step.
+        if engine.is_idle() {
+            match commands.recv() {
+                Ok(submission) => submit(&mut engine, &mut clients, submission, &settings),
+                Err(_) => break,
+            }
+        }
+        loop {
+            match commands.try_recv() {
+                Ok(submission) => submit(&mut engine, &mut clients, submission, &settings),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) if engine.is_idle() => {
+                    status.alive.store(false, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        // Clients that went away (a dropped stream, a closed connection) stop here.
+        clients.retain(|&id, client| {
+            if client.events.is_closed() {
+                engine.cancel(id);
+                metrics::request_outcome("cancelled");
+                false
+            } else {
+                true
+            }
+        });
+        if !engine.is_idle() {
+            let step_start = Instant::now();
+            match engine.step() {
+                Ok(events) => {
+                    metrics::step(engine.last_step(), step_start.elapsed());
+                    dispatch(events, &mut clients);
+                }
+                Err(error) => {
+                    // The batch is in an unknown state: fail every request, keep serving.
+                    tracing::error!(%error, "engine step failed");
+                    let error = ApiError::Internal(error.to_string());
+                    for (id, client) in clients.drain() {
+                        engine.cancel(id);
+                        metrics::request_outcome("error");
+                        let _ = client.events.send(WorkerEvent::Failed(error.clone()));
+                    }
+                }
+            }
+        }
+        status.publish(&engine);
+    }
+    status.alive.store(false, Ordering::Relaxed);
+    Ok(())
+}
+
+fn submit(
+    engine: &mut Engine<'_>,
+    clients: &mut HashMap<RequestId, Client>,
+    submission: Submission,
+    settings: &EngineSettings,
+) {
+    let reject = |error: ApiError| {
+        metrics::request_outcome(error.outcome());
+        let _ = submission.events.send(WorkerEvent::Rejected(error));
+    };
+    if engine.waiting() >= settings.max_queued {
+        return reject(ApiError::QueueFull {
+            limit: settings.max_queued,
+        });
+    }
+    match engine.submit(submission.request) {
+        Ok(id) => {
+            let _ = submission.events.send(WorkerEvent::Accepted);
+            clients.insert(
+                id,
+                Client {
+                    events: submission.events,
+                    received: submission.received,
+                    last_tokens: None,
+                },
+            );
+        }
+        Err(error) => reject(error.into()),
+    }
+}
+
+fn dispatch(events: Vec<EngineEvent>, clients: &mut HashMap<RequestId, Client>) {
+    let now = Instant::now();
+    for event in events {
+        match event {
+            EngineEvent::Started { id } => {
+                if let Some(client) = clients.get(&id) {
+                    metrics::queue_time(now - client.received);
+                }
+            }
+            EngineEvent::Tokens { id, tokens } => {
+                let Some(client) = clients.get_mut(&id) else {
+                    continue;
+                };
+                // Latencies as a streaming client sees them: a round's accepted tokens arrive
+                // together, so the inter-token gap is per step, not per token.
+                match client.last_tokens {
+                    None => metrics::time_to_first_token(now - client.received),
+                    Some(last) => metrics::inter_token_latency(now - last),
+                }
+                client.last_tokens = Some(now);
+                // A send fails only when the client is gone; it is cancelled before the next step.
+                let _ = client.events.send(WorkerEvent::Tokens(tokens));
+            }
+            EngineEvent::Text { id, text } => {
+                if let Some(client) = clients.get(&id) {
+                    let _ = client.events.send(WorkerEvent::Text(text));
+                }
+            }
+            EngineEvent::Finished { id, output } => {
+                let Some(client) = clients.remove(&id) else {
+                    continue;
+                };
+                metrics::finished(&output, now - client.received);
+                let _ = client.events.send(WorkerEvent::Finished(output));
+            }
+        }
+    }
+}

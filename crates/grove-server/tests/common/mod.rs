@@ -1,0 +1,183 @@
+//! Starting real servers on 127.0.0.1 for the tests: the engine thread and axum on a free port,
+//! over the golden pair (token-id prompts, a trained drafter) or the embedded default model
+//! (a tokenizer and a chat template) with a seeded random drafter.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::borrow::Borrow;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use candle_core::Device;
+use grove_engine::{Drafter, EngineLimits, GeneratorOptions, SpecAlgorithm, SpeculationSettings};
+use grove_model::random_checkpoint::{RandomCheckpoint, RandomDrafter};
+use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
+use grove_server::{EngineSettings, EngineStatus, ServedModel, ServerConfig};
+use serde_json::Value;
+
+fn repo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The golden reference set: `$GROVE_GOLDEN_DIR`, else `../shared/golden` beside the repo.
+pub fn golden_dir() -> PathBuf {
+    std::env::var_os("GROVE_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_dir().join("../shared/golden"))
+}
+
+/// The golden target with its DFlash drafter (no tokenizer: prompts are token ids).
+pub fn golden_served() -> ServedModel {
+    let target = Decoder::load(&golden_dir().join("target"), &Device::Cpu).unwrap();
+    let drafter = DFlashDrafter::load(
+        &golden_dir().join("drafter"),
+        &target,
+        |_| None,
+        &Device::Cpu,
+    )
+    .unwrap();
+    ServedModel {
+        model: Box::new(target) as Box<dyn Model>,
+        drafter: Some(Box::new(drafter) as Box<dyn Drafter>),
+        tokenizer: None,
+    }
+}
+
+/// The embedded default model (byte-level tokenizer, ChatML) with a seeded random drafter.
+pub fn default_served() -> ServedModel {
+    let dir = repo_dir().join("assets/tiny-qwen3");
+    let target = Decoder::load(&dir, &Device::Cpu).unwrap();
+    let drafter_dir = tempfile::tempdir().unwrap();
+    RandomDrafter {
+        num_layers: 1,
+        block_size: 8,
+        target_layer_ids: vec![1, 2],
+        mask_token_id: 300,
+        seed: 3,
+    }
+    .write(&RandomCheckpoint::tiny_qwen3(0), drafter_dir.path())
+    .unwrap();
+    let drafter = DFlashDrafter::load(drafter_dir.path(), &target, |_| None, &Device::Cpu).unwrap();
+    ServedModel {
+        model: Box::new(target) as Box<dyn Model>,
+        drafter: Some(Box::new(drafter) as Box<dyn Drafter>),
+        tokenizer: Some(Arc::new(TextTokenizer::load(&dir).unwrap())),
+    }
+}
+
+/// Server settings: DDTree with `budget` (a request may lower it or pick another method).
+pub fn config(
+    model_name: &str,
+    budget: usize,
+    max_total_tokens: usize,
+    max_running: usize,
+    max_queued: usize,
+) -> ServerConfig {
+    ServerConfig {
+        model_name: model_name.into(),
+        api_key: None,
+        stop_token_ids: vec![],
+        engine: EngineSettings {
+            options: GeneratorOptions::default(),
+            speculation: SpeculationSettings {
+                algorithm: SpecAlgorithm::DDTree,
+                budget: Some(budget),
+                ..Default::default()
+            },
+            limits: EngineLimits {
+                max_total_tokens,
+                max_running,
+            },
+            max_queued,
+            threads: 1,
+        },
+    }
+}
+
+/// A server listening on 127.0.0.1 at a free port, on its own runtime thread.
+pub struct TestServer {
+    pub base: String,
+    pub status: Arc<EngineStatus>,
+    pub client: reqwest::Client,
+}
+
+impl TestServer {
+    pub fn start(served: ServedModel, config: ServerConfig) -> Self {
+        let server = grove_server::start(served, config).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let router = server.router;
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                grove_server::serve(listener, router, std::future::pending())
+                    .await
+                    .unwrap();
+            });
+        });
+        Self {
+            base,
+            status: server.status,
+            // No pooled connections: tests share a server but each runs its own runtime, and a
+            // pooled connection dies with the runtime that opened it.
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap(),
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: impl Borrow<Value>) -> (u16, Value) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(body.borrow())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    /// `GET /health` as JSON.
+    pub async fn health(&self) -> Value {
+        serde_json::from_str(&self.get("/health").await.1).unwrap()
+    }
+
+    /// Waits until the engine has no request left, then returns its free pages.
+    pub async fn idle_free_pages(&self) -> u64 {
+        for _ in 0..500 {
+            let health = self.health().await;
+            if health["running"] == 0 && health["waiting"] == 0 {
+                return health["kv_free_pages"].as_u64().unwrap();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the engine never went idle: {}", self.health().await);
+    }
+}
+
+/// The generated token ids of a non-streaming completion asked with `return_token_ids`.
+pub fn token_ids(response: &Value) -> Vec<u64> {
+    response["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no token_ids in {response}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}

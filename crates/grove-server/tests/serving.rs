@@ -1,0 +1,295 @@
+//! The server end to end on 127.0.0.1: batching is lossless for every method, streams carry
+//! what the JSON answer carries, a small pool preempts instead of failing, a full queue
+//! answers 429, dropped streams free their pages, and /metrics reports it all.
+
+mod common;
+
+use common::*;
+use futures_util::StreamExt;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+/// Reads an SSE response to its end: the JSON payloads, and whether `[DONE]` closed it.
+async fn read_stream(response: reqwest::Response) -> (Vec<Value>, bool) {
+    let text = response.text().await.unwrap();
+    let mut events = Vec::new();
+    let mut done = false;
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let data = block
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect::<String>();
+        if data == "[DONE]" {
+            done = true;
+        } else if !data.is_empty() {
+            events.push(serde_json::from_str(&data).unwrap());
+        }
+    }
+    (events, done)
+}
+
+fn prompts(count: usize, seed: u64) -> Vec<(Vec<u32>, usize)> {
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
+    (0..count)
+        .map(|_| {
+            let length = rng.random_range(1..40);
+            let prompt = (0..length).map(|_| rng.random_range(0..1021)).collect();
+            (prompt, rng.random_range(1..48))
+        })
+        .collect()
+}
+
+fn greedy_body(prompt: &[u32], max_tokens: usize, algorithm: &str) -> Value {
+    json!({
+        "model": "golden", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "return_token_ids": true, "speculative": {"algorithm": algorithm},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_get_exactly_their_solo_outputs_for_every_method() {
+    let server = TestServer::start(golden_served(), config("golden", 12, 4096, 16, 64));
+    let initial_pages = server.idle_free_pages().await;
+    let requests = prompts(16, 7);
+    let mut plain = Vec::new();
+    for algorithm in ["none", "dflash", "ddtree"] {
+        let mut solo = Vec::new();
+        for (prompt, max_tokens) in &requests {
+            let (status, body) = server
+                .post(
+                    "/v1/completions",
+                    &greedy_body(prompt, *max_tokens, algorithm),
+                )
+                .await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["usage"]["speculative"]["algorithm"], algorithm);
+            solo.push(token_ids(&body));
+        }
+        let together =
+            futures_util::future::join_all(requests.iter().map(|(prompt, max_tokens)| {
+                server.post(
+                    "/v1/completions",
+                    greedy_body(prompt, *max_tokens, algorithm),
+                )
+            }))
+            .await;
+        for (i, ((status, body), alone)) in together.iter().zip(&solo).enumerate() {
+            assert_eq!(*status, 200, "{body}");
+            assert_eq!(&token_ids(body), alone, "{algorithm} request {i}");
+        }
+        // Lossless: speculation changes nothing but speed.
+        if algorithm == "none" {
+            plain = solo;
+        } else {
+            assert_eq!(solo, plain, "{algorithm} vs plain greedy");
+        }
+    }
+    assert_eq!(server.idle_free_pages().await, initial_pages);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_too_small_for_all_requests_preempts_and_completes_them_all() {
+    // Room for about two sequences while eight may run.
+    let server = TestServer::start(golden_served(), config("golden", 8, 160, 8, 64));
+    let initial_pages = server.idle_free_pages().await;
+    let requests: Vec<(Vec<u32>, usize)> = prompts(8, 3)
+        .into_iter()
+        .map(|(prompt, _)| (prompt, 40))
+        .collect();
+    let mut solo = Vec::new();
+    for (prompt, max_tokens) in &requests {
+        let (status, body) = server
+            .post(
+                "/v1/completions",
+                &greedy_body(prompt, *max_tokens, "ddtree"),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        solo.push(token_ids(&body));
+    }
+    let together = futures_util::future::join_all(requests.iter().map(|(prompt, max_tokens)| {
+        server.post(
+            "/v1/completions",
+            greedy_body(prompt, *max_tokens, "ddtree"),
+        )
+    }))
+    .await;
+    for ((status, body), alone) in together.iter().zip(&solo) {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(&token_ids(body), alone);
+    }
+    let health = server.health().await;
+    assert!(health["preemptions"].as_u64().unwrap() > 0, "{health}");
+    assert_eq!(server.idle_free_pages().await, initial_pages);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_queue_answers_429_and_the_rest_complete() {
+    let server = TestServer::start(golden_served(), config("golden", 8, 4096, 1, 1));
+    let body = json!({"model": "golden", "prompt": [5, 6, 7], "max_tokens": 200,
+                      "temperature": 0, "ignore_eos": true});
+    let answers =
+        futures_util::future::join_all((0..8).map(|_| server.post("/v1/completions", &body))).await;
+    let refused: Vec<&Value> = answers
+        .iter()
+        .filter(|(status, _)| *status == 429)
+        .map(|(_, body)| body)
+        .collect();
+    assert!(!refused.is_empty(), "nothing was refused: {answers:?}");
+    for body in &refused {
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-queued-requests"));
+    }
+    assert!(answers
+        .iter()
+        .all(|(status, _)| *status == 200 || *status == 429));
+    assert!(answers.iter().any(|(status, _)| *status == 200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streams_carry_the_same_text_and_usage_as_json_answers() {
+    let server = TestServer::start(default_served(), config("tiny", 6, 4096, 8, 64));
+    for (path, request) in [
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 40, "temperature": 0}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "tiny", "messages": [{"role": "user", "content": "Write a loop."}],
+                   "max_tokens": 40, "temperature": 0}),
+        ),
+    ] {
+        let (status, whole) = server.post(path, &request).await;
+        assert_eq!(status, 200, "{whole}");
+        let mut streaming = request.clone();
+        streaming["stream"] = json!(true);
+        streaming["stream_options"] = json!({"include_usage": true});
+        let response = server
+            .client
+            .post(format!("{}{path}", server.base))
+            .json(&streaming)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert!(response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
+        let (events, done) = read_stream(response).await;
+        assert!(done, "no [DONE]");
+        let chat = path.contains("chat");
+        let text: String = events
+            .iter()
+            .filter_map(|e| {
+                let choice = e["choices"].get(0)?;
+                if chat {
+                    choice["delta"]["content"].as_str().map(str::to_owned)
+                } else {
+                    choice["text"].as_str().map(str::to_owned)
+                }
+            })
+            .collect();
+        let expected = if chat {
+            whole["choices"][0]["message"]["content"].as_str().unwrap()
+        } else {
+            whole["choices"][0]["text"].as_str().unwrap()
+        };
+        assert_eq!(text, expected, "{path}");
+        let finish = events
+            .iter()
+            .filter_map(|e| e["choices"].get(0)?["finish_reason"].as_str())
+            .collect::<Vec<_>>();
+        assert_eq!(
+            finish,
+            [whole["choices"][0]["finish_reason"].as_str().unwrap()]
+        );
+        let usage = &events.last().unwrap()["usage"];
+        assert_eq!(
+            usage["completion_tokens"],
+            whole["usage"]["completion_tokens"]
+        );
+        assert_eq!(usage["prompt_tokens"], whole["usage"]["prompt_tokens"]);
+        if chat {
+            assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_that_drop_mid_stream_free_their_pages_and_others_carry_on() {
+    let server = TestServer::start(golden_served(), config("golden", 8, 4096, 16, 64));
+    let initial_pages = server.idle_free_pages().await;
+    let long = json!({"model": "golden", "prompt": [3, 4, 5, 6], "max_tokens": 900,
+                      "temperature": 0, "ignore_eos": true, "stream": true,
+                      "return_token_ids": true});
+    let (_, reference) = server
+        .post("/v1/completions", &greedy_body(&[9, 8, 7], 30, "ddtree"))
+        .await;
+    let droppers = (0..8).map(|_| async {
+        let response = server
+            .client
+            .post(format!("{}/v1/completions", server.base))
+            .json(&long)
+            .send()
+            .await
+            .unwrap();
+        let mut chunks = response.bytes_stream();
+        // Read one event, then hang up.
+        let first = chunks.next().await.unwrap().unwrap();
+        assert!(!first.is_empty());
+    });
+    let survivors =
+        (0..4).map(|_| server.post("/v1/completions", greedy_body(&[9, 8, 7], 30, "ddtree")));
+    let (_, answers) = tokio::join!(
+        futures_util::future::join_all(droppers),
+        futures_util::future::join_all(survivors)
+    );
+    for (status, body) in &answers {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(token_ids(body), token_ids(&reference));
+    }
+    assert_eq!(server.idle_free_pages().await, initial_pages);
+    let (status, metrics) = server.get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("grove_requests_total{outcome=\"cancelled\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_name_every_family() {
+    let server = TestServer::start(golden_served(), config("golden", 8, 4096, 8, 64));
+    let (status, _) = server
+        .post("/v1/completions", &greedy_body(&[1, 2, 3], 24, "ddtree"))
+        .await;
+    assert_eq!(status, 200);
+    let (status, page) = server.get("/metrics").await;
+    assert_eq!(status, 200);
+    for name in [
+        "grove_requests_total",
+        "grove_prompt_tokens_total",
+        "grove_generation_tokens_total",
+        "grove_time_to_first_token_seconds_bucket",
+        "grove_inter_token_latency_seconds_bucket",
+        "grove_queue_time_seconds_bucket",
+        "grove_e2e_request_latency_seconds_bucket",
+        "grove_running_requests",
+        "grove_waiting_requests",
+        "grove_kv_free_pages",
+        "grove_resident_memory_bytes",
+        "grove_accept_length_bucket",
+        "grove_accepted_per_depth_total",
+        "grove_phase_microseconds_total{phase=\"draft\"}",
+        "grove_phase_microseconds_total{phase=\"verify\"}",
+        "grove_phase_microseconds_total{phase=\"commit\"}",
+        "grove_step_batch_size_bucket",
+    ] {
+        assert!(page.contains(name), "{name} missing from\n{page}");
+    }
+}

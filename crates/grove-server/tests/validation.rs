@@ -1,0 +1,405 @@
+//! One test per validation rule: the status, OpenAI's `error.type` and the named `param`. The
+//! server (the embedded default model with a DDTree drafter, budget 6, a 512-token KV pool)
+//! keeps serving after every refusal.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn server() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| TestServer::start(default_served(), config("tiny", 6, 512, 4, 16)))
+}
+
+/// Posts raw `body` to `path` and checks the error shape.
+async fn refused(path: &str, body: Vec<u8>, status: u16, kind: &str, param: Option<&str>) -> Value {
+    let server = server();
+    let response = server
+        .client
+        .post(format!("{}{path}", server.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), status);
+    let body: Value = response.json().await.unwrap();
+    let error = &body["error"];
+    assert_eq!(error["type"], kind, "{body}");
+    assert_eq!(error["param"].as_str(), param, "{body}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    if let Some(param) = param {
+        let message = error["message"].as_str().unwrap();
+        let leaf = param.rsplit('.').next().unwrap();
+        let leaf = leaf.split('[').next().unwrap();
+        assert!(
+            message.contains(leaf) || param == "body",
+            "message names {param}: {message}"
+        );
+    }
+    // Still serving.
+    let (ok, answer) = server
+        .post(
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": "ok", "max_tokens": 2, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(ok, 200, "{answer}");
+    body
+}
+
+fn completion(extra: Value) -> Vec<u8> {
+    let mut body = json!({"model": "tiny", "prompt": "def f(x):", "max_tokens": 4});
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    serde_json::to_vec(&body).unwrap()
+}
+
+fn chat(extra: Value) -> Vec<u8> {
+    let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]});
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    serde_json::to_vec(&body).unwrap()
+}
+
+macro_rules! rule {
+    ($name:ident, $path:expr, $body:expr, $status:expr, $kind:expr, $param:expr) => {
+        #[tokio::test]
+        async fn $name() {
+            refused($path, $body, $status, $kind, $param).await;
+        }
+    };
+}
+
+const C: &str = "/v1/completions";
+const CHAT: &str = "/v1/chat/completions";
+const BAD: &str = "invalid_request_error";
+
+rule!(
+    malformed_json,
+    C,
+    b"{\"model\": \"tiny\", ".to_vec(),
+    400,
+    BAD,
+    Some("body")
+);
+rule!(
+    body_not_an_object,
+    C,
+    b"[1, 2]".to_vec(),
+    400,
+    BAD,
+    Some("body")
+);
+rule!(empty_body, C, Vec::new(), 400, BAD, Some("body"));
+rule!(
+    invalid_utf8,
+    C,
+    b"{\"model\": \"tiny\", \"prompt\": \"\xff\xfe\"}".to_vec(),
+    400,
+    BAD,
+    Some("body")
+);
+rule!(
+    wrong_type,
+    C,
+    completion(json!({"max_tokens": "four"})),
+    400,
+    BAD,
+    Some("max_tokens")
+);
+rule!(
+    wrong_type_nested,
+    C,
+    completion(json!({"stream_options": {"include_usage": 3}})),
+    400,
+    BAD,
+    Some("stream_options.include_usage")
+);
+rule!(
+    missing_model,
+    C,
+    br#"{"prompt": "x"}"#.to_vec(),
+    400,
+    BAD,
+    Some("model")
+);
+rule!(
+    missing_prompt,
+    C,
+    br#"{"model": "tiny"}"#.to_vec(),
+    400,
+    BAD,
+    Some("prompt")
+);
+rule!(
+    empty_prompt,
+    C,
+    completion(json!({"prompt": ""})),
+    400,
+    BAD,
+    Some("prompt")
+);
+rule!(
+    empty_token_prompt,
+    C,
+    completion(json!({"prompt": []})),
+    400,
+    BAD,
+    Some("prompt")
+);
+rule!(
+    token_outside_vocab,
+    C,
+    completion(json!({"prompt": [1, 2, 320]})),
+    400,
+    BAD,
+    Some("prompt")
+);
+rule!(
+    several_prompts,
+    C,
+    completion(json!({"prompt": ["a", "b"]})),
+    400,
+    BAD,
+    Some("prompt")
+);
+rule!(
+    max_tokens_zero,
+    C,
+    completion(json!({"max_tokens": 0})),
+    400,
+    BAD,
+    Some("max_tokens")
+);
+rule!(
+    over_the_context,
+    C,
+    completion(json!({"max_tokens": 5000})),
+    400,
+    BAD,
+    Some("max_tokens")
+);
+rule!(
+    over_the_kv_pool,
+    C,
+    completion(json!({"max_tokens": 600})),
+    400,
+    BAD,
+    Some("max_tokens")
+);
+rule!(
+    temperature_range,
+    C,
+    completion(json!({"temperature": 2.5})),
+    400,
+    BAD,
+    Some("temperature")
+);
+rule!(
+    top_p_range,
+    C,
+    completion(json!({"top_p": 0.0})),
+    400,
+    BAD,
+    Some("top_p")
+);
+rule!(
+    top_k_range,
+    C,
+    completion(json!({"top_k": -2})),
+    400,
+    BAD,
+    Some("top_k")
+);
+rule!(
+    seed_negative,
+    C,
+    completion(json!({"seed": -1})),
+    400,
+    BAD,
+    Some("seed")
+);
+rule!(
+    n_above_one,
+    C,
+    completion(json!({"n": 2})),
+    400,
+    BAD,
+    Some("n")
+);
+rule!(
+    too_many_stops,
+    C,
+    completion(json!({"stop": ["a", "b", "c", "d", "e"]})),
+    400,
+    BAD,
+    Some("stop")
+);
+rule!(
+    empty_stop,
+    C,
+    completion(json!({"stop": [""]})),
+    400,
+    BAD,
+    Some("stop")
+);
+rule!(
+    stream_options_without_stream,
+    C,
+    completion(json!({"stream_options": {"include_usage": true}})),
+    400,
+    BAD,
+    Some("stream_options")
+);
+rule!(
+    logprobs_unsupported,
+    C,
+    completion(json!({"logprobs": 2})),
+    400,
+    BAD,
+    Some("logprobs")
+);
+rule!(
+    echo_unsupported,
+    C,
+    completion(json!({"echo": true})),
+    400,
+    BAD,
+    Some("echo")
+);
+rule!(
+    penalty_unsupported,
+    C,
+    completion(json!({"presence_penalty": 0.5})),
+    400,
+    BAD,
+    Some("presence_penalty")
+);
+rule!(
+    speculative_budget_over_ceiling,
+    C,
+    completion(json!({"speculative": {"budget": 7}})),
+    400,
+    BAD,
+    Some("speculative.budget")
+);
+rule!(
+    speculative_budget_zero,
+    C,
+    completion(json!({"speculative": {"budget": 0}})),
+    400,
+    BAD,
+    Some("speculative.budget")
+);
+rule!(
+    speculative_unknown_algorithm,
+    C,
+    completion(json!({"speculative": {"algorithm": "medusa"}})),
+    400,
+    BAD,
+    Some("speculative.algorithm")
+);
+rule!(
+    chat_missing_messages,
+    CHAT,
+    br#"{"model": "tiny"}"#.to_vec(),
+    400,
+    BAD,
+    Some("messages")
+);
+rule!(
+    chat_empty_messages,
+    CHAT,
+    chat(json!({"messages": []})),
+    400,
+    BAD,
+    Some("messages")
+);
+rule!(
+    chat_bad_role,
+    CHAT,
+    chat(json!({"messages": [{"role": "wizard", "content": "x"}]})),
+    400,
+    BAD,
+    Some("messages[0].role")
+);
+rule!(
+    chat_image_part,
+    CHAT,
+    chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
+    400,
+    BAD,
+    Some("messages[0].content[0]")
+);
+rule!(
+    chat_tools_unsupported,
+    CHAT,
+    chat(json!({"tools": [{"type": "function"}]})),
+    400,
+    BAD,
+    Some("tools")
+);
+rule!(
+    chat_max_completion_tokens_zero,
+    CHAT,
+    chat(json!({"max_completion_tokens": 0})),
+    400,
+    BAD,
+    Some("max_tokens")
+);
+rule!(
+    unknown_model,
+    C,
+    completion(json!({"model": "gpt-4"})),
+    404,
+    BAD,
+    Some("model")
+);
+rule!(
+    unknown_route,
+    "/v1/embeddings",
+    completion(json!({})),
+    404,
+    BAD,
+    None
+);
+
+#[tokio::test]
+async fn api_key_is_required_when_configured() {
+    let mut settings = config("tiny", 6, 512, 4, 16);
+    settings.api_key = Some("sesame".into());
+    let server = TestServer::start(default_served(), settings);
+    let body = json!({"model": "tiny", "prompt": "x", "max_tokens": 2});
+    for key in [None, Some("wrong")] {
+        let mut request = server
+            .client
+            .post(format!("{}/v1/completions", server.base))
+            .json(&body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 401);
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["type"], BAD);
+        assert_eq!(error["error"]["code"], "invalid_api_key");
+    }
+    let response = server
+        .client
+        .post(format!("{}/v1/completions", server.base))
+        .bearer_auth("sesame")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+}

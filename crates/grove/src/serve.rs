@@ -1,0 +1,112 @@
+//! `grove serve`: the OpenAI-compatible server (flags named as SGLang's launch flags).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use grove_engine::{Drafter, EngineLimits, GeneratorOptions};
+use grove_model::Model;
+use grove_server::{EngineSettings, ServedModel, ServerConfig};
+
+use crate::loading::{self, ModelArgs, SpecArgs};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Address to bind; the default accepts local clients only.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0: any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// KV pool capacity in tokens, shared by all running requests.
+    #[arg(long, default_value_t = 32768)]
+    pub max_total_tokens: usize,
+    /// Requests decoding at once (one batched round per step).
+    #[arg(long, default_value_t = 16)]
+    pub max_running_requests: usize,
+    /// Requests waiting beyond this many are answered 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_queued_requests: usize,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The model name clients send (default: the model directory's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Prompt tokens per prefill forward.
+    #[arg(long, default_value_t = grove_engine::DEFAULT_PREFILL_CHUNK)]
+    pub chunked_prefill_size: usize,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let threads = loading::resolve_threads(args.model.threads);
+    let loaded = loading::load(&args.model)?;
+    let drafter = args.spec.load_drafter(&loaded)?;
+    let stop_token_ids = loaded.stop_token_ids()?;
+    let model_name = args.served_model_name.clone().unwrap_or_else(|| {
+        loaded
+            .dir
+            .file_name()
+            .map_or_else(|| "grove".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let config = loaded.model.config();
+    let kv_bytes_per_token = config.num_layers * 2 * config.kv_width() * 4;
+    eprintln!(
+        "grove serve: KV pool: {} tokens, {:.1} MiB",
+        args.max_total_tokens,
+        (args.max_total_tokens * kv_bytes_per_token) as f64 / (1 << 20) as f64
+    );
+    let served = ServedModel {
+        model: Box::new(loaded.model) as Box<dyn Model>,
+        drafter: drafter.map(|d| Box::new(d) as Box<dyn Drafter>),
+        tokenizer: loaded.tokenizer.map(Arc::new),
+    };
+    let server = grove_server::start(
+        served,
+        ServerConfig {
+            model_name: model_name.clone(),
+            api_key: args.api_key.clone(),
+            stop_token_ids,
+            engine: EngineSettings {
+                options: GeneratorOptions {
+                    page_size: args.model.page_size,
+                    prefill_chunk: args.chunked_prefill_size,
+                    vocab_shards: args.spec.tp_size,
+                },
+                speculation: args.spec.settings(),
+                limits: EngineLimits {
+                    max_total_tokens: args.max_total_tokens,
+                    max_running: args.max_running_requests,
+                },
+                max_queued: args.max_queued_requests,
+                threads,
+            },
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        // Tests and scripts read this line to find the port.
+        eprintln!(
+            "grove serve: model `{model_name}` listening on http://{}",
+            listener.local_addr()?
+        );
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        grove_server::serve(listener, server.router, shutdown)
+            .await
+            .context("serving")
+    })
+}
