@@ -243,6 +243,18 @@ pub struct RandomDrafter {
 }
 
 impl RandomDrafter {
+    /// A one-layer drafter (block 8, taps 1 and 2, mask id 300) for
+    /// [`RandomCheckpoint::tiny_qwen3`], the embedded default model's shape.
+    pub fn tiny(seed: u64) -> Self {
+        Self {
+            num_layers: 1,
+            block_size: 8,
+            target_layer_ids: vec![1, 2],
+            mask_token_id: 300,
+            seed,
+        }
+    }
+
     /// Writes the drafter for `target` into `directory`.
     pub fn write(&self, target: &RandomCheckpoint, directory: &Path) -> Result<(), ModelError> {
         std::fs::create_dir_all(directory).map_err(|source| ModelError::Io {

@@ -110,6 +110,14 @@ pub async fn serve(
     router: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Streamed events are small writes: without TCP_NODELAY, Nagle's algorithm holds each one
+    // until the client's (delayed, ~40 ms) ACK of the previous one arrives.
+    let listener = listener.tap_io(|stream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await

@@ -173,12 +173,14 @@ impl ModelLimits {
                     for (part_index, part) in parts.into_iter().enumerate() {
                         match (part.kind.as_str(), part.text) {
                             ("text", Some(t)) => text.push_str(&t),
-                            (kind, _) => return Err(ApiError::invalid(
-                                format!("messages[{index}].content[{part_index}]"),
-                                format!(
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    format!("messages[{index}].content[{part_index}]"),
+                                    format!(
                                     "only text content parts are supported, got type \"{kind}\""
                                 ),
-                            )),
+                                ))
+                            }
                         }
                     }
                     text

@@ -221,7 +221,7 @@ async fn streams_carry_the_same_text_and_usage_as_json_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn clients_that_drop_mid_stream_free_their_pages_and_others_carry_on() {
+async fn clients_that_hang_up_free_their_pages_and_others_carry_on() {
     let server = TestServer::start(golden_served(), config("golden", 8, 4096, 16, 64));
     let initial_pages = server.idle_free_pages().await;
     let long = json!({"model": "golden", "prompt": [3, 4, 5, 6], "max_tokens": 900,
@@ -243,10 +243,25 @@ async fn clients_that_drop_mid_stream_free_their_pages_and_others_carry_on() {
         let first = chunks.next().await.unwrap().unwrap();
         assert!(!first.is_empty());
     });
+    // Non-streaming clients that give up (a timeout) are cancelled the same way.
+    let mut unstreamed = long.clone();
+    unstreamed["stream"] = json!(false);
+    let impatient = (0..4).map(|_| async {
+        let error = server
+            .client
+            .post(format!("{}/v1/completions", server.base))
+            .json(&unstreamed)
+            .timeout(std::time::Duration::from_millis(50))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(error.is_timeout(), "{error}");
+    });
     let survivors =
         (0..4).map(|_| server.post("/v1/completions", greedy_body(&[9, 8, 7], 30, "ddtree")));
-    let (_, answers) = tokio::join!(
+    let (_, _, answers) = tokio::join!(
         futures_util::future::join_all(droppers),
+        futures_util::future::join_all(impatient),
         futures_util::future::join_all(survivors)
     );
     for (status, body) in &answers {

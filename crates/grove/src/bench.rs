@@ -47,6 +47,16 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Measure through the HTTP server instead: throughput and latency per method at each
+    /// --concurrency (streaming clients, each sending --requests-per-client requests).
+    #[arg(long)]
+    pub serve: bool,
+    /// Concurrent clients for --serve.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub concurrency: Vec<usize>,
+    /// Requests each client sends in turn, for --serve.
+    #[arg(long, default_value_t = 4)]
+    pub requests_per_client: usize,
 }
 
 /// Median, min and max of repeated measurements.
@@ -122,6 +132,9 @@ struct BenchReport {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.serve {
+        return crate::bench_serve::run(&args);
+    }
     loading::with_threads(args.model.threads, |threads| bench(&args, threads))
 }
 

@@ -10,6 +10,7 @@ use grove_engine::{Drafter, Generator, SpeculationSettings};
 use grove_model::random_checkpoint::RandomCheckpoint;
 use grove_model::tokenizer::generation_stop_ids;
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
+use grove_server::ServedModel;
 
 /// The embedded default model, resolved at build time so `cargo run` works from any directory.
 pub const DEFAULT_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
@@ -174,6 +175,15 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// What the server's engine thread owns: the model, its drafter and tokenizer.
+    pub fn into_served(self, drafter: Option<DFlashDrafter>) -> ServedModel {
+        ServedModel {
+            model: Box::new(self.model) as Box<dyn Model>,
+            drafter: drafter.map(|d| Box::new(d) as Box<dyn Drafter>),
+            tokenizer: self.tokenizer.map(std::sync::Arc::new),
+        }
+    }
+
     /// The ids that end generation: the checkpoint's `eos_token_id`s and the tokenizer's EOS.
     pub fn stop_token_ids(&self) -> Result<Vec<TokenId>> {
         let mut ids = generation_stop_ids(&self.dir, &self.model.config().eos_token_ids)?;

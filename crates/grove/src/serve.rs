@@ -1,12 +1,10 @@
 //! `grove serve`: the OpenAI-compatible server (flags named as SGLang's launch flags).
 
-use std::sync::Arc;
-
 use anyhow::{Context, Result};
 use clap::Args;
-use grove_engine::{Drafter, EngineLimits, GeneratorOptions};
+use grove_engine::{EngineLimits, GeneratorOptions};
 use grove_model::Model;
-use grove_server::{EngineSettings, ServedModel, ServerConfig};
+use grove_server::{EngineSettings, ServerConfig};
 
 use crate::loading::{self, ModelArgs, SpecArgs};
 
@@ -60,13 +58,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.max_total_tokens,
         (args.max_total_tokens * kv_bytes_per_token) as f64 / (1 << 20) as f64
     );
-    let served = ServedModel {
-        model: Box::new(loaded.model) as Box<dyn Model>,
-        drafter: drafter.map(|d| Box::new(d) as Box<dyn Drafter>),
-        tokenizer: loaded.tokenizer.map(Arc::new),
-    };
     let server = grove_server::start(
-        served,
+        loaded.into_served(drafter),
         ServerConfig {
             model_name: model_name.clone(),
             api_key: args.api_key.clone(),

@@ -47,15 +47,9 @@ pub fn default_served() -> ServedModel {
     let dir = repo_dir().join("assets/tiny-qwen3");
     let target = Decoder::load(&dir, &Device::Cpu).unwrap();
     let drafter_dir = tempfile::tempdir().unwrap();
-    RandomDrafter {
-        num_layers: 1,
-        block_size: 8,
-        target_layer_ids: vec![1, 2],
-        mask_token_id: 300,
-        seed: 3,
-    }
-    .write(&RandomCheckpoint::tiny_qwen3(0), drafter_dir.path())
-    .unwrap();
+    RandomDrafter::tiny(3)
+        .write(&RandomCheckpoint::tiny_qwen3(0), drafter_dir.path())
+        .unwrap();
     let drafter = DFlashDrafter::load(drafter_dir.path(), &target, |_| None, &Device::Cpu).unwrap();
     ServedModel {
         model: Box::new(target) as Box<dyn Model>,
