@@ -23,6 +23,8 @@ pub enum ApiError {
         "the model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)"
     )]
     ModelNotFound { requested: String, served: String },
+    #[error("the request body could not be read: {reason} (the limit is {limit} bytes)")]
+    Body { reason: String, limit: usize },
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
     #[error(
@@ -48,6 +50,7 @@ impl ApiError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound { .. } | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Body { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -56,6 +59,7 @@ impl ApiError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::InvalidRequest { .. }
+            | Self::Body { .. }
             | Self::Unauthorized
             | Self::ModelNotFound { .. }
             | Self::RouteNotFound { .. } => "invalid_request_error",
@@ -68,6 +72,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest { param, .. } => param.as_deref(),
             Self::ModelNotFound { .. } => Some("model"),
+            Self::Body { .. } => Some("body"),
             _ => None,
         }
     }
@@ -79,6 +84,7 @@ impl ApiError {
             Self::ModelNotFound { .. } => Some("model_not_found"),
             Self::RouteNotFound { .. } => Some("not_found"),
             Self::QueueFull { .. } => Some("queue_full"),
+            Self::Body { .. } => Some("body_too_large"),
             Self::Internal(_) => None,
         }
     }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -45,6 +46,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_page))
         .fallback(fallback)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
@@ -55,9 +57,25 @@ enum Endpoint {
     Chat,
 }
 
-async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+/// Request bodies above this are refused with 413 (a 32k-token prompt is ~128 KiB of text).
+pub(crate) const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// The body, or the reason it could not be read (too large, a broken connection).
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| ApiError::Body {
+        reason: rejection.body_text(),
+        limit: MAX_BODY_BYTES,
+    })
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let valid = authorize(&state, &headers)
-        .and_then(|()| parse_json::<CompletionRequest>(&body))
+        .and_then(|()| body_bytes(body))
+        .and_then(|body| parse_json::<CompletionRequest>(&body))
         .and_then(|request| check_model(&state, &request.1.model).map(|()| request))
         .and_then(|request| state.limits.completion(request));
     run(state, valid, Endpoint::Completions).await
@@ -66,10 +84,11 @@ async fn completions(State(state): State<AppState>, headers: HeaderMap, body: By
 async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let valid = authorize(&state, &headers)
-        .and_then(|()| parse_json::<ChatRequest>(&body))
+        .and_then(|()| body_bytes(body))
+        .and_then(|body| parse_json::<ChatRequest>(&body))
         .and_then(|request| check_model(&state, &request.1.model).map(|()| request))
         .and_then(|request| state.limits.chat(request));
     run(state, valid, Endpoint::Chat).await

@@ -118,7 +118,7 @@ pub(crate) fn run(
     .with_speculation(settings.speculation, served.drafter.as_deref())
     .map_err(|e| e.to_string())?;
     let mut engine = Engine::new(&generator, settings.limits.clone()).map_err(|e| e.to_string())?;
-    status.alive.store(true, Ordering::Relaxed);
+    let _alive = Alive::set(&status);
     status.publish(&engine);
     let _ = ready.send(Ready {
         kv_tokens: engine.total_pages() * settings.options.page_size.max(1),
@@ -139,10 +139,7 @@ pub(crate) fn run(
             match commands.try_recv() {
                 Ok(submission) => submit(&mut engine, &mut clients, submission, &settings),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if engine.is_idle() => {
-                    status.alive.store(false, Ordering::Relaxed);
-                    return Ok(());
-                }
+                Err(TryRecvError::Disconnected) if engine.is_idle() => return Ok(()),
                 Err(TryRecvError::Disconnected) => break,
             }
         }
@@ -177,8 +174,24 @@ pub(crate) fn run(
         }
         status.publish(&engine);
     }
-    status.alive.store(false, Ordering::Relaxed);
     Ok(())
+}
+
+/// Marks the engine alive while the loop runs; cleared however it ends (a panic included), so
+/// `/health` turns 503 and new requests get a 500 instead of waiting forever.
+struct Alive<'s>(&'s EngineStatus);
+
+impl<'s> Alive<'s> {
+    fn set(status: &'s EngineStatus) -> Self {
+        status.alive.store(true, Ordering::Relaxed);
+        Self(status)
+    }
+}
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Ordering::Relaxed);
+    }
 }
 
 fn submit(

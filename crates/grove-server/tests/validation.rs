@@ -357,6 +357,14 @@ rule!(
     Some("max_tokens")
 );
 rule!(
+    body_too_large,
+    C,
+    completion(json!({"prompt": "x".repeat(5 << 20)})),
+    413,
+    BAD,
+    Some("body")
+);
+rule!(
     unknown_model,
     C,
     completion(json!({"model": "gpt-4"})),
