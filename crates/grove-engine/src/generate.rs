@@ -86,6 +86,22 @@ pub struct GenerateRequest {
     pub speculation: SpeculationOverride,
 }
 
+impl GenerateRequest {
+    /// Greedy decoding of `max_new_tokens` tokens with no stop token, following the
+    /// generator's speculation.
+    pub fn greedy(prompt: &[TokenId], max_new_tokens: usize) -> Self {
+        Self {
+            prompt: prompt.to_vec(),
+            sampling: SamplingParams::greedy(),
+            stop: StopCondition {
+                max_new_tokens,
+                ..Default::default()
+            },
+            speculation: SpeculationOverride::default(),
+        }
+    }
+}
+
 /// Per-request statistics, in the JSON shape `grove generate --format json` prints.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct GenerateStats {

@@ -8,6 +8,7 @@ mod bench_serve;
 mod generate;
 mod loading;
 mod serve;
+mod train;
 
 use std::process::ExitCode;
 
@@ -32,6 +33,10 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure prefill and decode speed, and the verify cost curve.
     Bench(bench::BenchArgs),
+    /// Train a small Qwen3 code model from scratch (tokenizer included).
+    TrainTarget(train::TrainTargetArgs),
+    /// Train a DFlash drafter for a target (z-lab format out).
+    TrainDrafter(train::TrainDrafterArgs),
     /// Write a seeded random Qwen3 checkpoint with a byte-level tokenizer.
     TinyModel(loading::TinyModelArgs),
 }
@@ -46,6 +51,8 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::TrainTarget(args) => train::run_target(args),
+        Command::TrainDrafter(args) => train::run_drafter(args),
         Command::TinyModel(args) => loading::write_tiny_model(args),
     };
     match result {

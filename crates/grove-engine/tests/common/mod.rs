@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use candle_core::Device;
-use grove_core::{SamplingParams, StopCondition, TokenId};
+use grove_core::TokenId;
 use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use grove_model::{DFlashDrafter, Decoder};
 
@@ -29,15 +29,7 @@ pub fn golden_pair() -> Result<(Decoder, DFlashDrafter)> {
 }
 
 pub fn greedy(prompt: &[TokenId], max_new_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCondition {
-            max_new_tokens,
-            ..Default::default()
-        },
-        speculation: Default::default(),
-    }
+    GenerateRequest::greedy(prompt, max_new_tokens)
 }
 
 /// Our per-round tau against the reference's, which keeps going until its committed length
