@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// Requests each client sends in turn, for --serve.
     #[arg(long, default_value_t = 4)]
     pub requests_per_client: usize,
+    /// Run none / dflash / ddtree over the --budgets sweep on fixed code prompts and write
+    /// report.json plus charts (budget.png, acceptance.png) into this directory.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
 }
 
 /// Median, min and max of repeated measurements.
@@ -68,7 +72,7 @@ pub struct Spread {
 }
 
 impl Spread {
-    fn of(mut samples: Vec<f64>) -> Self {
+    pub fn of(mut samples: Vec<f64>) -> Self {
         samples.sort_by(f64::total_cmp);
         let n = samples.len();
         let median = if n % 2 == 1 {
@@ -134,6 +138,9 @@ struct BenchReport {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.serve {
         return crate::bench_serve::run(&args);
+    }
+    if let Some(dir) = &args.report {
+        return crate::bench_report::run(&args, dir);
     }
     loading::with_threads(args.model.threads, |threads| bench(&args, threads))
 }

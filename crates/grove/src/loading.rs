@@ -1,6 +1,6 @@
 //! Model selection and loading shared by the subcommands.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_core::Device;
@@ -13,10 +13,18 @@ use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use grove_server::ServedModel;
 
 /// The embedded default model, resolved at build time so `cargo run` works from any directory.
-pub const DEFAULT_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
+pub const DEFAULT_MODEL_DIR: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/default/target");
 
-/// The seed the default model was written with (`grove tiny-model --seed`).
-pub const DEFAULT_MODEL_SEED: u64 = 20261129;
+/// The drafter trained for the default model, used by dflash/ddtree when no draft path is given.
+pub const DEFAULT_DRAFTER_DIR: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/default/drafter");
+
+/// The seeded random tiny model kept as a test fixture (`grove tiny-model` writes it).
+pub const TINY_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
+
+/// The seed the tiny fixture was written with (`grove tiny-model --seed`).
+pub const TINY_MODEL_SEED: u64 = 20261129;
 
 /// Flags every model-running subcommand takes.
 #[derive(Debug, Clone, Args)]
@@ -119,10 +127,14 @@ impl SpecArgs {
                     "--speculative-draft-model-path needs --speculative-algorithm dflash or ddtree"
                 )
             }
+            // The embedded default model comes with its trained drafter.
+            (_, None) if loaded.dir == Path::new(DEFAULT_MODEL_DIR) => {
+                Path::new(DEFAULT_DRAFTER_DIR)
+            }
             (algorithm, None) => {
                 anyhow::bail!("--speculative-algorithm {algorithm:?} needs --speculative-draft-model-path DIR")
             }
-            (_, Some(path)) => path,
+            (_, Some(path)) => path.as_path(),
         };
         let tokenizer = loaded.tokenizer.as_ref();
         let resolve = |token: &str| tokenizer.and_then(|t| t.inner().token_to_id(token));
@@ -229,9 +241,9 @@ pub enum Preset {
 #[derive(Debug, Args)]
 pub struct TinyModelArgs {
     /// Output directory.
-    #[arg(long, default_value = DEFAULT_MODEL_DIR)]
+    #[arg(long, default_value = TINY_MODEL_DIR)]
     pub out: PathBuf,
-    #[arg(long, default_value_t = DEFAULT_MODEL_SEED)]
+    #[arg(long, default_value_t = TINY_MODEL_SEED)]
     pub seed: u64,
     #[arg(long, value_enum, default_value_t = Preset::Tiny)]
     pub preset: Preset,

@@ -7,6 +7,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// The byte-level random fixture (ids 0-255 are bytes).
+const TINY_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
+
 fn golden_dir() -> PathBuf {
     std::env::var_os("GROVE_GOLDEN_DIR")
         .map(PathBuf::from)
@@ -71,22 +74,28 @@ fn generate_json_on_the_golden_target_matches_the_reference() {
 }
 
 #[test]
-fn the_embedded_default_model_generates_text_and_chat() {
+fn the_embedded_default_pair_generates_text_and_chat() {
+    // The README's main command: DDTree with the default pair's own drafter.
     let output = grove(&[
         "generate",
         "--prompt",
         "def fib(n):",
         "--max-new-tokens",
         "12",
+        "--ignore-eos",
+        "--speculative-algorithm",
+        "ddtree",
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
+    let log = stderr(&output);
     assert!(
-        stderr(&output).contains("12 new tokens"),
-        "{}",
-        stderr(&output)
+        log.contains("12 new tokens") && log.contains("tau"),
+        "{log}"
     );
     let output = grove(&[
         "generate",
+        "--model-path",
+        TINY_MODEL,
         "--prompt",
         "hi",
         "--chat",
@@ -465,4 +474,55 @@ fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
         "0",
     ]);
     assert!(zero.contains("speculative_ddtree_budget"), "{zero}");
+}
+
+#[test]
+fn bench_report_writes_json_and_charts() {
+    let dir = tempfile::tempdir().unwrap();
+    let drafter = dir.path().join("drafter");
+    grove_model::random_checkpoint::RandomDrafter::tiny(3)
+        .write(
+            &grove_model::random_checkpoint::RandomCheckpoint::tiny_qwen3(0),
+            &drafter,
+        )
+        .unwrap();
+    let out = dir.path().join("report");
+    let output = grove(&[
+        "bench",
+        "--model-path",
+        TINY_MODEL,
+        "--speculative-algorithm",
+        "ddtree",
+        "--speculative-draft-model-path",
+        drafter.to_str().unwrap(),
+        "--budgets",
+        "1,4",
+        "--new-tokens",
+        "8",
+        "--repetitions",
+        "1",
+        "--threads",
+        "1",
+        "--report",
+        out.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let methods: Vec<&str> = report["methods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods, ["none", "dflash", "ddtree-b1", "ddtree-b4"]);
+    assert_eq!(report["methods"][0]["speedup_vs_none"], 1.0);
+    if stderr(&output).contains("charts skipped") {
+        eprintln!("skipped the chart check: {}", stderr(&output));
+    } else {
+        for chart in ["budget.png", "acceptance.png"] {
+            let bytes = std::fs::read(out.join(chart)).unwrap();
+            assert!(bytes.starts_with(b"\x89PNG"), "{chart} is not a PNG");
+        }
+    }
 }

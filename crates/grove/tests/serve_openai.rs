@@ -1,4 +1,5 @@
-//! `grove serve` as users run it: the real binary on 127.0.0.1 at a free port, driven by the
+//! `grove serve` as users run it: the real binary on 127.0.0.1 at a free port, serving the
+//! embedded default pair with DDTree, driven by the
 //! official `openai` Python client (tests/python/openai_client.py). Skipped with a printed
 //! reason when python3 or the `openai` package is missing, unless `GROVE_REQUIRE_OPENAI=1`
 //! (CI sets it after installing the package).
@@ -6,8 +7,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-
-use grove_model::random_checkpoint::{RandomCheckpoint, RandomDrafter};
 
 fn openai_available() -> bool {
     Command::new("python3")
@@ -66,17 +65,10 @@ fn the_openai_python_client_drives_grove_serve() {
         );
         return;
     }
-    let drafter_dir = tempfile::tempdir().unwrap();
-    // A seeded random drafter for the embedded default model: DDTree runs for real (lossless,
-    // whatever the drafts), though a random drafter's drafts are rarely accepted.
-    RandomDrafter::tiny(3)
-        .write(&RandomCheckpoint::tiny_qwen3(0), drafter_dir.path())
-        .unwrap();
+    // The embedded default pair: DDTree with its trained drafter.
     let (_server, url) = start(&[
         "--speculative-algorithm",
         "ddtree",
-        "--speculative-draft-model-path",
-        drafter_dir.path().to_str().unwrap(),
         "--speculative-ddtree-budget",
         "6",
     ]);

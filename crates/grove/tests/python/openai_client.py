@@ -2,8 +2,8 @@
 
 Usage: python3 openai_client.py BASE_URL
 
-The server runs the embedded default model (a byte-level tokenizer, ChatML) with a DDTree
-drafter. Every check raises on failure; the last line printed says how many passed.
+The server runs the embedded default pair (a small trained Qwen3 code model, ChatML) with
+DDTree over its trained drafter. Every check raises on failure; the last line printed says how many passed.
 """
 
 import string

@@ -1,0 +1,362 @@
+//! `grove bench --report DIR`: none, DFlash and DDTree over a budget sweep on a fixed set of
+//! code prompts, in one run; writes `report.json` and two charts like the DDTree paper's:
+//! speedup and tau against the tree budget, and the per-round acceptance-length distribution of
+//! DFlash and the best DDTree budget.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use grove_core::{SamplingParams, StopCondition};
+use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::bench::{BenchArgs, Spread};
+use crate::loading;
+
+/// Code prompts: function headers and docstrings of the kind HumanEval poses.
+pub const PROMPTS: [&str; 10] = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "def is_palindrome(text):\n    \"\"\"Return True if text reads the same backwards.\"\"\"\n",
+    "import os\n\n\ndef list_python_files(root):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def parse_args(argv):\n    parser = argparse.ArgumentParser(",
+    "def read_lines(path):\n    with open(path) as f:\n",
+    "    def __repr__(self):\n        return ",
+    "def merge_sorted(a, b):\n    result = []\n",
+    "for i in range(len(items)):\n    if ",
+    "def count_words(text):\n    counts = {}\n",
+];
+
+#[derive(Debug, Serialize)]
+struct MethodResult {
+    method: String,
+    /// Non-root nodes per round (0 for none; the chain length for DFlash).
+    budget: usize,
+    decode_tokens_per_s: Spread,
+    mean_accept_length: f64,
+    speedup_vs_none: f64,
+    /// `accept_histogram[k]`: rounds that emitted `k + 1` tokens.
+    accept_histogram: Vec<usize>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    model: String,
+    drafter: String,
+    threads: usize,
+    prompts: usize,
+    new_tokens: usize,
+    repetitions: usize,
+    methods: Vec<MethodResult>,
+}
+
+pub fn run(args: &BenchArgs, dir: &Path) -> Result<()> {
+    loading::with_threads(args.model.threads, |threads| report(args, dir, threads))
+}
+
+fn report(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
+    let loaded = loading::load(&args.model)?;
+    let Some(drafter) = args.spec.load_drafter(&loaded)? else {
+        bail!("--report needs a drafter: --speculative-algorithm ddtree --speculative-draft-model-path DIR");
+    };
+    let tokenizer = loaded
+        .tokenizer
+        .as_ref()
+        .context("--report uses text prompts: the model needs tokenizer.json")?;
+    let stop_token_ids = loaded.stop_token_ids()?;
+    let block = drafter.config().block_size;
+    let budgets = if args.budgets.is_empty() {
+        vec![1, 2, 4, 8, 16, 32]
+    } else {
+        args.budgets.clone()
+    };
+    let options = GeneratorOptions {
+        page_size: args.model.page_size,
+        ..Default::default()
+    };
+    let model = &loaded.model;
+    let mut methods: Vec<(String, usize, Generator)> = vec![
+        (
+            "none".into(),
+            0,
+            Generator::new(model, Some(tokenizer), options.clone()),
+        ),
+        (
+            "dflash".into(),
+            block - 1,
+            Generator::new(model, Some(tokenizer), options.clone()).with_dflash(DFlashSpec {
+                drafter: &drafter,
+                num_draft_tokens: block,
+            })?,
+        ),
+    ];
+    for &budget in &budgets {
+        let top_k = args.spec.speculative_ddtree_topk.unwrap_or(budget);
+        let generator =
+            Generator::new(model, Some(tokenizer), options.clone()).with_ddtree(DDTreeSpec {
+                drafter: &drafter,
+                budget,
+                top_k,
+            })?;
+        methods.push((format!("ddtree-b{budget}"), budget, generator));
+    }
+    let requests: Vec<GenerateRequest> = PROMPTS
+        .iter()
+        .map(|text| {
+            Ok(GenerateRequest {
+                prompt: tokenizer.encode(text, true)?,
+                sampling: SamplingParams::greedy(),
+                stop: StopCondition {
+                    max_new_tokens: args.new_tokens,
+                    stop_token_ids: stop_token_ids.clone(),
+                    stop_strings: Vec::new(),
+                },
+                speculation: Default::default(),
+            })
+        })
+        .collect::<Result<_>>()?;
+    let repetitions = args.repetitions.max(1);
+    let mut speeds: Vec<Vec<f64>> = vec![Vec::new(); methods.len()];
+    let mut histograms: Vec<Vec<usize>> = vec![vec![0; block]; methods.len()];
+    for repetition in 0..repetitions + 1 {
+        for request in &requests {
+            // Methods alternate on each prompt, so drift on a shared machine hits all alike.
+            for (index, (_, _, generator)) in methods.iter().enumerate() {
+                let stats = generator.generate(request, |_| {})?.stats;
+                if repetition == 0 || stats.rounds == 0 {
+                    continue; // warm-up, or nothing decoded
+                }
+                speeds[index].push(stats.decode_tokens_per_s);
+                for &tau in &stats.accept_lengths {
+                    histograms[index][tau - 1] += 1;
+                }
+            }
+        }
+    }
+    let none_speed = Spread::of(speeds[0].clone()).median;
+    let results: Vec<MethodResult> = methods
+        .iter()
+        .zip(speeds)
+        .zip(histograms)
+        .map(|(((name, budget, _), speeds), histogram)| {
+            let spread = Spread::of(speeds);
+            let rounds: usize = histogram.iter().sum();
+            let tokens: usize = histogram.iter().enumerate().map(|(k, n)| (k + 1) * n).sum();
+            MethodResult {
+                method: name.clone(),
+                budget: *budget,
+                speedup_vs_none: spread.median / none_speed,
+                decode_tokens_per_s: spread,
+                mean_accept_length: tokens as f64 / rounds.max(1) as f64,
+                accept_histogram: histogram,
+            }
+        })
+        .collect();
+    let report = Report {
+        model: loaded.dir.display().to_string(),
+        drafter: args.spec.speculative_draft_model_path.as_ref().map_or_else(
+            || "the default pair's drafter".into(),
+            |p| p.display().to_string(),
+        ),
+        threads,
+        prompts: PROMPTS.len(),
+        new_tokens: args.new_tokens,
+        repetitions,
+        methods: results,
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(
+        dir.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    eprintln!("  method       budget  decode tok/s   x none   tau");
+    for m in &report.methods {
+        eprintln!(
+            "  {:<12} {:>6} {:>13.1} {:>8.2} {:>5.2}",
+            m.method,
+            m.budget,
+            m.decode_tokens_per_s.median,
+            m.speedup_vs_none,
+            m.mean_accept_length
+        );
+    }
+    match register_font() {
+        Ok(()) => {
+            charts(&report, dir)?;
+            eprintln!(
+                "wrote {}/report.json, budget.png, acceptance.png",
+                dir.display()
+            );
+        }
+        Err(error) => eprintln!(
+            "wrote {}/report.json; charts skipped: {error:#}",
+            dir.display()
+        ),
+    }
+    Ok(())
+}
+
+/// Registers a system sans-serif TTF for chart text (plotters draws glyphs itself).
+fn register_font() -> Result<()> {
+    const CANDIDATES: [&str; 3] = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    ];
+    let path = CANDIDATES
+        .iter()
+        .find(|p| Path::new(p).is_file())
+        .context("no DejaVuSans.ttf found for chart text (apt install fonts-dejavu-core)")?;
+    let bytes: &'static [u8] = Box::leak(std::fs::read(path)?.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow::anyhow!("{path} is not a usable font"))?;
+    Ok(())
+}
+
+fn charts(report: &Report, dir: &Path) -> Result<()> {
+    let trees: Vec<&MethodResult> = report
+        .methods
+        .iter()
+        .filter(|m| m.method.starts_with("ddtree"))
+        .collect();
+    let dflash = report
+        .methods
+        .iter()
+        .find(|m| m.method == "dflash")
+        .context("dflash ran")?;
+    let xs: Vec<f64> = trees.iter().map(|m| (m.budget as f64).log2()).collect();
+    let x_range = xs.first().copied().unwrap_or(0.0) - 0.3..xs.last().copied().unwrap_or(1.0) + 0.3;
+
+    let path = dir.join("budget.png");
+    let root = BitMapBackend::new(&path, (900, 700)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(350);
+    for (area, label, value) in [
+        (
+            &top,
+            "decode speedup vs none",
+            &(|m: &MethodResult| m.speedup_vs_none) as &dyn Fn(&MethodResult) -> f64,
+        ),
+        (&bottom, "tau (tokens per round)", &|m: &MethodResult| {
+            m.mean_accept_length
+        }),
+    ] {
+        let ys: Vec<f64> = trees
+            .iter()
+            .map(|m| value(m))
+            .chain([value(dflash), 1.0])
+            .collect();
+        let y_max = ys.iter().copied().fold(0.0, f64::max) * 1.15;
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("DDTree budget sweep: {label}"), ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(50)
+            .build_cartesian_2d(x_range.clone(), 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("tree budget (non-root nodes)")
+            .y_desc(label)
+            // Ticks fall between budgets too; label only the powers of two.
+            .x_label_formatter(&|x| {
+                if (x - x.round()).abs() < 1e-6 {
+                    format!("{:.0}", 2f64.powf(x.round()))
+                } else {
+                    String::new()
+                }
+            })
+            .draw()?;
+        chart
+            .draw_series(LineSeries::new(
+                xs.iter().copied().zip(trees.iter().map(|m| value(m))),
+                BLUE.stroke_width(2),
+            ))?
+            .label("DDTree")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLUE.stroke_width(2)));
+        chart.draw_series(
+            xs.iter()
+                .zip(trees.iter())
+                .map(|(&x, m)| Circle::new((x, value(m)), 4, BLUE.filled())),
+        )?;
+        chart
+            .draw_series(LineSeries::new(
+                [(x_range.start, value(dflash)), (x_range.end, value(dflash))],
+                RED.stroke_width(2),
+            ))?
+            .label(format!("DFlash (block {})", dflash.budget + 1))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED.stroke_width(2)));
+        chart
+            .draw_series(LineSeries::new(
+                [(x_range.start, 1.0), (x_range.end, 1.0)],
+                BLACK.mix(0.4),
+            ))?
+            .label("none")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.4)));
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+
+    let best = trees
+        .iter()
+        .max_by(|a, b| a.speedup_vs_none.total_cmp(&b.speedup_vs_none))
+        .context("a ddtree budget ran")?;
+    let path = dir.join("acceptance.png");
+    let root = BitMapBackend::new(&path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let fractions = |m: &MethodResult| -> Vec<f64> {
+        let total: usize = m.accept_histogram.iter().sum();
+        m.accept_histogram
+            .iter()
+            .map(|&n| n as f64 / total.max(1) as f64)
+            .collect()
+    };
+    let (f_dflash, f_tree) = (fractions(dflash), fractions(best));
+    let max_len = f_dflash.len();
+    let y_max = f_dflash.iter().chain(&f_tree).copied().fold(0.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Tokens emitted per round", ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.5..max_len as f64 + 0.5, 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("acceptance length (accepted drafts + 1)")
+        .y_desc("fraction of rounds")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()?;
+    for (offset, color, fractions, label) in [
+        (
+            -0.2,
+            RED,
+            &f_dflash,
+            format!("DFlash (mean {:.2})", dflash.mean_accept_length),
+        ),
+        (
+            0.2,
+            BLUE,
+            &f_tree,
+            format!("{} (mean {:.2})", best.method, best.mean_accept_length),
+        ),
+    ] {
+        chart
+            .draw_series(fractions.iter().enumerate().map(|(k, &f)| {
+                let x = k as f64 + 1.0 + offset;
+                Rectangle::new([(x - 0.18, 0.0), (x + 0.18, f)], color.filled())
+            }))?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
