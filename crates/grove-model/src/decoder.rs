@@ -27,7 +27,14 @@ pub struct Decoder {
 
 impl Decoder {
     /// Loads `config.json` and the safetensors weights of a HF checkpoint directory.
+    /// Loads an HF checkpoint directory or a GGUF file.
     pub fn load(directory: &Path, device: &Device) -> Result<Self, ModelError> {
+        if crate::gguf::is_gguf(directory) {
+            let file = crate::gguf::GgufFile::open(directory)?;
+            let config = file.config()?;
+            let weights = Weights::gguf(file, directory, device);
+            return Self::from_weights(config, &weights, device);
+        }
         let config_path = directory.join("config.json");
         if !config_path.is_file() {
             return Err(ModelError::MissingFile {

@@ -7,6 +7,8 @@ pub mod config;
 mod decoder;
 pub mod dflash;
 pub mod forward;
+pub mod gguf;
+mod gguf_tokenizer;
 pub mod kernels;
 pub mod layer_stack;
 pub mod layers;

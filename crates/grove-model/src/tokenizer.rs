@@ -83,6 +83,13 @@ impl TextTokenizer {
         }
     }
 
+    /// Sets the BOS and EOS token strings (chat templates read them).
+    pub fn with_special_tokens(mut self, bos: Option<String>, eos: Option<String>) -> Self {
+        self.bos_token = bos;
+        self.eos_token = eos;
+        self
+    }
+
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.tokenizer
     }

@@ -8,14 +8,21 @@ use std::path::{Path, PathBuf};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
+use crate::gguf::GgufFile;
 use crate::ModelError;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// The tensors of one checkpoint directory.
+/// Where tensors come from.
+enum Source {
+    Safetensors(MmapedSafetensors),
+    Gguf(GgufFile),
+}
+
+/// The tensors of one checkpoint: a safetensors directory or a GGUF file.
 pub struct Weights {
-    tensors: MmapedSafetensors,
+    tensors: Source,
     directory: PathBuf,
     device: Device,
 }
@@ -40,14 +47,26 @@ impl Weights {
                 message: error.to_string(),
             })?;
         Ok(Self {
-            tensors,
+            tensors: Source::Safetensors(tensors),
             directory: directory.to_owned(),
             device: device.clone(),
         })
     }
 
+    /// The tensors of a GGUF file, under their HF names.
+    pub fn gguf(file: GgufFile, path: &Path, device: &Device) -> Self {
+        Self {
+            tensors: Source::Gguf(file),
+            directory: path.to_owned(),
+            device: device.clone(),
+        }
+    }
+
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.get(name).is_ok()
+        match &self.tensors {
+            Source::Safetensors(tensors) => tensors.get(name).is_ok(),
+            Source::Gguf(file) => file.contains(name),
+        }
     }
 
     /// Loads `name` as f32 and checks its shape.
@@ -59,11 +78,13 @@ impl Weights {
         if !self.contains(name) {
             return Err(error(format!("missing tensor `{name}`")));
         }
-        let tensor = self
-            .tensors
-            .load(name, &self.device)
-            .and_then(|t| t.to_dtype(DType::F32))
-            .map_err(|e| error(format!("tensor `{name}`: {e}")))?;
+        let tensor = match &self.tensors {
+            Source::Safetensors(tensors) => tensors
+                .load(name, &self.device)
+                .and_then(|t| t.to_dtype(DType::F32))
+                .map_err(|e| error(format!("tensor `{name}`: {e}")))?,
+            Source::Gguf(file) => file.tensor(name, &self.device)?,
+        };
         if tensor.dims() != shape {
             return Err(error(format!(
                 "tensor `{name}` has shape {:?}, expected {shape:?}",

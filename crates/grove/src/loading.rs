@@ -211,8 +211,21 @@ impl Loaded {
 /// Loads the model and, if the directory has one, its tokenizer.
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let dir = args.model_dir();
+    if grove_model::gguf::is_gguf(&dir) {
+        let model = Decoder::load(&dir, &Device::Cpu)
+            .with_context(|| format!("loading model from {}", dir.display()))?;
+        let tokenizer = grove_model::gguf::GgufFile::open(&dir)?.tokenizer()?;
+        return Ok(Loaded {
+            model,
+            tokenizer: Some(tokenizer),
+            dir,
+        });
+    }
     if !dir.is_dir() {
-        anyhow::bail!("--model-path {}: not a directory", dir.display());
+        anyhow::bail!(
+            "--model-path {}: not a directory or a .gguf file",
+            dir.display()
+        );
     }
     let model = Decoder::load(&dir, &Device::Cpu)
         .with_context(|| format!("loading model from {}", dir.display()))?;

@@ -1,0 +1,243 @@
+//! GGUF files (llama.cpp's format): metadata -> the same `DecoderConfig` as HF checkpoints,
+//! tensors under llama.cpp's names served under HF names (dequantized to f32 on load, so the
+//! decoder, the forward contract and speculation run on GGUF targets unchanged), and the
+//! tokenizer rebuilt from `tokenizer.ggml.*` metadata.
+//!
+//! Architectures: `qwen2` and `llama` (whose Q/K rows llama.cpp's converter permutes for its
+//! interleaved RoPE; they are permuted back to HF's rotate-half order here).
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::{DType, Device, Tensor};
+use serde_json::json;
+
+use crate::config::DecoderConfig;
+use crate::tokenizer::TextTokenizer;
+use crate::ModelError;
+
+/// An opened GGUF file: its metadata and tensor index (tensors are read on demand).
+pub struct GgufFile {
+    path: PathBuf,
+    content: Content,
+    architecture: String,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// Whether `path` names a GGUF file (by extension).
+pub fn is_gguf(path: &Path) -> bool {
+    path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let error = |message: String| ModelError::Weights {
+            path: path.to_owned(),
+            message,
+        };
+        let file = File::open(path).map_err(|source| ModelError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let content = Content::read(&mut BufReader::new(file))
+            .map_err(|e| error(format!("not a readable GGUF file: {e}")))?;
+        let architecture = match content.metadata.get("general.architecture") {
+            Some(Value::String(a)) => a.clone(),
+            _ => return Err(error("missing metadata key `general.architecture`".into())),
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            content,
+            architecture,
+        })
+    }
+
+    pub fn architecture(&self) -> &str {
+        &self.architecture
+    }
+
+    fn config_error(&self, message: String) -> ModelError {
+        ModelError::Config {
+            path: self.path.clone(),
+            message,
+        }
+    }
+
+    fn meta(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn meta_u64(&self, key: &str) -> Result<u64, ModelError> {
+        self.meta(key)
+            .ok_or_else(|| self.config_error(format!("missing metadata key `{key}`")))?
+            .to_u64()
+            .or_else(|_| self.meta(key).expect("present").to_u32().map(u64::from))
+            .map_err(|e| self.config_error(format!("metadata `{key}`: {e}")))
+    }
+
+    fn meta_f32(&self, key: &str) -> Result<Option<f32>, ModelError> {
+        self.meta(key)
+            .map(|v| {
+                v.to_f32()
+                    .map_err(|e| self.config_error(format!("metadata `{key}`: {e}")))
+            })
+            .transpose()
+    }
+
+    /// The runtime config, through the same validation as an HF `config.json`.
+    pub fn config(&self) -> Result<DecoderConfig, ModelError> {
+        let arch = self.architecture.as_str();
+        if !matches!(arch, "qwen2" | "llama") {
+            return Err(self.config_error(format!(
+                "`general.architecture` is `{arch}`; supported GGUF architectures: qwen2, llama"
+            )));
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let hidden = self.meta_u64(&key("embedding_length"))?;
+        let heads = self.meta_u64(&key("attention.head_count"))?;
+        let vocab = self
+            .content
+            .tensor_infos
+            .get("token_embd.weight")
+            .ok_or_else(|| self.config_error("missing tensor `token_embd.weight`".into()))?
+            .shape
+            .dims()[0];
+        let mut config = json!({
+            "model_type": arch,
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "intermediate_size": self.meta_u64(&key("feed_forward_length"))?,
+            "num_hidden_layers": self.meta_u64(&key("block_count"))?,
+            "num_attention_heads": heads,
+            "num_key_value_heads": self.meta_u64(&key("attention.head_count_kv")).unwrap_or(heads),
+            "head_dim": hidden / heads,
+            "rms_norm_eps": self.meta_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
+            "rope_theta": self.meta_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
+            "max_position_embeddings": self.meta_u64(&key("context_length"))?,
+            "tie_word_embeddings": !self.content.tensor_infos.contains_key("output.weight"),
+        });
+        if self.content.tensor_infos.contains_key("rope_freqs.weight") {
+            return Err(self.config_error(
+                "tensor `rope_freqs.weight` (Llama 3 rope scaling) is not supported for GGUF yet"
+                    .into(),
+            ));
+        }
+        if arch == "llama" {
+            config["attention_bias"] =
+                json!(self.content.tensor_infos.contains_key("blk.0.attn_q.bias"));
+        }
+        if let Ok(eos) = self.meta_u64("tokenizer.ggml.eos_token_id") {
+            config["eos_token_id"] = json!(eos);
+        }
+        if let Ok(bos) = self.meta_u64("tokenizer.ggml.bos_token_id") {
+            config["bos_token_id"] = json!(bos);
+        }
+        DecoderConfig::from_json(&config).map_err(|message| self.config_error(message))
+    }
+
+    /// The llama.cpp name of an HF tensor name.
+    pub fn gguf_name(hf: &str) -> Option<String> {
+        let fixed = match hf {
+            "model.embed_tokens.weight" => Some("token_embd.weight"),
+            "model.norm.weight" => Some("output_norm.weight"),
+            "lm_head.weight" => Some("output.weight"),
+            _ => None,
+        };
+        if let Some(name) = fixed {
+            return Some(name.to_owned());
+        }
+        let rest = hf.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let (module, kind) = rest.rsplit_once('.')?;
+        let short = match module {
+            "input_layernorm" => "attn_norm",
+            "post_attention_layernorm" => "ffn_norm",
+            "self_attn.q_proj" => "attn_q",
+            "self_attn.k_proj" => "attn_k",
+            "self_attn.v_proj" => "attn_v",
+            "self_attn.o_proj" => "attn_output",
+            "self_attn.q_norm" => "attn_q_norm",
+            "self_attn.k_norm" => "attn_k_norm",
+            "mlp.gate_proj" => "ffn_gate",
+            "mlp.up_proj" => "ffn_up",
+            "mlp.down_proj" => "ffn_down",
+            _ => return None,
+        };
+        Some(format!("blk.{layer}.{short}.{kind}"))
+    }
+
+    pub fn contains(&self, hf_name: &str) -> bool {
+        Self::gguf_name(hf_name).is_some_and(|n| self.content.tensor_infos.contains_key(&n))
+    }
+
+    /// The tensor `hf_name`, dequantized to f32 in HF layout.
+    pub fn tensor(&self, hf_name: &str, device: &Device) -> Result<Tensor, ModelError> {
+        let error = |message: String| ModelError::Weights {
+            path: self.path.clone(),
+            message,
+        };
+        let name = Self::gguf_name(hf_name)
+            .ok_or_else(|| error(format!("no GGUF name for `{hf_name}`")))?;
+        let file = File::open(&self.path).map_err(|source| ModelError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let tensor = self
+            .content
+            .tensor(&mut BufReader::new(file), &name, device)
+            .and_then(|q| q.dequantize(device))
+            .and_then(|t| t.to_dtype(DType::F32))
+            .map_err(|e| error(format!("tensor `{name}`: {e}")))?;
+        if self.architecture == "llama"
+            && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight"))
+        {
+            let config = self.config()?;
+            let heads = if name.ends_with("attn_q.weight") {
+                config.num_heads
+            } else {
+                config.num_kv_heads
+            };
+            return unpermute(&tensor, heads).map_err(|e| error(format!("tensor `{name}`: {e}")));
+        }
+        Ok(tensor)
+    }
+
+    /// The tokenizer described by `tokenizer.ggml.*` (a `gpt2` byte-level BPE) and the chat
+    /// template in `tokenizer.chat_template`.
+    pub fn tokenizer(&self) -> Result<TextTokenizer, ModelError> {
+        crate::gguf_tokenizer::build(&self.content.metadata, &self.path)
+    }
+}
+
+/// Undoes llama.cpp's Q/K row permutation (`[heads, 2, d/2] -> [heads, d/2, 2]` on rows), back
+/// to HF's rotate-half layout.
+fn unpermute(weight: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
+    let (rows, cols) = weight.dims2()?;
+    let half = rows / heads / 2;
+    weight
+        .reshape((heads, half, 2, cols))?
+        .transpose(1, 2)?
+        .reshape((rows, cols))
+}
+
+/// llama.cpp's converter permutation of HF Q/K rows (the inverse of [`unpermute`]).
+pub fn permute(weight: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
+    let (rows, cols) = weight.dims2()?;
+    let half = rows / heads / 2;
+    weight
+        .reshape((heads, 2, half, cols))?
+        .transpose(1, 2)?
+        .reshape((rows, cols))
+}

@@ -1,0 +1,214 @@
+//! GGUF loading: a checkpoint written as GGUF (llama.cpp names, reversed dims, the llama Q/K
+//! permutation, F32 and Q8_0 tensors, gpt2 tokenizer metadata) computes what the same
+//! checkpoint computes from safetensors; bad files give clear errors, never a panic.
+
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use grove_kv::PagePool;
+use grove_model::config::Family;
+use grove_model::gguf::{permute, GgufFile};
+use grove_model::random_checkpoint::RandomCheckpoint;
+use grove_model::{Decoder, ForwardBatch, LogitRows, Model, Segment};
+
+fn checkpoint(family: Family) -> RandomCheckpoint {
+    RandomCheckpoint {
+        family,
+        vocab_size: 300,
+        hidden_size: 64,
+        intermediate_size: 96,
+        num_layers: 2,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+        tie_word_embeddings: family == Family::Qwen2,
+        bf16: false,
+        with_tokenizer: false,
+        max_position_embeddings: 256,
+        seed: 4,
+    }
+}
+
+/// Writes `dir`'s safetensors checkpoint as a GGUF file with tensors of type `dtype`.
+fn write_gguf(dir: &Path, spec: &RandomCheckpoint, arch: &str, dtype: GgmlDType, out: &Path) {
+    let tensors =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let mut quantized: Vec<(String, QTensor)> = Vec::new();
+    for (name, tensor) in &tensors {
+        let gguf = GgufFile::gguf_name(name).unwrap_or_else(|| panic!("no GGUF name for {name}"));
+        let mut tensor = tensor.to_dtype(DType::F32).unwrap();
+        if arch == "llama" && (gguf.ends_with("attn_q.weight") || gguf.ends_with("attn_k.weight")) {
+            let heads = if gguf.ends_with("attn_q.weight") {
+                spec.num_heads
+            } else {
+                spec.num_kv_heads
+            };
+            tensor = permute(&tensor, heads).unwrap();
+        }
+        // Norms and biases stay F32, as llama.cpp keeps them.
+        let kind = if tensor.rank() == 1 {
+            GgmlDType::F32
+        } else {
+            dtype
+        };
+        quantized.push((gguf, QTensor::quantize(&tensor, kind).unwrap()));
+    }
+    let tokens: Vec<Value> = (0..spec.vocab_size)
+        .map(|i| Value::String(format!("t{i}")))
+        .collect();
+    let metadata: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (
+            format!("{arch}.embedding_length"),
+            Value::U32(spec.hidden_size as u32),
+        ),
+        (
+            format!("{arch}.feed_forward_length"),
+            Value::U32(spec.intermediate_size as u32),
+        ),
+        (
+            format!("{arch}.block_count"),
+            Value::U32(spec.num_layers as u32),
+        ),
+        (
+            format!("{arch}.attention.head_count"),
+            Value::U32(spec.num_heads as u32),
+        ),
+        (
+            format!("{arch}.attention.head_count_kv"),
+            Value::U32(spec.num_kv_heads as u32),
+        ),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
+        (format!("{arch}.rope.freq_base"), Value::F32(10000.0)),
+        (
+            format!("{arch}.context_length"),
+            Value::U32(spec.max_position_embeddings as u32),
+        ),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
+        ("tokenizer.ggml.merges".into(), Value::Array(vec![])),
+    ];
+    let metadata_refs: Vec<(&str, &Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> =
+        quantized.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(out).unwrap();
+    gguf_file::write(&mut file, &metadata_refs, &tensor_refs).unwrap();
+}
+
+fn logits(model: &Decoder, tokens: &[u32]) -> Tensor {
+    let pool = PagePool::new(64, 1).unwrap();
+    let mut kv = model.new_kv_store(pool.num_slots());
+    let mut table = pool.new_table();
+    table.reserve(tokens.len()).unwrap();
+    let positions: Vec<usize> = (0..tokens.len()).collect();
+    model
+        .forward(
+            &ForwardBatch {
+                segments: vec![Segment::causal(&table, tokens, &positions, LogitRows::All)],
+                taps: &[],
+            },
+            &mut kv,
+        )
+        .unwrap()
+        .logits
+}
+
+/// The largest |x| in `t`.
+fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.max(0))
+        .and_then(|t| t.to_scalar())
+        .unwrap()
+}
+
+#[test]
+fn gguf_checkpoints_compute_what_their_safetensors_compute() {
+    let tokens = [3u32, 141, 59, 26, 299, 0, 7, 7, 180];
+    for (family, arch) in [(Family::Qwen2, "qwen2"), (Family::Llama, "llama")] {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = checkpoint(family);
+        spec.write(dir.path()).unwrap();
+        // The GGUF loader does not read rope scaling: compare against a plain-RoPE config.
+        let config_path = dir.path().join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+        config.as_object_mut().unwrap().remove("rope_scaling");
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let reference = logits(&Decoder::load(dir.path(), &Device::Cpu).unwrap(), &tokens);
+        let scale = max_abs(&reference);
+        // F32 tensors: the same numbers. Q8_0 (8-bit blocks of 32): quantization error only,
+        // a few percent of the logits' range.
+        for (dtype, tolerance) in [(GgmlDType::F32, 1e-4), (GgmlDType::Q8_0, 0.05 * scale)] {
+            let path = dir.path().join(format!("model-{dtype:?}.gguf"));
+            write_gguf(dir.path(), &spec, arch, dtype, &path);
+            let model = Decoder::load(&path, &Device::Cpu).unwrap();
+            let diff = max_abs(&(logits(&model, &tokens) - &reference).unwrap());
+            assert!(
+                diff < tolerance,
+                "{arch} {dtype:?}: logits differ by {diff} (range {scale})"
+            );
+        }
+        // Its tokenizer comes from the metadata.
+        let file = GgufFile::open(&dir.path().join("model-F32.gguf")).unwrap();
+        let tokenizer = file.tokenizer().unwrap();
+        assert_eq!(tokenizer.inner().get_vocab_size(true), spec.vocab_size);
+    }
+}
+
+#[test]
+fn bad_gguf_files_give_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = checkpoint(Family::Qwen2);
+    spec.write(dir.path()).unwrap();
+    let good = dir.path().join("good.gguf");
+    write_gguf(dir.path(), &spec, "qwen2", GgmlDType::F32, &good);
+    let bytes = std::fs::read(&good).unwrap();
+    let error = |name: &str, data: &[u8]| -> String {
+        let path = dir.path().join(name);
+        std::fs::write(&path, data).unwrap();
+        Decoder::load(&path, &Device::Cpu).unwrap_err().to_string()
+    };
+    let message = error("magic.gguf", &[b"XXXX".as_slice(), &bytes[4..]].concat());
+    assert!(message.contains("not a readable GGUF file"), "{message}");
+    let message = error("truncated.gguf", &bytes[..bytes.len() - 1000]);
+    assert!(
+        message.contains("remaining in file") || message.contains("GGUF"),
+        "{message}"
+    );
+    let message = error("header.gguf", &bytes[..40]);
+    assert!(message.contains("not a readable GGUF file"), "{message}");
+    // A missing metadata key is named.
+    let tensors =
+        candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
+    let embed = QTensor::quantize(
+        &tensors["model.embed_tokens.weight"]
+            .to_dtype(DType::F32)
+            .unwrap(),
+        GgmlDType::F32,
+    )
+    .unwrap();
+    // Only an architecture and the embeddings: loading must name what is missing.
+    let load_with_architecture = |arch: &str| -> String {
+        let path = dir.path().join(format!("{arch}-only.gguf"));
+        let arch = Value::String(arch.into());
+        gguf_file::write(
+            &mut std::fs::File::create(&path).unwrap(),
+            &[("general.architecture", &arch)],
+            &[("token_embd.weight", &embed)],
+        )
+        .unwrap();
+        Decoder::load(&path, &Device::Cpu).unwrap_err().to_string()
+    };
+    let message = load_with_architecture("qwen2");
+    assert!(message.contains("qwen2.embedding_length"), "{message}");
+    // An architecture it does not implement is refused by name.
+    let message = load_with_architecture("gemma3");
+    assert!(message.contains("gemma3"), "{message}");
+}
