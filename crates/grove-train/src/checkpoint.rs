@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use candle_core::DType;
-use grove_model::DecoderConfig;
+use grove_model::{DecoderConfig, Family};
 use serde_json::{json, Value};
 
 use crate::drafter_net::DrafterShape;
@@ -35,11 +35,16 @@ fn dtype_name(dtype: DType) -> &'static str {
     }
 }
 
-/// `config.json` of a Qwen3 checkpoint with `c`'s shape.
-pub fn qwen3_config_json(c: &DecoderConfig, eos_token_ids: &[u32], dtype: DType) -> Value {
+/// `config.json` of a checkpoint with `c`'s shape and family (Qwen3, Qwen2: q/k/v biases).
+pub fn config_json(c: &DecoderConfig, eos_token_ids: &[u32], dtype: DType) -> Value {
+    let (architecture, model_type) = match c.family {
+        Family::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+        Family::Llama => ("LlamaForCausalLM", "llama"),
+        Family::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+    };
     json!({
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
@@ -76,7 +81,7 @@ pub fn write_target(
 ) -> Result<(), TrainError> {
     create_dir(dir)?;
     let eos: Vec<u32> = text.map_or_else(Vec::new, |t| t.eos_token_ids.clone());
-    write_json(&dir.join("config.json"), &qwen3_config_json(c, &eos, dtype))?;
+    write_json(&dir.join("config.json"), &config_json(c, &eos, dtype))?;
     params.save(&dir.join("model.safetensors"), dtype)?;
     if let Some(text) = text {
         let path = dir.join("tokenizer.json");
@@ -103,7 +108,7 @@ pub fn write_drafter(
     dtype: DType,
 ) -> Result<(), TrainError> {
     create_dir(dir)?;
-    let mut config = qwen3_config_json(&shape.layers, &[], dtype);
+    let mut config = config_json(&shape.layers, &[], dtype);
     config["architectures"] = json!(["DFlashDraftModel"]);
     config["block_size"] = json!(shape.block_size);
     config["num_target_layers"] = json!(target.num_layers);

@@ -118,6 +118,11 @@ pub fn add_layers(
     c: &DecoderConfig,
     seed: u64,
 ) -> Result<(), TrainError> {
+    if c.o_bias || c.mlp_bias {
+        return Err(TrainError::Data(
+            "the training graph has no o_proj or MLP biases (Qwen3 and Qwen2 shapes only)".into(),
+        ));
+    }
     let std = 0.02;
     // Residual-branch outputs start smaller so deep stacks begin near the identity (GPT-2).
     let out_std = std / (2.0 * c.num_layers as f64).sqrt();
@@ -161,8 +166,24 @@ pub fn add_layers(
             Init::Normal(out_std),
             seed,
         )?;
-        params.add(&format!("{a}.q_norm.weight"), &[hd], Init::Ones, seed)?;
-        params.add(&format!("{a}.k_norm.weight"), &[hd], Init::Ones, seed)?;
+        if c.qk_norm {
+            params.add(&format!("{a}.q_norm.weight"), &[hd], Init::Ones, seed)?;
+            params.add(&format!("{a}.k_norm.weight"), &[hd], Init::Ones, seed)?;
+        }
+        if c.qkv_bias {
+            for (name, width) in [
+                ("q", c.num_heads * hd),
+                ("k", c.kv_width()),
+                ("v", c.kv_width()),
+            ] {
+                params.add(
+                    &format!("{a}.{name}_proj.bias"),
+                    &[width],
+                    Init::Zeros,
+                    seed,
+                )?;
+            }
+        }
         let m = format!("{p}.mlp");
         let inter = c.intermediate_size;
         params.add(
@@ -209,6 +230,28 @@ pub fn target_params(c: &DecoderConfig, seed: u64) -> Result<Params, TrainError>
     Ok(params)
 }
 
+/// `{a}.{name}_proj(x)` (+ bias for Qwen2), split into heads, RMS-normed per head for Qwen3.
+fn project(
+    w: &impl Weights,
+    a: &str,
+    name: &str,
+    x: &Tensor,
+    heads: usize,
+    c: &DecoderConfig,
+) -> candle_core::Result<Tensor> {
+    let (b, t, _) = x.dims3()?;
+    let mut y = linear(x, &w.w(&format!("{a}.{name}_proj.weight")))?;
+    if c.qkv_bias {
+        y = y.broadcast_add(&w.w(&format!("{a}.{name}_proj.bias")))?;
+    }
+    let y = y.reshape((b, t, heads, c.head_dim))?;
+    if c.qk_norm && name != "v" {
+        rms_norm(&y, &w.w(&format!("{a}.{name}_norm.weight")), c.rms_norm_eps)
+    } else {
+        Ok(y)
+    }
+}
+
 /// Keys, values (RoPE'd keys) of one layer from its normed input `x` `[B, T, H]`.
 fn layer_kv(
     w: &impl Weights,
@@ -218,20 +261,8 @@ fn layer_kv(
     sin: &Tensor,
     c: &DecoderConfig,
 ) -> candle_core::Result<(Tensor, Tensor)> {
-    let (b, t, _) = x.dims3()?;
-    let k = linear(x, &w.w(&format!("{a}.k_proj.weight")))?.reshape((
-        b,
-        t,
-        c.num_kv_heads,
-        c.head_dim,
-    ))?;
-    let k = rms_norm(&k, &w.w(&format!("{a}.k_norm.weight")), c.rms_norm_eps)?;
-    let v = linear(x, &w.w(&format!("{a}.v_proj.weight")))?.reshape((
-        b,
-        t,
-        c.num_kv_heads,
-        c.head_dim,
-    ))?;
+    let k = project(w, a, "k", x, c.num_kv_heads, c)?;
+    let v = project(w, a, "v", x, c.num_kv_heads, c)?;
     Ok((rope(&k, cos, sin)?, v))
 }
 
@@ -248,24 +279,13 @@ fn layer(
     extra_kv: Option<(&Tensor, &Tensor)>,
     c: &DecoderConfig,
 ) -> candle_core::Result<Tensor> {
-    let (b, t, _) = h.dims3()?;
     let a = format!("{p}.self_attn");
     let x = rms_norm(
         h,
         &w.w(&format!("{p}.input_layernorm.weight")),
         c.rms_norm_eps,
     )?;
-    let q = linear(&x, &w.w(&format!("{a}.q_proj.weight")))?.reshape((
-        b,
-        t,
-        c.num_heads,
-        c.head_dim,
-    ))?;
-    let q = rope(
-        &rms_norm(&q, &w.w(&format!("{a}.q_norm.weight")), c.rms_norm_eps)?,
-        cos,
-        sin,
-    )?;
+    let q = rope(&project(w, &a, "q", &x, c.num_heads, c)?, cos, sin)?;
     let (mut k, mut v) = layer_kv(w, &a, &x, cos, sin, c)?;
     if let Some((extra_k, extra_v)) = extra_kv {
         k = Tensor::cat(&[extra_k, &k], 1)?;

@@ -21,6 +21,7 @@ pub enum Init {
     /// N(0, std^2), seeded per parameter name.
     Normal(f64),
     Ones,
+    Zeros,
 }
 
 impl Params {
@@ -36,6 +37,7 @@ impl Params {
         let count: usize = shape.iter().product();
         let values: Vec<f32> = match init {
             Init::Ones => vec![1.0; count],
+            Init::Zeros => vec![0.0; count],
             Init::Normal(std) => {
                 let name_hash = name.bytes().fold(0xcbf29ce484222325u64, |h, b| {
                     (h ^ b as u64).wrapping_mul(0x100000001b3)

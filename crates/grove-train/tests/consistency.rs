@@ -10,10 +10,11 @@ use grove_train::drafter_net::{
     drafter_logits, drafter_params, target_features, DraftBatch, DrafterShape, FrozenTarget,
 };
 use grove_train::net::{target_forward, target_params};
+use grove_train::params::Params;
 
-fn tiny_config(layers: usize) -> DecoderConfig {
+fn tiny_config(model_type: &str, layers: usize) -> DecoderConfig {
     DecoderConfig::from_json(&serde_json::json!({
-        "model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "model_type": model_type, "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
         "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "max_position_embeddings": 128, "tie_word_embeddings": true
@@ -34,10 +35,28 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// Biases start at zero; give them values so that a bias the graph forgot would show.
+fn randomize_biases(params: &Params) {
+    for (name, var) in params.iter() {
+        if name.ends_with(".bias") {
+            var.set(&Tensor::randn(0f32, 0.5, var.shape(), &Device::Cpu).unwrap())
+                .unwrap();
+        }
+    }
+}
+
 #[test]
 fn trained_target_and_drafter_match_the_inference_code() {
-    let config = tiny_config(3);
+    // Qwen3 (q/k norms) and Qwen2 (q/k/v biases) layers, for the target and the drafter.
+    for model_type in ["qwen3", "qwen2"] {
+        check(model_type);
+    }
+}
+
+fn check(model_type: &str) {
+    let config = tiny_config(model_type, 3);
     let params = target_params(&config, 1).unwrap();
+    randomize_biases(&params);
     let dir = tempfile::tempdir().unwrap();
     write_target(
         &dir.path().join("target"),
@@ -74,12 +93,13 @@ fn trained_target_and_drafter_match_the_inference_code() {
 
     // The drafter: context = the first `anchor` tokens' taps, block at `anchor`.
     let shape = DrafterShape {
-        layers: tiny_config(2),
+        layers: tiny_config(model_type, 2),
         target_layer_ids: taps.to_vec(),
         block_size: 4,
         mask_token_id: 63,
     };
     let drafter_weights = drafter_params(&shape, 2).unwrap();
+    randomize_biases(&drafter_weights);
     write_drafter(
         &dir.path().join("drafter"),
         &shape,
