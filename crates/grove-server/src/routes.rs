@@ -21,7 +21,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::error::ApiError;
 use crate::metrics;
-use crate::protocol::{ChatRequest, CompletionRequest, ModelCard, SpeculativeUsage, Usage};
+use crate::protocol::{
+    ChatRequest, CommonFields, CompletionRequest, ModelCard, SpeculativeUsage, Usage,
+};
 use crate::validate::{parse_json, ModelLimits, ValidRequest};
 use crate::worker::{EngineStatus, Submission, WorkerEvent};
 
@@ -73,11 +75,7 @@ async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let valid = authorize(&state, &headers)
-        .and_then(|()| body_bytes(body))
-        .and_then(|body| parse_json::<CompletionRequest>(&body))
-        .and_then(|request| check_model(&state, &request.1.model).map(|()| request))
-        .and_then(|request| state.limits.completion(request));
+    let valid = validate::<CompletionRequest>(&state, &headers, body, ModelLimits::completion);
     run(state, valid, Endpoint::Completions).await
 }
 
@@ -86,12 +84,21 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let valid = authorize(&state, &headers)
-        .and_then(|()| body_bytes(body))
-        .and_then(|body| parse_json::<ChatRequest>(&body))
-        .and_then(|request| check_model(&state, &request.1.model).map(|()| request))
-        .and_then(|request| state.limits.chat(request));
+    let valid = validate::<ChatRequest>(&state, &headers, body, ModelLimits::chat);
     run(state, valid, Endpoint::Chat).await
+}
+
+/// The edge checks every endpoint shares (key, body, JSON, model), then the endpoint's own.
+fn validate<T: serde::de::DeserializeOwned>(
+    state: &Shared,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: fn(&ModelLimits, (T, CommonFields)) -> Result<ValidRequest, ApiError>,
+) -> Result<ValidRequest, ApiError> {
+    authorize(state, headers)?;
+    let request = parse_json::<T>(&body_bytes(body)?)?;
+    check_model(state, &request.1.model)?;
+    endpoint(&state.limits, request)
 }
 
 fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {

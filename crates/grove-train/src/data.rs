@@ -135,6 +135,14 @@ pub fn load_tokens(path: &Path) -> Result<Vec<u32>, TrainError> {
         .collect())
 }
 
+/// The random stream of micro-batch `micro` of step `step`: a pure function of its arguments,
+/// so a resumed run draws exactly the batches the interrupted one would have.
+pub fn step_rng(seed: u64, step: u64, micro: u64) -> rand_chacha::ChaCha12Rng {
+    rand_chacha::ChaCha12Rng::seed_from_u64(
+        seed ^ step.wrapping_mul(0x9e3779b97f4a7c15) ^ micro.wrapping_mul(0xbf58476d1ce4e5b9),
+    )
+}
+
 /// A token stream split into training and held-out parts, sampled as random windows.
 #[derive(Debug, Clone)]
 pub struct TokenStream {
@@ -169,9 +177,7 @@ impl TokenStream {
         step: u64,
         micro: u64,
     ) -> Vec<Vec<u32>> {
-        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(
-            seed ^ step.wrapping_mul(0x9e3779b97f4a7c15) ^ micro.wrapping_mul(0xbf58476d1ce4e5b9),
-        );
+        let mut rng = step_rng(seed, step, micro);
         (0..count)
             .map(|_| {
                 let start = rng.random_range(0..part.len() - len);

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use grove_engine::{DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use rand::seq::index::sample;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use crate::checkpoint::write_drafter;
 use crate::data::{self, TokenStream};
@@ -62,9 +62,7 @@ impl Task for DrafterTask<'_> {
 
     fn loss(&self, step: u64, micro: u64) -> Result<Tensor, TrainError> {
         let d = &self.data;
-        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(
-            d.seed ^ step.wrapping_mul(0x9e3779b97f4a7c15) ^ micro.wrapping_mul(0xbf58476d1ce4e5b9),
-        );
+        let mut rng = data::step_rng(d.seed, step, micro);
         let len = self.sequences[0].len();
         let s = self.shape.block_size;
         // Anchors from the prompt's last token on: everything after them is greedy output.
