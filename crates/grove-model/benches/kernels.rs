@@ -1,9 +1,12 @@
 //! The few-row products of decoding and small verifies: the streaming kernel against candle's
-//! gemm on a Qwen3-0.6B MLP weight (3072 x 1024) for 1, 4 and 8 rows. `cargo bench -p grove-model`.
+//! gemm on a Qwen3-0.6B MLP weight (3072 x 1024) for 1, 4 and 8 rows; and the quantized kernels
+//! against candle's quantized matmul on a Qwen2.5-0.5B MLP weight (4864 x 896) in each GGUF
+//! format. `cargo bench -p grove-model`.
 
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use grove_model::kernels::matmul_transposed;
+use grove_model::quant::{QMatrix, QuantFormat};
 
 fn small_row_matmul(c: &mut Criterion) {
     let (n, k) = (3072, 1024);
@@ -23,5 +26,42 @@ fn small_row_matmul(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, small_row_matmul);
+fn quantized_matmul(c: &mut Criterion) {
+    use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul};
+    let (n, k) = (4864, 896);
+    let formats = [
+        (QuantFormat::Q8_0, GgmlDType::Q8_0),
+        (QuantFormat::Q5_0, GgmlDType::Q5_0),
+        // K-quants need k % 256 == 0: 4864 x 1024 instead.
+        (QuantFormat::Q4K, GgmlDType::Q4K),
+        (QuantFormat::Q6K, GgmlDType::Q6K),
+    ];
+    for (format, dtype) in formats {
+        let k = if format.block_weights() == 256 {
+            1024
+        } else {
+            k
+        };
+        let matrix = QMatrix::random(format, n, k, 1);
+        let bytes = matrix.to_bytes();
+        let candle = QMatMul::from_qtensor(
+            qtensor_from_ggml(dtype, &bytes, vec![n, k], &Device::Cpu).unwrap(),
+        )
+        .unwrap();
+        let mut group = c.benchmark_group(format!("{}_{n}x{k}", format.name()));
+        for rows in [1usize, 4, 16] {
+            let x = Tensor::randn(0f32, 1.0, (rows, k), &Device::Cpu).unwrap();
+            let x_host: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+            group.bench_with_input(BenchmarkId::new("grove", rows), &rows, |b, &rows| {
+                b.iter(|| matrix.matmul(&x_host, rows))
+            });
+            group.bench_with_input(BenchmarkId::new("candle", rows), &rows, |b, _| {
+                b.iter(|| candle.forward(&x).unwrap())
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, small_row_matmul, quantized_matmul);
 criterion_main!(benches);

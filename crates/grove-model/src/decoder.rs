@@ -10,7 +10,7 @@ use grove_kv::KvStore;
 use crate::config::DecoderConfig;
 use crate::forward::{ForwardBatch, ForwardOutput, Visibility};
 use crate::layer_stack::LayerStack;
-use crate::layers::{Linear, RmsNorm};
+use crate::layers::{Linear, Matrix, RmsNorm};
 use crate::weights::Weights;
 use crate::{Model, ModelError};
 
@@ -18,7 +18,7 @@ use crate::{Model, ModelError};
 #[derive(Debug)]
 pub struct Decoder {
     config: DecoderConfig,
-    embed_tokens: Tensor, // [vocab, hidden]
+    embed_tokens: Matrix, // [vocab, hidden]
     layers: LayerStack,
     norm: RmsNorm,
     lm_head: Linear,
@@ -54,12 +54,12 @@ impl Decoder {
     ) -> Result<Self, ModelError> {
         let c = &config;
         let embed_tokens =
-            weights.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
+            weights.matrix("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
         // Some tied checkpoints still store `lm_head.weight`; only fall back when it is absent.
         let lm_head = if weights.contains("lm_head.weight") || !c.tie_word_embeddings {
             Linear::load(weights, "lm_head", c.hidden_size, c.vocab_size, false)?
         } else {
-            Linear::new(embed_tokens.clone(), None)
+            Linear::from_matrix(embed_tokens.clone(), None)
         };
         Ok(Self {
             layers: LayerStack::load(weights, "model.layers", c, device)?,
@@ -140,8 +140,7 @@ impl Model for Decoder {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {
-        let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
-        Ok(self.embed_tokens.index_select(&ids, 0)?)
+        Ok(self.embed_tokens.rows(tokens)?)
     }
 
     fn project_logits(&self, hidden: &Tensor) -> Result<Tensor, ModelError> {

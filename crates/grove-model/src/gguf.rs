@@ -1,7 +1,9 @@
 //! GGUF files (llama.cpp's format): metadata -> the same `DecoderConfig` as HF checkpoints,
-//! tensors under llama.cpp's names served under HF names (dequantized to f32 on load, so the
-//! decoder, the forward contract and speculation run on GGUF targets unchanged), and the
-//! tokenizer rebuilt from `tokenizer.ggml.*` metadata.
+//! tensors under llama.cpp's names served under HF names, and the tokenizer rebuilt from
+//! `tokenizer.ggml.*` metadata. The file is memory-mapped: matrices in a format with a kernel
+//! (`quant`) stay quantized in the mapping and are never copied; everything else (norms,
+//! biases, other formats) is dequantized to f32. The decoder, the forward contract and
+//! speculation run on GGUF targets unchanged.
 //!
 //! Architectures: `qwen2` and `llama` (whose Q/K rows llama.cpp's converter permutes for its
 //! interleaved RoPE; they are permuted back to HF's rotate-half order here).
@@ -9,12 +11,16 @@
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 
 use crate::config::DecoderConfig;
+use crate::quant::{Bytes, QMatrix, QuantFormat};
 use crate::tokenizer::TextTokenizer;
 use crate::ModelError;
 
@@ -23,6 +29,7 @@ pub struct GgufFile {
     path: PathBuf,
     content: Content,
     architecture: String,
+    map: Arc<memmap2::Mmap>,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -51,8 +58,27 @@ impl GgufFile {
             path: path.to_owned(),
             source,
         })?;
-        let content = Content::read(&mut BufReader::new(file))
+        let content = Content::read(&mut BufReader::new(&file))
             .map_err(|e| error(format!("not a readable GGUF file: {e}")))?;
+        // SAFETY: mapped read-only; like every mmap-based loader we rely on no other process
+        // truncating the file while it is loaded.
+        #[allow(unsafe_code)]
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ModelError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        for (name, info) in &content.tensor_infos {
+            let elements = info.shape.elem_count();
+            let bytes = elements / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset as usize + info.offset as usize + bytes;
+            if end > map.len() {
+                return Err(error(format!(
+                    "tensor `{name}` ends at byte {end}, past the end of the file ({} bytes): \
+                     truncated?",
+                    map.len()
+                )));
+            }
+        }
         let architecture = match content.metadata.get("general.architecture") {
             Some(Value::String(a)) => a.clone(),
             _ => return Err(error("missing metadata key `general.architecture`".into())),
@@ -61,6 +87,7 @@ impl GgufFile {
             path: path.to_owned(),
             content,
             architecture,
+            map: Arc::new(map),
         })
     }
 
@@ -182,6 +209,68 @@ impl GgufFile {
         Self::gguf_name(hf_name).is_some_and(|n| self.content.tensor_infos.contains_key(&n))
     }
 
+    /// The matrix `hf_name` kept in its block format, when that format has a kernel and its
+    /// rows are whole chunks; `None` means: load it as f32 with [`GgufFile::tensor`].
+    pub fn quantized(&self, hf_name: &str) -> Result<Option<QMatrix>, ModelError> {
+        let Some(name) = Self::gguf_name(hf_name) else {
+            return Ok(None);
+        };
+        let Some(info) = self.content.tensor_infos.get(&name) else {
+            return Ok(None);
+        };
+        let &[n, k] = info.shape.dims() else {
+            return Ok(None);
+        };
+        let format = match info.ggml_dtype {
+            GgmlDType::Q8_0 => QuantFormat::Q8_0,
+            GgmlDType::Q5_0 => QuantFormat::Q5_0,
+            GgmlDType::Q4K => QuantFormat::Q4K,
+            GgmlDType::Q6K => QuantFormat::Q6K,
+            _ => return Ok(None),
+        };
+        let Some(row_bytes) = format.row_bytes(k) else {
+            return Ok(None);
+        };
+        let start = self.content.tensor_data_offset as usize + info.offset as usize;
+        let mut bytes = Bytes::Mapped {
+            map: self.map.clone(),
+            start,
+            len: n * row_bytes,
+        };
+        if let Some(heads) = self.permuted_heads(&name)? {
+            // Whole rows move, so the quantized bytes can be reordered like f32 rows.
+            let old = bytes.as_slice();
+            let half = n / heads / 2;
+            let mut reordered = Vec::with_capacity(old.len());
+            for new_row in 0..n {
+                let (head, rest) = (new_row / (2 * half), new_row % (2 * half));
+                let old_row = head * 2 * half + (rest % half) * 2 + rest / half;
+                reordered.extend_from_slice(&old[old_row * row_bytes..(old_row + 1) * row_bytes]);
+            }
+            bytes = Bytes::Owned(Arc::new(reordered));
+        }
+        QMatrix::new(format, n, k, bytes)
+            .map(Some)
+            .map_err(|message| ModelError::Weights {
+                path: self.path.clone(),
+                message: format!("tensor `{name}`: {message}"),
+            })
+    }
+
+    /// For llama's Q/K projections, the head count whose row permutation to undo.
+    fn permuted_heads(&self, gguf_name: &str) -> Result<Option<usize>, ModelError> {
+        if self.architecture != "llama" {
+            return Ok(None);
+        }
+        Ok(if gguf_name.ends_with("attn_q.weight") {
+            Some(self.config()?.num_heads)
+        } else if gguf_name.ends_with("attn_k.weight") {
+            Some(self.config()?.num_kv_heads)
+        } else {
+            None
+        })
+    }
+
     /// The tensor `hf_name`, dequantized to f32 in HF layout.
     pub fn tensor(&self, hf_name: &str, device: &Device) -> Result<Tensor, ModelError> {
         let error = |message: String| ModelError::Weights {
@@ -190,28 +279,29 @@ impl GgufFile {
         };
         let name = Self::gguf_name(hf_name)
             .ok_or_else(|| error(format!("no GGUF name for `{hf_name}`")))?;
-        let file = File::open(&self.path).map_err(|source| ModelError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
-        let tensor = self
+        let info = self
             .content
-            .tensor(&mut BufReader::new(file), &name, device)
-            .and_then(|q| q.dequantize(device))
-            .and_then(|t| t.to_dtype(DType::F32))
-            .map_err(|e| error(format!("tensor `{name}`: {e}")))?;
-        if self.architecture == "llama"
-            && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight"))
-        {
-            let config = self.config()?;
-            let heads = if name.ends_with("attn_q.weight") {
-                config.num_heads
-            } else {
-                config.num_kv_heads
-            };
-            return unpermute(&tensor, heads).map_err(|e| error(format!("tensor `{name}`: {e}")));
+            .tensor_infos
+            .get(&name)
+            .ok_or_else(|| error(format!("missing tensor `{name}`")))?;
+        let start = self.content.tensor_data_offset as usize + info.offset as usize;
+        let elements = info.shape.elem_count();
+        let len = elements / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let tensor = qtensor_from_ggml(
+            info.ggml_dtype,
+            &self.map[start..start + len],
+            info.shape.dims().to_vec(),
+            device,
+        )
+        .and_then(|q| q.dequantize(device))
+        .and_then(|t| t.to_dtype(DType::F32))
+        .map_err(|e| error(format!("tensor `{name}`: {e}")))?;
+        match self.permuted_heads(&name)? {
+            Some(heads) => {
+                unpermute(&tensor, heads).map_err(|e| error(format!("tensor `{name}`: {e}")))
+            }
+            None => Ok(tensor),
         }
-        Ok(tensor)
     }
 
     /// The tokenizer described by `tokenizer.ggml.*` (a `gpt2` byte-level BPE) and the chat

@@ -1,22 +1,77 @@
 //! The building blocks a decoder is made of. The linear layer hides the weight format, so a
 //! quantized model is the same model file with other weights.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Module, Storage, Tensor};
 
 use crate::kernels::{matmul_transposed, MAX_STREAMING_ROWS};
+use crate::quant::QMatrix;
 
 use crate::weights::Weights;
 use crate::ModelError;
 
+/// A weight matrix `[out, in]`: f32 (safetensors, or GGUF types without a kernel), or a GGUF
+/// block format kept quantized (`quant`).
+#[derive(Debug, Clone)]
+pub enum Matrix {
+    Dense(Tensor),
+    Quantized(Arc<QMatrix>),
+}
+
+impl Matrix {
+    /// `x W^T` for `x: [rows, in]`.
+    fn matmul_transposed(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Dense(weight) => x.matmul(&weight.t()?),
+            Self::Quantized(matrix) => {
+                let (n, k) = matrix.dims();
+                let rows = x.elem_count() / k;
+                let input = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                let output = matrix.matmul(&input, rows);
+                Tensor::from_vec(output, (rows, n), x.device())
+            }
+        }
+    }
+
+    /// Rows `ids` as f32 `[ids, in]` (an embedding lookup).
+    pub fn rows(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Dense(weight) => {
+                let ids = Tensor::from_vec(ids.to_vec(), ids.len(), weight.device())?;
+                weight.index_select(&ids, 0)
+            }
+            Self::Quantized(matrix) => {
+                let (n, k) = matrix.dims();
+                let mut out = vec![0f32; ids.len() * k];
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
+                    if id as usize >= n {
+                        candle_core::bail!("row {id} out of range for {n} rows");
+                    }
+                    matrix.dequantize_row(id as usize, row);
+                }
+                Tensor::from_vec(out, (ids.len(), k), &candle_core::Device::Cpu)
+            }
+        }
+    }
+}
+
 /// `y = x W^T + b` for `x: [rows, in]`.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: Tensor,       // [out, in]
+    weight: Matrix,       // [out, in]
     bias: Option<Tensor>, // [out]
 }
 
 impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self {
+            weight: Matrix::Dense(weight),
+            bias,
+        }
+    }
+
+    pub fn from_matrix(weight: Matrix, bias: Option<Tensor>) -> Self {
         Self { weight, bias }
     }
 
@@ -27,14 +82,14 @@ impl Linear {
         out_dim: usize,
         bias: bool,
     ) -> Result<Self, ModelError> {
-        let weight = weights.get(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
+        let weight = weights.matrix(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
         let bias = bias
             .then(|| weights.get(&format!("{prefix}.bias"), &[out_dim]))
             .transpose()?;
         Ok(Self { weight, bias })
     }
 
-    pub fn weight(&self) -> &Tensor {
+    pub fn weight(&self) -> &Matrix {
         &self.weight
     }
 }
@@ -45,20 +100,23 @@ impl Linear {
         let &[rows, k] = x.dims() else {
             return Ok(None);
         };
-        let &[n, weight_k] = self.weight.dims() else {
+        let Matrix::Dense(weight) = &self.weight else {
+            return Ok(None);
+        };
+        let &[n, weight_k] = weight.dims() else {
             return Ok(None);
         };
         let eligible = rows <= MAX_STREAMING_ROWS
             && k == weight_k
             && x.dtype() == DType::F32
-            && self.weight.dtype() == DType::F32
-            && self.weight.is_contiguous()
+            && weight.dtype() == DType::F32
+            && weight.is_contiguous()
             && x.device().is_cpu();
         if !eligible {
             return Ok(None);
         }
         let input = x.flatten_all()?.to_vec1::<f32>()?;
-        let (storage, layout) = self.weight.storage_and_layout();
+        let (storage, layout) = weight.storage_and_layout();
         let Storage::Cpu(cpu) = &*storage else {
             return Ok(None);
         };
@@ -73,7 +131,7 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let y = match self.streaming_forward(x)? {
             Some(y) => y,
-            None => x.matmul(&self.weight.t()?)?,
+            None => self.weight.matmul_transposed(x)?,
         };
         match &self.bias {
             Some(bias) => y.broadcast_add(bias),

@@ -12,6 +12,7 @@ mod gguf_tokenizer;
 pub mod kernels;
 pub mod layer_stack;
 pub mod layers;
+pub mod quant;
 pub mod random_checkpoint;
 mod rope;
 pub mod tokenizer;

@@ -9,6 +9,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::gguf::GgufFile;
+use crate::layers::Matrix;
 use crate::ModelError;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -67,6 +68,27 @@ impl Weights {
             Source::Safetensors(tensors) => tensors.get(name).is_ok(),
             Source::Gguf(file) => file.contains(name),
         }
+    }
+
+    /// Loads the matrix `name` (`[out, in]`), kept quantized where the file's format has a
+    /// kernel on this device, else as f32.
+    pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix, ModelError> {
+        if let (Source::Gguf(file), true) = (&self.tensors, self.device.is_cpu()) {
+            if let Some(matrix) = file.quantized(name)? {
+                let (n, k) = matrix.dims();
+                if [n, k] != shape {
+                    return Err(ModelError::Weights {
+                        path: self.directory.clone(),
+                        message: format!(
+                            "tensor `{name}` has shape {:?}, expected {shape:?}",
+                            [n, k]
+                        ),
+                    });
+                }
+                return Ok(Matrix::Quantized(std::sync::Arc::new(matrix)));
+            }
+        }
+        Ok(Matrix::Dense(self.get(name, shape)?))
     }
 
     /// Loads `name` as f32 and checks its shape.

@@ -179,9 +179,22 @@ fn bad_gguf_files_give_clear_errors() {
     assert!(message.contains("not a readable GGUF file"), "{message}");
     let message = error("truncated.gguf", &bytes[..bytes.len() - 1000]);
     assert!(
-        message.contains("remaining in file") || message.contains("GGUF"),
+        message.contains("past the end of the file") && message.contains("truncated"),
         "{message}"
     );
+    // An unknown tensor type id (99) in the first tensor's info.
+    let name = b"token_embd.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("tensor info")
+        + name.len();
+    let dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let type_at = at + 4 + 8 * dims;
+    let mut unknown = bytes.clone();
+    unknown[type_at..type_at + 4].copy_from_slice(&99u32.to_le_bytes());
+    let message = error("type.gguf", &unknown);
+    assert!(message.contains("99"), "{message}");
     let message = error("header.gguf", &bytes[..40]);
     assert!(message.contains("not a readable GGUF file"), "{message}");
     // A missing metadata key is named.

@@ -1,0 +1,398 @@
+//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q4_K and Q6_K matrices multiplied
+//! without dequantizing them to f32 first.
+//!
+//! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
+//! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
+//! activation row is quantized to 8 bits per 32 values (as llama.cpp does) and the product is an
+//! integer dot (AVX-512 VNNI `vpdpbusd`) per 64 weights, scaled in f32.
+//!
+//! Every format is described the same way: a row is a sequence of 64-weight *chunks*, and a chunk
+//! decodes to 64 unsigned integers `u`, and per group of 4 weights (a "lane") a scale `s` and an
+//! offset `m`, with `weight = s * u - m`. So one kernel serves every format, and the dot with an
+//! activation chunk `x = dx * q` is `sum_lanes(s * dx * dot4(u, q) - m * dx * sum4(q))`.
+
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod simd;
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+/// Weights per chunk (one 512-bit vector of bytes).
+pub const CHUNK: usize = 64;
+/// Weights per lane: `vpdpbusd` sums four byte products into one 32-bit lane.
+pub const LANE: usize = 4;
+/// Lanes per chunk.
+pub const LANES: usize = CHUNK / LANE;
+
+/// The GGUF block formats with a kernel here (ggml's type ids in [`QuantFormat::from_ggml`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantFormat {
+    /// 32 weights: f16 scale, 32 x i8.
+    Q8_0,
+    /// 32 weights: f16 scale, 32 high bits, 32 x 4 low bits; `w = d * (q - 16)`.
+    Q5_0,
+    /// 256 weights: f16 scale and min, 8 x (6-bit scale, 6-bit min), 256 x 4 bits.
+    Q4K,
+    /// 256 weights: 256 x (4 low + 2 high bits), 16 x i8 scales, f16 scale; `w = d*s*(q - 32)`.
+    Q6K,
+}
+
+impl QuantFormat {
+    /// The format of ggml type id `id`, if there is a kernel for it.
+    pub fn from_ggml(id: u32) -> Option<Self> {
+        match id {
+            8 => Some(Self::Q8_0),
+            6 => Some(Self::Q5_0),
+            12 => Some(Self::Q4K),
+            14 => Some(Self::Q6K),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q8_0 => "Q8_0",
+            Self::Q5_0 => "Q5_0",
+            Self::Q4K => "Q4_K",
+            Self::Q6K => "Q6_K",
+        }
+    }
+
+    /// Weights per block.
+    pub fn block_weights(self) -> usize {
+        match self {
+            Self::Q8_0 | Self::Q5_0 => 32,
+            Self::Q4K | Self::Q6K => 256,
+        }
+    }
+
+    /// Activation values sharing one scale when multiplied with this format.
+    pub fn activation_block(self) -> usize {
+        self.block_weights()
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => 34,
+            Self::Q5_0 => 22,
+            Self::Q4K => 144,
+            Self::Q6K => 210,
+        }
+    }
+
+    /// Bytes of one row of `k` weights, or `None` when `k` is not a whole number of chunks
+    /// and blocks (such rows are not handled by the kernels).
+    pub fn row_bytes(self, k: usize) -> Option<usize> {
+        let whole = k > 0 && k.is_multiple_of(CHUNK) && k.is_multiple_of(self.block_weights());
+        whole.then(|| k / self.block_weights() * self.block_bytes())
+    }
+}
+
+/// Bytes that live either in a memory-mapped file or in an owned buffer.
+#[derive(Clone)]
+pub enum Bytes {
+    /// A range of a mapped file.
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        start: usize,
+        len: usize,
+    },
+    Owned(Arc<Vec<u8>>),
+}
+
+impl Bytes {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Mapped { map, start, len } => &map[*start..*start + *len],
+            Self::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// An `[n, k]` matrix in a block format, row-major like GGUF stores it.
+#[derive(Clone)]
+pub struct QMatrix {
+    format: QuantFormat,
+    n: usize,
+    k: usize,
+    row_bytes: usize,
+    bytes: Bytes,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "QMatrix({} [{}, {}])",
+            self.format.name(),
+            self.n,
+            self.k
+        )
+    }
+}
+
+/// Rows above this count go through the kernel in blocks of this many activation rows, so a
+/// block's quantized activations stay in L2 while a task's weight rows pass over them.
+const ACT_ROWS_PER_BLOCK: usize = 64;
+/// Weight rows per parallel task.
+const WEIGHT_ROWS_PER_TASK: usize = 32;
+/// Below this many multiply-adds a product runs on the calling thread.
+const PARALLEL_MIN_WORK: usize = 1 << 18;
+
+impl QMatrix {
+    /// Wraps `bytes` as an `[n, k]` matrix; checks the length.
+    pub fn new(format: QuantFormat, n: usize, k: usize, bytes: Bytes) -> Result<Self, String> {
+        let row_bytes = format.row_bytes(k).ok_or_else(|| {
+            format!(
+                "{} rows of {k} weights are not a whole number of {CHUNK}-weight chunks",
+                format.name()
+            )
+        })?;
+        let len = bytes.as_slice().len();
+        if len != n * row_bytes {
+            return Err(format!(
+                "{} [{n}, {k}] needs {} bytes, got {len}",
+                format.name(),
+                n * row_bytes
+            ));
+        }
+        Ok(Self {
+            format,
+            n,
+            k,
+            row_bytes,
+            bytes,
+        })
+    }
+
+    /// A matrix of random blocks (random bytes with finite f16 scales), for tests and
+    /// benchmarks.
+    pub fn random(format: QuantFormat, n: usize, k: usize, seed: u64) -> Self {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let blocks = n * k / format.block_weights();
+        let size = format.block_bytes();
+        let mut bytes: Vec<u8> = (0..blocks * size).map(|_| rng.random()).collect();
+        let scale_fields: &[usize] = match format {
+            QuantFormat::Q8_0 | QuantFormat::Q5_0 => &[0],
+            QuantFormat::Q4K => &[0, 2],
+            QuantFormat::Q6K => &[208],
+        };
+        for block in bytes.chunks_exact_mut(size) {
+            for &at in scale_fields {
+                let value = half::f16::from_f32(rng.random_range(-0.05f32..0.05));
+                block[at..at + 2].copy_from_slice(&value.to_bits().to_le_bytes());
+            }
+        }
+        Self::new(format, n, k, Bytes::Owned(Arc::new(bytes))).expect("whole chunks")
+    }
+
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// `(n, k)`: output rows, inputs per row.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    fn row(&self, j: usize) -> &[u8] {
+        &self.bytes.as_slice()[j * self.row_bytes..(j + 1) * self.row_bytes]
+    }
+
+    /// Weight row `j` as f32 into `out` (`k` values).
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        scalar::dequantize_row(self.format, self.row(j), out);
+    }
+
+    /// The raw blocks.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.bytes.as_slice().to_vec()
+    }
+
+    /// The whole matrix as f32, `[n, k]` row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.n * self.k];
+        for (j, row) in out.chunks_exact_mut(self.k).enumerate() {
+            self.dequantize_row(j, row);
+        }
+        out
+    }
+
+    /// `x W^T` as `[rows, n]` for `x: [rows, k]`, on the fastest kernel this CPU has.
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        self.matmul_with(Kernel::detect(), x, rows)
+    }
+
+    /// `x W^T` on a chosen kernel (tests compare them).
+    pub fn matmul_with(&self, kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
+        assert_eq!(x.len(), rows * self.k, "input is not [rows, k]");
+        // The SIMD kernels are only sound on a CPU that has their features.
+        assert!(
+            kernel == Kernel::Scalar || kernel == Kernel::detect(),
+            "{kernel:?} kernel on a CPU without it"
+        );
+        let acts = QuantizedRows::new(x, rows, self.k, self.format.activation_block());
+        let (n, k) = (self.n, self.k);
+        // Computed weight-row major ([n, rows]) so each task writes one contiguous block.
+        let mut transposed = vec![0f32; n * rows];
+        let task = |(task_index, outputs): (usize, &mut [f32])| {
+            let first = task_index * WEIGHT_ROWS_PER_TASK;
+            for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
+                let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
+                for (offset, out) in outputs.chunks_exact_mut(rows).enumerate() {
+                    let row = self.row(first + offset);
+                    let out = &mut out[block_start..block_start + block_rows];
+                    dot_rows(kernel, self.format, row, &acts, block_start, out);
+                }
+            }
+        };
+        let task_len = WEIGHT_ROWS_PER_TASK * rows;
+        if n * k * rows >= PARALLEL_MIN_WORK {
+            transposed
+                .par_chunks_mut(task_len)
+                .enumerate()
+                .for_each(task);
+        } else {
+            transposed.chunks_mut(task_len).enumerate().for_each(task);
+        }
+        let mut output = vec![0f32; rows * n];
+        for (j, column) in transposed.chunks_exact(rows).enumerate() {
+            for (i, &value) in column.iter().enumerate() {
+                output[i * n + j] = value;
+            }
+        }
+        output
+    }
+}
+
+/// Which implementation runs the dot products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Portable Rust, any CPU.
+    Scalar,
+    /// AVX-512 F/BW with VNNI.
+    Avx512Vnni,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if simd::available() {
+            return Self::Avx512Vnni;
+        }
+        Self::Scalar
+    }
+}
+
+/// `out[i] = W_row . x[first + i]` for each `i`.
+fn dot_rows(
+    kernel: Kernel,
+    format: QuantFormat,
+    row: &[u8],
+    acts: &QuantizedRows,
+    first: usize,
+    out: &mut [f32],
+) {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => simd::dot_rows(format, row, acts, first, out),
+        _ => {
+            for (i, value) in out.iter_mut().enumerate() {
+                *value = scalar::dot(format, row, acts, first + i);
+            }
+        }
+    }
+}
+
+/// Activation rows quantized to 8 bits, one f32 scale per `block` values (32 for the
+/// 32-weight formats, 256 for the K-quants, matching their blocks as llama.cpp's Q8_0 / Q8_K
+/// do), with the integer sums the zero-point and min terms need.
+#[derive(Debug)]
+pub struct QuantizedRows {
+    k: usize,
+    block: usize,
+    /// `[rows, k]` 8-bit values.
+    q: Vec<i8>,
+    /// `[rows, k / block]`.
+    scale: Vec<f32>,
+    /// `[rows, k / 16]`: sums of 16 consecutive values.
+    sum16: Vec<i32>,
+    /// `[rows, k / 32]`: sums of 32 consecutive values.
+    sum32: Vec<i32>,
+}
+
+impl QuantizedRows {
+    pub fn new(x: &[f32], rows: usize, k: usize, block: usize) -> Self {
+        assert!(
+            k.is_multiple_of(block) && block.is_multiple_of(32),
+            "k = {k} is not a multiple of {block}"
+        );
+        let mut q = vec![0i8; rows * k];
+        let mut scale = vec![0f32; rows * k / block];
+        for ((values, quants), scale) in x
+            .chunks_exact(block)
+            .zip(q.chunks_exact_mut(block))
+            .zip(scale.iter_mut())
+        {
+            let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+            for (quant, value) in quants.iter_mut().zip(values) {
+                *quant = (value * inverse).round() as i8;
+            }
+            *scale = d;
+        }
+        let sums = |n: usize| -> Vec<i32> {
+            q.chunks_exact(n)
+                .map(|values| values.iter().map(|&v| i32::from(v)).sum())
+                .collect()
+        };
+        let (sum16, sum32) = (sums(16), sums(32));
+        Self {
+            k,
+            block,
+            q,
+            scale,
+            sum16,
+            sum32,
+        }
+    }
+
+    fn q(&self, row: usize) -> &[i8] {
+        &self.q[row * self.k..(row + 1) * self.k]
+    }
+
+    fn scale(&self, row: usize) -> &[f32] {
+        let per_row = self.k / self.block;
+        &self.scale[row * per_row..(row + 1) * per_row]
+    }
+
+    fn sum16(&self, row: usize) -> &[i32] {
+        &self.sum16[row * self.k / 16..(row + 1) * self.k / 16]
+    }
+
+    fn sum32(&self, row: usize) -> &[i32] {
+        &self.sum32[row * self.k / 32..(row + 1) * self.k / 32]
+    }
+}
+
+/// One chunk of weights decoded: `weight[i] = scale[i / 4] * u[i] - offset[i / 4]`.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodedChunk {
+    pub u: [u8; CHUNK],
+    pub scale: [f32; LANES],
+    pub offset: [f32; LANES],
+}
+
+/// Decodes chunk `c` of a row (the reference the SIMD decoders are tested against).
+pub fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> DecodedChunk {
+    scalar::decode_chunk(format, row, c)
+}
+
+#[cfg(test)]
+mod tests;

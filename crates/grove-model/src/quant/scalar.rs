@@ -1,0 +1,134 @@
+//! Portable decoders and dot products: the reference for the SIMD kernels and the fallback on
+//! CPUs without AVX-512 VNNI. Block layouts follow ggml's `block_q8_0`, `block_q5_0`,
+//! `block_q4_K` and `block_q6_K` (little-endian).
+
+use half::f16;
+
+use super::{DecodedChunk, QuantFormat, QuantizedRows, CHUNK, LANE, LANES};
+
+pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
+}
+
+/// Q4_K's 6-bit scale and min of sub-block `j` (0..8) from its 12 packed bytes.
+pub(super) fn q4k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        (
+            (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4),
+            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Decodes chunk `c` (weights `64c .. 64c + 64`) of a row.
+pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> DecodedChunk {
+    let mut chunk = DecodedChunk {
+        u: [0; CHUNK],
+        scale: [0.0; LANES],
+        offset: [0.0; LANES],
+    };
+    match format {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 => {
+            // Two 32-weight blocks per chunk.
+            let block_bytes = format.block_bytes();
+            for half in 0..2 {
+                let block = &row[(2 * c + half) * block_bytes..(2 * c + half + 1) * block_bytes];
+                let d = f16_at(block, 0);
+                let u = &mut chunk.u[32 * half..32 * half + 32];
+                let zero = if format == QuantFormat::Q8_0 {
+                    for (value, &q) in u.iter_mut().zip(&block[2..34]) {
+                        *value = (q as i8 as i16 + 128) as u8;
+                    }
+                    128.0
+                } else {
+                    let high = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                    for (j, &q) in block[6..22].iter().enumerate() {
+                        u[j] = (q & 0x0F) | ((((high >> j) & 1) as u8) << 4);
+                        u[j + 16] = (q >> 4) | ((((high >> (j + 16)) & 1) as u8) << 4);
+                    }
+                    16.0
+                };
+                for lane in 8 * half..8 * half + 8 {
+                    chunk.scale[lane] = d;
+                    chunk.offset[lane] = zero * d;
+                }
+            }
+        }
+        QuantFormat::Q4K => {
+            let block = &row[(c / 4) * 144..(c / 4 + 1) * 144];
+            let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+            let j = c % 4;
+            let quants = &block[16 + 32 * j..16 + 32 * j + 32];
+            for (i, &q) in quants.iter().enumerate() {
+                chunk.u[i] = q & 0x0F;
+                chunk.u[i + 32] = q >> 4;
+            }
+            for half in 0..2 {
+                let (scale, min) = q4k_scale_min(&block[4..16], 2 * j + half);
+                for lane in 8 * half..8 * half + 8 {
+                    chunk.scale[lane] = d * f32::from(scale);
+                    chunk.offset[lane] = dmin * f32::from(min);
+                }
+            }
+        }
+        QuantFormat::Q6K => {
+            let block = &row[(c / 4) * 210..(c / 4 + 1) * 210];
+            let within = c % 4;
+            let (half, part) = (within / 2, within % 2);
+            let low = &block[64 * half..64 * half + 64];
+            let high = &block[128 + 32 * half..128 + 32 * half + 32];
+            let d = f16_at(block, 208);
+            for l in 0..32 {
+                let (a, b) = if part == 0 {
+                    (low[l] & 0x0F, low[l + 32] & 0x0F)
+                } else {
+                    (low[l] >> 4, low[l + 32] >> 4)
+                };
+                let shift = 4 * part;
+                chunk.u[l] = a | (((high[l] >> shift) & 3) << 4);
+                chunk.u[l + 32] = b | (((high[l] >> (shift + 2)) & 3) << 4);
+            }
+            for lane in 0..LANES {
+                let scale = d * f32::from(block[192 + 4 * within + lane / 4] as i8);
+                chunk.scale[lane] = scale;
+                chunk.offset[lane] = 32.0 * scale;
+            }
+        }
+    }
+    chunk
+}
+
+pub(super) fn dequantize_row(format: QuantFormat, row: &[u8], out: &mut [f32]) {
+    for (c, values) in out.chunks_exact_mut(CHUNK).enumerate() {
+        let chunk = decode_chunk(format, row, c);
+        for (i, value) in values.iter_mut().enumerate() {
+            *value = chunk.scale[i / LANE] * f32::from(chunk.u[i]) - chunk.offset[i / LANE];
+        }
+    }
+}
+
+/// The dot of a weight row with activation row `r`: the SIMD kernels' result in plain
+/// arithmetic (`sum dx * (s * dot4(u, q) - m * sum4(q))`).
+pub(super) fn dot(format: QuantFormat, row: &[u8], acts: &QuantizedRows, r: usize) -> f32 {
+    let (q, scales) = (acts.q(r), acts.scale(r));
+    let mut total = 0f32;
+    for c in 0..q.len() / CHUNK {
+        let chunk = decode_chunk(format, row, c);
+        for lane in 0..LANES {
+            let at = c * CHUNK + lane * LANE;
+            let values = &q[at..at + LANE];
+            let u = &chunk.u[lane * LANE..lane * LANE + LANE];
+            let dot4: i32 = u
+                .iter()
+                .zip(values)
+                .map(|(&u, &v)| i32::from(u) * i32::from(v))
+                .sum();
+            let sum4: i32 = values.iter().map(|&v| i32::from(v)).sum();
+            let dx = scales[at / acts.block];
+            total += dx * (chunk.scale[lane] * dot4 as f32 - chunk.offset[lane] * sum4 as f32);
+        }
+    }
+    total
+}

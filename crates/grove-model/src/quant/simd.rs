@@ -1,0 +1,342 @@
+//! AVX-512 (F, BW, DQ, VNNI) kernels in two families, both after llama.cpp's layout of the
+//! work: the integer dot of 64 weights with 64 activation bytes is one `vpdpbusd`, and the f32
+//! work is amortized:
+//! - 32-weight formats (Q8_0, Q5_0): per 16 blocks, the weights' f16 scales are converted at
+//!   once and multiplied with the activations' block scales; each chunk then costs one
+//!   permute (its two blocks' scales) and one FMA per row. The zero point (128 or 16) is one
+//!   FMA per 16 blocks with the activations' block sums.
+//! - K-quants (Q4_K, Q6_K), activations scaled per 256: sub-block scales multiply the integer
+//!   dots in integers over a whole super-block, then one FMA per super-block; mins (Q4_K) and
+//!   the zero point (Q6_K) come from the activations' 32- and 16-value sums.
+//!
+//! Each decoded weight chunk is dotted with up to [`TILE`] activation rows.
+// The kernels are `unsafe` only for the intrinsics: every function here is compiled for
+// avx512f/bw/dq/vnni + f16c and reached only after `available()` confirmed those features;
+// every load reads inside slices whose lengths `QMatrix::new` and `QuantizedRows::new` checked
+// (masked loads for partial groups).
+#![allow(unsafe_code)]
+// Loops over the `R` rows of a tile index several parallel register arrays at once.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::scalar::q4k_scale_min;
+use super::{QuantFormat, QuantizedRows, CHUNK};
+
+/// Activation rows per pass over a weight row.
+const TILE: usize = 4;
+
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512dq")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("f16c")
+}
+
+pub(super) fn dot_rows(
+    format: QuantFormat,
+    row: &[u8],
+    acts: &QuantizedRows,
+    first: usize,
+    out: &mut [f32],
+) {
+    for (t, tile) in out.chunks_mut(TILE).enumerate() {
+        let start = first + t * TILE;
+        // SAFETY: the caller (Kernel::detect) checked the features; `row` holds `k / CHUNK`
+        // whole chunks of `format` (QMatrix::new) and rows `start..start + tile.len()` exist
+        // in `acts`, quantized with `format.activation_block()`.
+        unsafe {
+            match (format, tile.len()) {
+                (QuantFormat::Q8_0, 1) => block32::<Q8_0, 1>(row, acts, start, tile),
+                (QuantFormat::Q8_0, 2) => block32::<Q8_0, 2>(row, acts, start, tile),
+                (QuantFormat::Q8_0, 3) => block32::<Q8_0, 3>(row, acts, start, tile),
+                (QuantFormat::Q8_0, _) => block32::<Q8_0, TILE>(row, acts, start, tile),
+                (QuantFormat::Q5_0, 1) => block32::<Q5_0, 1>(row, acts, start, tile),
+                (QuantFormat::Q5_0, 2) => block32::<Q5_0, 2>(row, acts, start, tile),
+                (QuantFormat::Q5_0, 3) => block32::<Q5_0, 3>(row, acts, start, tile),
+                (QuantFormat::Q5_0, _) => block32::<Q5_0, TILE>(row, acts, start, tile),
+                (QuantFormat::Q4K, 1) => q4k::<1>(row, acts, start, tile),
+                (QuantFormat::Q4K, 2) => q4k::<2>(row, acts, start, tile),
+                (QuantFormat::Q4K, 3) => q4k::<3>(row, acts, start, tile),
+                (QuantFormat::Q4K, _) => q4k::<TILE>(row, acts, start, tile),
+                (QuantFormat::Q6K, 1) => q6k::<1>(row, acts, start, tile),
+                (QuantFormat::Q6K, 2) => q6k::<2>(row, acts, start, tile),
+                (QuantFormat::Q6K, 3) => q6k::<3>(row, acts, start, tile),
+                (QuantFormat::Q6K, _) => q6k::<TILE>(row, acts, start, tile),
+            }
+        }
+    }
+}
+
+/// Raw pointers to `R` activation rows, so the inner loops do no slicing.
+struct Rows<const R: usize> {
+    q: [*const i8; R],
+    scale: [*const f32; R],
+    sum16: [*const i32; R],
+    sum32: [*const i32; R],
+}
+
+impl<const R: usize> Rows<R> {
+    fn new(acts: &QuantizedRows, start: usize) -> Self {
+        Self {
+            q: std::array::from_fn(|r| acts.q(start + r).as_ptr()),
+            scale: std::array::from_fn(|r| acts.scale(start + r).as_ptr()),
+            sum16: std::array::from_fn(|r| acts.sum16(start + r).as_ptr()),
+            sum32: std::array::from_fn(|r| acts.sum32(start + r).as_ptr()),
+        }
+    }
+}
+
+/// A 32-weight block format: chunk `c` (two blocks) as 64 unsigned bytes, `w = d * (u - z)`.
+trait Block32 {
+    const BYTES: usize;
+    /// The zero point `z`.
+    const ZERO: f32;
+    unsafe fn decode(row: *const u8, c: usize) -> __m512i;
+}
+
+/// Lane index vector `[a x 8, a + 1 x 8]` picking chunk `i`'s two block scales (`a = 2i`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn pair_index(i: usize) -> __m512i {
+    let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_add_epi32(base, _mm512_set1_epi32(2 * i as i32))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn block32<F: Block32, const R: usize>(
+    row: &[u8],
+    acts: &QuantizedRows,
+    start: usize,
+    out: &mut [f32],
+) {
+    let chunks = acts.k / CHUNK;
+    let row = row.as_ptr();
+    let x = Rows::<R>::new(acts, start);
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut zero_terms = [_mm512_setzero_ps(); R];
+    let zero = _mm512_setzero_si512();
+    for group in (0..chunks).step_by(8) {
+        let group_chunks = 8.min(chunks - group);
+        let blocks = 2 * group_chunks;
+        let mut halves = [0u16; 16];
+        let mut at = row.add(2 * group * F::BYTES);
+        for half in halves.iter_mut().take(blocks) {
+            *half = at.cast::<u16>().read_unaligned();
+            at = at.add(F::BYTES);
+        }
+        let weight_scales = _mm512_cvtph_ps(_mm256_loadu_si256(halves.as_ptr().cast()));
+        let mask: __mmask16 = if blocks == 16 {
+            0xFFFF
+        } else {
+            (1 << blocks) - 1
+        };
+        let mut scales = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[r].add(2 * group));
+            scales[r] = _mm512_mul_ps(weight_scales, x_scales);
+            let sums = _mm512_maskz_loadu_epi32(mask, x.sum32[r].add(2 * group));
+            zero_terms[r] = _mm512_fmadd_ps(scales[r], _mm512_cvtepi32_ps(sums), zero_terms[r]);
+        }
+        // Two chunks per step into two accumulators, so consecutive FMAs do not wait on each
+        // other (and the accumulators stay in registers).
+        for i in (0..group_chunks).step_by(2) {
+            for (slot, i) in [i, i + 1].into_iter().enumerate() {
+                if i == group_chunks {
+                    break;
+                }
+                let c = group + i;
+                let u = F::decode(row, c);
+                let index = pair_index(i);
+                for r in 0..R {
+                    let values = _mm512_loadu_si512(x.q[r].add(c * CHUNK).cast());
+                    let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
+                    let scale = _mm512_permutexvar_ps(index, scales[r]);
+                    acc[r][slot] = _mm512_fmadd_ps(scale, dot, acc[r][slot]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        let total = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+        out[r] = total - F::ZERO * _mm512_reduce_add_ps(zero_terms[r]);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, out: &mut [f32]) {
+    let blocks = acts.k / 256;
+    let x = Rows::<R>::new(acts, start);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut min_terms = [0f32; R];
+    let zero = _mm512_setzero_si512();
+    let mask = _mm256_set1_epi8(0x0F);
+    for s in 0..blocks {
+        let block = row.as_ptr().add(144 * s);
+        let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
+        let packed = std::slice::from_raw_parts(block.add(4), 12);
+        let mut scales = [0i32; 16];
+        let mut mins = [0i32; 8];
+        for j in 0..8 {
+            let (scale, min) = q4k_scale_min(packed, j);
+            scales[j] = i32::from(scale);
+            mins[j] = i32::from(min);
+        }
+        let scales = _mm512_loadu_si512(scales.as_ptr().cast());
+        let mut sums = [zero; R];
+        for j in 0..4 {
+            let q = _mm256_loadu_si256(block.add(16 + 32 * j).cast());
+            let u = join(
+                _mm256_and_si256(q, mask),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
+            );
+            let lane_scales = _mm512_permutexvar_epi32(pair_index(j), scales);
+            for r in 0..R {
+                let values = _mm512_loadu_si512(x.q[r].add(256 * s + 64 * j).cast());
+                let dot = _mm512_dpbusd_epi32(zero, u, values);
+                sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(dot, lane_scales));
+            }
+        }
+        for r in 0..R {
+            let dx = *x.scale[r].add(s);
+            let x_sums = std::slice::from_raw_parts(x.sum32[r].add(8 * s), 8);
+            let min_dot: i32 = mins.iter().zip(x_sums).map(|(m, x)| m * x).sum();
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sums[r]), acc[r]);
+            min_terms[r] += dmin * dx * min_dot as f32;
+        }
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]) - min_terms[r];
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn q6k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, out: &mut [f32]) {
+    let blocks = acts.k / 256;
+    let x = Rows::<R>::new(acts, start);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let zero = _mm512_setzero_si512();
+    let low_mask = _mm512_set1_epi8(0x0F);
+    let two_bits = _mm512_set1_epi8(3);
+    let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    for s in 0..blocks {
+        let block = row.as_ptr().add(210 * s);
+        let d = f16_at(block.add(208));
+        // The 16 scales (one per 16 weights) as i32 lanes.
+        let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(192).cast()));
+        let mut sums = [zero; R];
+        for r in 0..R {
+            // Zero point 32: subtract 32 * scale * (sum of the 16 activations it covers).
+            let x_sums = _mm512_loadu_si512(x.sum16[r].add(16 * s).cast());
+            sums[r] = _mm512_sub_epi32(
+                zero,
+                _mm512_slli_epi32::<5>(_mm512_mullo_epi32(scales, x_sums)),
+            );
+        }
+        for within in 0..4 {
+            let (half, part) = (within / 2, within % 2);
+            let low = _mm512_loadu_si512(block.add(64 * half).cast());
+            let low = if part == 0 {
+                low
+            } else {
+                _mm512_srli_epi16::<4>(low)
+            };
+            let high = _mm256_loadu_si256(block.add(128 + 32 * half).cast());
+            // Weights 0-31 take bits (4 part) .. +1 of `high`, weights 32-63 the next two.
+            let shift = 4 * part as i16;
+            let counts = join(_mm256_set1_epi16(shift), _mm256_set1_epi16(shift + 2));
+            let high = _mm512_and_si512(_mm512_srlv_epi16(join(high, high), counts), two_bits);
+            let u = _mm512_or_si512(
+                _mm512_and_si512(low, low_mask),
+                _mm512_slli_epi16::<4>(high),
+            );
+            let index = _mm512_add_epi32(quad, _mm512_set1_epi32(4 * within as i32));
+            let lane_scales = _mm512_permutexvar_epi32(index, scales);
+            for r in 0..R {
+                let values = _mm512_loadu_si512(x.q[r].add(256 * s + 64 * within).cast());
+                let dot = _mm512_dpbusd_epi32(zero, u, values);
+                sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(dot, lane_scales));
+            }
+        }
+        for r in 0..R {
+            let dx = *x.scale[r].add(s);
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sums[r]), acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+        p.cast::<u16>().read_unaligned(),
+    ))))
+}
+
+/// Bytes 0-31 = `a`, 32-63 = `b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+}
+
+struct Q8_0;
+struct Q5_0;
+
+impl Block32 for Q8_0 {
+    const BYTES: usize = 34;
+    const ZERO: f32 = 128.0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+    unsafe fn decode(row: *const u8, c: usize) -> __m512i {
+        let (b0, b1) = (row.add(68 * c), row.add(68 * c + 34));
+        let q = join(
+            _mm256_loadu_si256(b0.add(2).cast()),
+            _mm256_loadu_si256(b1.add(2).cast()),
+        );
+        // i8 -> u8 by adding 128 (flipping the sign bit); the zero point takes it back out.
+        _mm512_xor_si512(q, _mm512_set1_epi8(-128))
+    }
+}
+
+impl Block32 for Q5_0 {
+    const BYTES: usize = 22;
+    const ZERO: f32 = 16.0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+    unsafe fn decode(row: *const u8, c: usize) -> __m512i {
+        let (b0, b1) = (row.add(44 * c), row.add(44 * c + 22));
+        let both = _mm256_set_m128i(
+            _mm_loadu_si128(b1.add(6).cast()),
+            _mm_loadu_si128(b0.add(6).cast()),
+        );
+        let mask = _mm256_set1_epi8(0x0F);
+        let low = _mm256_and_si256(both, mask);
+        let high = _mm256_and_si256(_mm256_srli_epi16::<4>(both), mask);
+        // Element order: block 0's low nibbles (weights 0-15) then its high nibbles (16-31),
+        // then block 1's.
+        let order = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+        let nibbles = _mm512_permutex2var_epi64(
+            _mm512_castsi256_si512(low),
+            order,
+            _mm512_castsi256_si512(high),
+        );
+        let high0 = u64::from(b0.add(2).cast::<u32>().read_unaligned());
+        let high1 = u64::from(b1.add(2).cast::<u32>().read_unaligned());
+        _mm512_mask_add_epi8(
+            nibbles,
+            high0 | (high1 << 32),
+            nibbles,
+            _mm512_set1_epi8(16),
+        )
+    }
+}

@@ -1,0 +1,139 @@
+use std::sync::Arc;
+
+use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
+use candle_core::Device;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+
+const FORMATS: [QuantFormat; 4] = [
+    QuantFormat::Q8_0,
+    QuantFormat::Q5_0,
+    QuantFormat::Q4K,
+    QuantFormat::Q6K,
+];
+
+fn ggml_dtype(format: QuantFormat) -> GgmlDType {
+    match format {
+        QuantFormat::Q8_0 => GgmlDType::Q8_0,
+        QuantFormat::Q5_0 => GgmlDType::Q5_0,
+        QuantFormat::Q4K => GgmlDType::Q4K,
+        QuantFormat::Q6K => GgmlDType::Q6K,
+    }
+}
+
+fn random_input(rows: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..rows * k)
+        .map(|_| rng.random_range(-2.0f32..2.0))
+        .collect()
+}
+
+#[test]
+fn dequantize_matches_candle() {
+    for format in FORMATS {
+        let (n, k) = (3, 512);
+        let matrix = QMatrix::random(format, n, k, 1);
+        let ours = matrix.dequantize();
+        let candle = qtensor_from_ggml(
+            ggml_dtype(format),
+            matrix.bytes.as_slice(),
+            vec![n, k],
+            &Device::Cpu,
+        )
+        .and_then(|q| q.dequantize(&Device::Cpu))
+        .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+        .expect("candle dequantizes");
+        for (i, (a, b)) in ours.iter().zip(&candle).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                "{} element {i}: ours {a}, candle {b}",
+                format.name()
+            );
+        }
+    }
+}
+
+/// Every kernel against `x W^T` in f32 over the dequantized weights. The only difference
+/// allowed is the 8-bit rounding of the activations: at most half a step (`amax / 254`) per
+/// value, so `|error| <= sum_i |w_i| * amax(block of i) / 254` per output.
+#[test]
+fn kernels_match_dequantize_then_matmul() {
+    let mut kernels = vec![Kernel::Scalar];
+    if Kernel::detect() != Kernel::Scalar {
+        kernels.push(Kernel::detect());
+    } else {
+        eprintln!("no AVX-512 VNNI on this CPU: only the scalar kernel is tested");
+    }
+    for format in FORMATS {
+        for &(n, k, rows) in &[(5, 256, 1), (37, 512, 3), (70, 768, 9), (40, 256, 70)] {
+            let matrix = QMatrix::random(format, n, k, n as u64);
+            let weights = matrix.dequantize();
+            let x = random_input(rows, k, rows as u64);
+            for &kernel in &kernels {
+                let y = matrix.matmul_with(kernel, &x, rows);
+                for r in 0..rows {
+                    let input = &x[r * k..(r + 1) * k];
+                    for j in 0..n {
+                        let w = &weights[j * k..(j + 1) * k];
+                        let exact: f32 = w.iter().zip(input).map(|(a, b)| a * b).sum();
+                        let block = format.activation_block();
+                        let bound: f32 = input
+                            .chunks_exact(block)
+                            .zip(w.chunks_exact(block))
+                            .map(|(xs, ws)| {
+                                let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                                ws.iter().map(|v| v.abs()).sum::<f32>() * amax / 254.0
+                            })
+                            .sum();
+                        let got = y[r * n + j];
+                        assert!(
+                            (got - exact).abs() <= bound * 1.001 + 1e-3,
+                            "{} {kernel:?} [{n}, {k}] x {rows} rows: row {r} col {j}: {got} vs \
+                             {exact} (bound {bound})",
+                            format.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_and_scalar_agree_closely() {
+    let simd = Kernel::detect();
+    if simd == Kernel::Scalar {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    for format in FORMATS {
+        let (n, k, rows) = (300, 1024, 6);
+        let matrix = QMatrix::random(format, n, k, 7);
+        let x = random_input(rows, k, 8);
+        let a = matrix.matmul_with(Kernel::Scalar, &x, rows);
+        let b = matrix.matmul_with(simd, &x, rows);
+        // Same arithmetic, other summation order: f32 rounding of terms as large as the
+        // largest outputs.
+        let largest = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * largest,
+                "{} output {i}: scalar {a}, simd {b}",
+                format.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_are_refused() {
+    let bytes = Bytes::Owned(Arc::new(vec![0; 34 * 3]));
+    let error = QMatrix::new(QuantFormat::Q8_0, 1, 96, bytes).unwrap_err();
+    assert!(error.contains("96 weights"), "{error}");
+    let bytes = Bytes::Owned(Arc::new(vec![0; 100]));
+    let error = QMatrix::new(QuantFormat::Q8_0, 1, 64, bytes).unwrap_err();
+    assert!(error.contains("needs 68 bytes, got 100"), "{error}");
+    assert_eq!(QuantFormat::Q4K.row_bytes(128), None);
+}
