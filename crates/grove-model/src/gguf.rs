@@ -174,6 +174,22 @@ impl GgufFile {
         DecoderConfig::from_json(&config).map_err(|message| self.config_error(message))
     }
 
+    /// Bytes of weights one decode step reads: every tensor but the token embeddings (of which
+    /// a step reads one row), plus the embeddings again when they double as the LM head.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let bytes = |info: &candle_core::quantized::gguf_file::TensorInfo| {
+            (info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size())
+                as u64
+        };
+        let tied = !self.content.tensor_infos.contains_key("output.weight");
+        self.content
+            .tensor_infos
+            .iter()
+            .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
+            .map(|(_, info)| bytes(info))
+            .sum()
+    }
+
     /// The llama.cpp name of an HF tensor name.
     pub fn gguf_name(hf: &str) -> Option<String> {
         let fixed = match hf {

@@ -57,6 +57,12 @@ pub struct BenchArgs {
     /// Requests each client sends in turn, for --serve.
     #[arg(long, default_value_t = 4)]
     pub requests_per_client: usize,
+    /// Compare with llama.cpp (llama-cpp-python, scripts/llama_cpp_reference.py) on the same
+    /// GGUF file: prefill and decode tokens/s alternating in one run, peak RSS of both, memory
+    /// bandwidth and decode as a fraction of the bandwidth floor, and grove's verify curve.
+    #[arg(long)]
+    pub compare_llama_cpp: bool,
+
     /// Run none / dflash / ddtree over the --budgets sweep on fixed code prompts and write
     /// report.json plus charts (budget.png, acceptance.png) into this directory.
     #[arg(long)]
@@ -89,10 +95,10 @@ impl Spread {
 }
 
 #[derive(Debug, Serialize)]
-struct VerifyPoint {
-    rows: usize,
-    ms: Spread,
-    ratio_to_one_row: f64,
+pub(crate) struct VerifyPoint {
+    pub rows: usize,
+    pub ms: Spread,
+    pub ratio_to_one_row: f64,
 }
 
 /// What the measured runs of one method recorded.
@@ -141,6 +147,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if let Some(dir) = &args.report {
         return crate::bench_report::run(&args, dir);
+    }
+    if args.compare_llama_cpp {
+        return loading::with_threads(args.model.threads, |threads| {
+            crate::bench_llama::run(&args, threads)
+        });
     }
     loading::with_threads(args.model.threads, |threads| bench(&args, threads))
 }
@@ -260,7 +271,7 @@ fn bench(args: &BenchArgs, threads: usize) -> Result<()> {
 
 /// Times one forward of `rows` causal rows (logits for every row, as a verify needs) after a
 /// prefilled context. The rows are never committed, so every measurement sees the same context.
-fn verify_curve(
+pub(crate) fn verify_curve(
     model: &dyn Model,
     args: &BenchArgs,
     repetitions: usize,
@@ -337,12 +348,17 @@ fn print_report(report: &BenchReport) {
             method.decode_speedup_vs_none
         );
     }
-    eprintln!(
-        "verify cost after {} tokens of context (median of {}):",
-        report.verify_context, report.repetitions
+    print_verify_curve(
+        report.verify_context,
+        report.repetitions,
+        &report.verify_cost,
     );
+}
+
+pub(crate) fn print_verify_curve(context: usize, repetitions: usize, points: &[VerifyPoint]) {
+    eprintln!("verify cost after {context} tokens of context (median of {repetitions}):");
     eprintln!("  rows      ms   x 1-row");
-    for point in &report.verify_cost {
+    for point in points {
         eprintln!(
             "  {:>4} {:>8.2} {:>9.2}",
             point.rows, point.ms.median, point.ratio_to_one_row

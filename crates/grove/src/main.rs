@@ -4,6 +4,7 @@
 //! verify cost curve), `tiny-model` (writes the seeded random checkpoint used as the default).
 
 mod bench;
+mod bench_llama;
 mod bench_report;
 mod bench_serve;
 mod generate;

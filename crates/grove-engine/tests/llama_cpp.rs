@@ -1,0 +1,247 @@
+//! grove against llama.cpp (llama-cpp-python, `scripts/llama_cpp_reference.py`) on the real GGUF
+//! models `scripts/install_models.py` installs: the tokenizer rebuilt from GGUF metadata gives
+//! llama.cpp's token ids and text, and greedy decoding gives llama.cpp's first 32 tokens on 5
+//! prompts per model, or each divergence is a near-tie (both implementations' logits of both
+//! tokens are printed and must be within [`NEAR_TIE`]).
+//!
+//! Skipped with a printed reason when a model file or llama-cpp-python is absent, unless
+//! `GROVE_REQUIRE_LLAMA_CPP=1` (CI sets it and installs both).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use grove_core::TokenId;
+use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
+use grove_kv::PagePool;
+use grove_model::{ChatMessage, Decoder, ForwardBatch, LogitRows, Model, Segment, TextTokenizer};
+use serde_json::{json, Value};
+
+/// Logit gap under which two top tokens count as a tie: 8-bit activation rounding moves logits
+/// of these models by a few hundredths to a few tenths.
+const NEAR_TIE: f32 = 0.5;
+const NEW_TOKENS: usize = 32;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn models_dir() -> PathBuf {
+    std::env::var_os("GROVE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("models"))
+}
+
+fn required() -> bool {
+    std::env::var_os("GROVE_REQUIRE_LLAMA_CPP").is_some_and(|v| v == "1")
+}
+
+/// Whether the reference is usable; prints why not.
+fn llama_cpp_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import llama_cpp"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            !required(),
+            "GROVE_REQUIRE_LLAMA_CPP=1 but `python3 -c 'import llama_cpp'` fails"
+        );
+        eprintln!("skipped: llama-cpp-python is not installed (bash scripts/install_llama_cpp.sh)");
+    }
+    ok
+}
+
+/// The installed model file `name`, or `None` with the reason printed.
+fn model(name: &str) -> Option<PathBuf> {
+    let path = models_dir().join(name);
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        !required() || !name.starts_with("qwen2.5-coder-0.5b"),
+        "GROVE_REQUIRE_LLAMA_CPP=1 but {} is missing (python3 scripts/install_models.py)",
+        path.display()
+    );
+    eprintln!(
+        "skipped {name}: {} is absent (python3 scripts/install_models.py)",
+        path.display()
+    );
+    None
+}
+
+fn reference(request: Value) -> Result<Value> {
+    let script = repo_root().join("scripts/llama_cpp_reference.py");
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("running python3")?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(request.to_string().as_bytes())?;
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!("{} failed: {}", script.display(), output.status);
+    }
+    Ok(serde_json::from_slice(&output.stdout)?)
+}
+
+/// Strings that exercise the pre-tokenizer and the special-token split.
+const TEXTS: &[&str] = &[
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "fn main() { let v: Vec<u8> = vec![1, 2, 3]; println!(\"{v:?}\"); }",
+    "   leading spaces,\ttabs\t\tand\n\n\nblank lines   ",
+    "12345678901234567890 3.14159 1e-9 0x1F",
+    "héllo wörld, 你好，世界! Привет мир. 日本語のテキスト",
+    "emoji 🌍🚀 family 👨‍👩‍👧 and a combining e\u{301}",
+    "I'm sure they've said it's what we'd do; DON'T SHOUT",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|>text after an end marker<|fim_prefix|>x<|fim_suffix|>",
+];
+
+fn check_tokenizer(path: &Path, tokenizer: &TextTokenizer) -> Result<()> {
+    let answer = reference(json!({
+        "command": "tokenize", "model": path, "texts": TEXTS,
+    }))?;
+    for (i, text) in TEXTS.iter().enumerate() {
+        let theirs: Vec<TokenId> = serde_json::from_value(answer["ids"][i].clone())?;
+        let ours = tokenizer.encode(text, false)?;
+        assert_eq!(ours, theirs, "token ids of {text:?}");
+        // Output text leaves control tokens out, as llama.cpp's detokenize(special=False) does.
+        let plain = answer["decoded_without_special"][i]
+            .as_str()
+            .context("decoded")?;
+        assert_eq!(tokenizer.decode(&ours)?, plain, "decoding {text:?}");
+        assert_eq!(
+            answer["decoded"][i], *text,
+            "llama.cpp round trip of {text:?}"
+        );
+    }
+    println!("tokenizer: {} strings agree with llama.cpp", TEXTS.len());
+    Ok(())
+}
+
+/// Logits of the next token after `tokens`.
+fn next_logits(model: &Decoder, tokens: &[TokenId]) -> Result<Vec<f32>> {
+    let pool = PagePool::new(tokens.len(), 1)?;
+    let mut kv = model.new_kv_store(pool.num_slots());
+    let mut table = pool.new_table();
+    table.reserve(tokens.len())?;
+    let positions: Vec<usize> = (0..tokens.len()).collect();
+    let output = model.forward(
+        &ForwardBatch {
+            segments: vec![Segment::causal(&table, tokens, &positions, LogitRows::Last)],
+            taps: &[],
+        },
+        &mut kv,
+    )?;
+    Ok(output.logits.flatten_all()?.to_vec1::<f32>()?)
+}
+
+fn check_greedy(path: &Path, model: &Decoder, prompts: &[Vec<TokenId>]) -> Result<()> {
+    let answer = reference(json!({
+        "command": "greedy", "model": path, "prompts": prompts,
+        "max_new_tokens": NEW_TOKENS, "top": 16,
+    }))?;
+    let generator = Generator::new(model, None, GeneratorOptions::default());
+    let mut ties = 0;
+    for (p, prompt) in prompts.iter().enumerate() {
+        let reference = &answer["outputs"][p];
+        let theirs: Vec<TokenId> = serde_json::from_value(reference["tokens"].clone())?;
+        // No stop tokens: both sides decode exactly NEW_TOKENS tokens.
+        let request = GenerateRequest::greedy(prompt, NEW_TOKENS);
+        let ours = generator.generate(&request, |_| {})?.token_ids;
+        let Some(step) = ours.iter().zip(&theirs).position(|(a, b)| a != b) else {
+            println!("prompt {p}: all {NEW_TOKENS} tokens agree");
+            continue;
+        };
+        // A divergence: both sides' logits of both tokens at that step.
+        let (a, b) = (ours[step], theirs[step]);
+        let their_logit = |token: TokenId| -> Option<f32> {
+            reference["top"][step].as_array()?.iter().find_map(|pair| {
+                (pair[0].as_u64()? == u64::from(token)).then(|| pair[1].as_f64().unwrap() as f32)
+            })
+        };
+        let mut prefix = prompt.clone();
+        prefix.extend_from_slice(&ours[..step]);
+        let logits = next_logits(model, &prefix)?;
+        let (ours_a, ours_b) = (logits[a as usize], logits[b as usize]);
+        let (theirs_a, theirs_b) = (their_logit(a), their_logit(b).context("own top token")?);
+        println!(
+            "prompt {p}: diverges at token {step}: grove picks {a} (grove logit {ours_a:.3}, \
+             llama.cpp {theirs_a:?}), llama.cpp picks {b} (grove logit {ours_b:.3}, llama.cpp \
+             {theirs_b:.3})"
+        );
+        let theirs_a = theirs_a.with_context(|| {
+            format!("prompt {p} step {step}: grove's token {a} is not in llama.cpp's top 16")
+        })?;
+        assert!(
+            ours_a - ours_b <= NEAR_TIE && theirs_b - theirs_a <= NEAR_TIE,
+            "prompt {p} step {step}: not a near-tie (gaps: grove {:.3}, llama.cpp {:.3}, limit \
+             {NEAR_TIE})",
+            ours_a - ours_b,
+            theirs_b - theirs_a
+        );
+        ties += 1;
+    }
+    println!(
+        "greedy: {} prompts, {ties} near-tie divergences",
+        prompts.len()
+    );
+    Ok(())
+}
+
+fn prompts(tokenizer: &TextTokenizer) -> Result<Vec<Vec<TokenId>>> {
+    let code = [
+        "def fibonacci(n):",
+        "import json\n\ndef load_config(path):\n    \"\"\"Read a JSON config file.\"\"\"\n",
+        "// Reverse a vector in place.\nfn reverse<T>(v: &mut Vec<T>) {",
+    ];
+    let chat = [
+        "Write a Python function that checks whether a string is a palindrome.",
+        "What is the difference between a list and a tuple in Python?",
+    ];
+    let mut out = Vec::new();
+    for text in code {
+        out.push(tokenizer.encode(text, true)?);
+    }
+    for question in chat {
+        let text = tokenizer.apply_chat_template(&[ChatMessage {
+            role: "user".into(),
+            content: question.into(),
+        }])?;
+        out.push(tokenizer.encode(&text, true)?);
+    }
+    Ok(out)
+}
+
+fn agree_with_llama_cpp(file: &str) -> Result<()> {
+    let Some(path) = model(file) else {
+        return Ok(());
+    };
+    if !llama_cpp_available() {
+        return Ok(());
+    }
+    let model = Decoder::load(&path, &Device::Cpu)?;
+    let tokenizer = grove_model::gguf::GgufFile::open(&path)?.tokenizer()?;
+    check_tokenizer(&path, &tokenizer)?;
+    check_greedy(&path, &model, &prompts(&tokenizer)?)
+}
+
+#[test]
+fn qwen2_5_coder_0_5b_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct.gguf")
+}
+
+#[test]
+fn qwen2_5_coder_1_5b_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b.gguf")
+}

@@ -1,0 +1,290 @@
+//! `grove bench --compare-llama-cpp`: grove against llama.cpp on the same GGUF file, prompt and
+//! thread count, in one run. Repetitions alternate (grove, then llama.cpp in a fresh process)
+//! so both see the same machine state; the first pair warms up and is not counted.
+//!
+//! Also measured here: this machine's memory read bandwidth (a parallel sum over 1 GiB), and
+//! from it the decode floor: bandwidth / bytes of weights a step reads. Decoding a small model
+//! is a stream over its weights, so tokens/s over that floor says how much of the memory
+//! system a kernel uses.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use grove_core::{SamplingParams, StopCondition, TokenId};
+use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
+use grove_model::gguf::GgufFile;
+use grove_model::Model;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::bench::{print_verify_curve, verify_curve, BenchArgs, Spread, VerifyPoint};
+use crate::loading;
+
+#[derive(Debug, Serialize)]
+struct Side {
+    prefill_tokens_per_s: Spread,
+    decode_tokens_per_s: Spread,
+    peak_rss_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Comparison {
+    model: String,
+    file_bytes: u64,
+    threads: usize,
+    prompt_tokens: usize,
+    new_tokens: usize,
+    repetitions: usize,
+    grove: Side,
+    llama_cpp: Side,
+    prefill_ratio: f64,
+    decode_ratio: f64,
+    /// Bytes of the KV pool grove allocated for one request of this size.
+    grove_kv_bytes: u64,
+    /// Grove's peak RSS / (file + KV pool).
+    grove_rss_over_file_and_kv: f64,
+    memory_read_gb_per_s: f64,
+    weight_bytes_per_token: u64,
+    /// Bandwidth / weight bytes per token.
+    decode_floor_tokens_per_s: f64,
+    grove_fraction_of_floor: f64,
+    llama_cpp_fraction_of_floor: f64,
+    verify_context: usize,
+    verify_cost: Vec<VerifyPoint>,
+}
+
+pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
+    let path = args.model.model_dir();
+    if !grove_model::gguf::is_gguf(&path) {
+        bail!(
+            "--compare-llama-cpp needs --model-path FILE.gguf (got {})",
+            path.display()
+        );
+    }
+    let file = GgufFile::open(&path)?;
+    let loaded = loading::load(&args.model)?;
+    let model = &loaded.model;
+    let config = model.config();
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(0);
+    let vocab = config.vocab_size as TokenId;
+    let mut random_tokens =
+        |n: usize| -> Vec<TokenId> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
+    let prompt = random_tokens(args.prompt_tokens);
+
+    let generator = Generator::new(model, None, GeneratorOptions::default());
+    let request = GenerateRequest {
+        prompt: prompt.clone(),
+        sampling: SamplingParams::greedy(),
+        stop: StopCondition {
+            max_new_tokens: args.new_tokens,
+            ..Default::default()
+        },
+        speculation: Default::default(),
+    };
+    let repetitions = args.repetitions.max(1);
+    let (mut ours, mut theirs) = (Samples::default(), Samples::default());
+    let mut llama_rss = 0;
+    for repetition in 0..repetitions + 1 {
+        let stats = generator.generate(&request, |_| {})?.stats;
+        let answer = llama_cpp_bench(&path, &prompt, args.new_tokens, threads)?;
+        llama_rss = llama_rss.max(answer["peak_rss_bytes"].as_u64().unwrap_or(0));
+        if repetition == 0 {
+            continue; // warm-up
+        }
+        ours.prefill.push(stats.prefill_tokens_per_s);
+        ours.decode.push(stats.decode_tokens_per_s);
+        theirs.prefill.push(first(&answer, "prefill_tokens_per_s")?);
+        theirs.decode.push(first(&answer, "decode_tokens_per_s")?);
+        eprintln!(
+            "  repetition {repetition}: decode grove {:.1} / llama.cpp {:.1} tok/s",
+            stats.decode_tokens_per_s,
+            theirs.decode.last().expect("pushed")
+        );
+    }
+    // The generation runs' peak: before the verify curve (a longer context and 64-row logits)
+    // and the bandwidth test (a 1 GiB buffer).
+    let grove_rss = peak_rss_bytes()?;
+    let verify_cost = verify_curve(model, args, repetitions, &mut random_tokens)?;
+    let bandwidth = memory_read_bandwidth();
+
+    let grove = ours.side(grove_rss);
+    let llama_cpp = theirs.side(llama_rss);
+    let file_bytes = std::fs::metadata(&path)?.len();
+    let kv_tokens = (args.prompt_tokens + args.new_tokens) as u64;
+    let grove_kv_bytes = kv_tokens * config.num_layers as u64 * config.kv_width() as u64 * 2 * 4;
+    let weight_bytes_per_token = file.weight_bytes_per_token();
+    let floor = bandwidth * 1e9 / weight_bytes_per_token as f64;
+    let report = Comparison {
+        model: path.display().to_string(),
+        file_bytes,
+        threads,
+        prompt_tokens: args.prompt_tokens,
+        new_tokens: args.new_tokens,
+        repetitions,
+        prefill_ratio: grove.prefill_tokens_per_s.median / llama_cpp.prefill_tokens_per_s.median,
+        decode_ratio: grove.decode_tokens_per_s.median / llama_cpp.decode_tokens_per_s.median,
+        grove_kv_bytes,
+        grove_rss_over_file_and_kv: grove_rss as f64 / (file_bytes + grove_kv_bytes) as f64,
+        memory_read_gb_per_s: bandwidth,
+        weight_bytes_per_token,
+        decode_floor_tokens_per_s: floor,
+        grove_fraction_of_floor: grove.decode_tokens_per_s.median / floor,
+        llama_cpp_fraction_of_floor: llama_cpp.decode_tokens_per_s.median / floor,
+        grove,
+        llama_cpp,
+        verify_context: args.context,
+        verify_cost,
+    };
+    print(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Samples {
+    prefill: Vec<f64>,
+    decode: Vec<f64>,
+}
+
+impl Samples {
+    fn side(self, peak_rss_bytes: u64) -> Side {
+        Side {
+            prefill_tokens_per_s: Spread::of(self.prefill),
+            decode_tokens_per_s: Spread::of(self.decode),
+            peak_rss_bytes,
+        }
+    }
+}
+
+fn first(answer: &Value, key: &str) -> Result<f64> {
+    answer[key][0]
+        .as_f64()
+        .with_context(|| format!("llama.cpp answer lacks `{key}`"))
+}
+
+/// One repetition of llama.cpp's prefill + greedy decode, in a fresh process.
+fn llama_cpp_bench(
+    path: &Path,
+    prompt: &[TokenId],
+    new_tokens: usize,
+    threads: usize,
+) -> Result<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/llama_cpp_reference.py");
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running python3 (llama-cpp-python: bash scripts/install_llama_cpp.sh)")?;
+    let request = json!({
+        "command": "bench", "model": path, "prompt": prompt, "new_tokens": new_tokens,
+        "threads": threads, "repetitions": 1,
+    });
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(request.to_string().as_bytes())?;
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!(
+            "{} failed ({}): is llama-cpp-python installed? (bash scripts/install_llama_cpp.sh)",
+            script.display(),
+            output.status
+        );
+    }
+    Ok(serde_json::from_slice(&output.stdout)?)
+}
+
+/// This process's peak resident set (VmHWM).
+fn peak_rss_bytes() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kb| kb * 1024)
+        .context("VmHWM in /proc/self/status")
+}
+
+/// GB/s of a parallel read over 1 GiB (best of 5, on the current rayon pool): far larger than
+/// the caches, so it measures DRAM.
+fn memory_read_bandwidth() -> f64 {
+    let words = (1usize << 30) / 8;
+    let buffer: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let sum: u64 = buffer
+            .par_chunks(1 << 16)
+            .map(|chunk| chunk.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+            .reduce(|| 0, u64::wrapping_add);
+        let seconds = start.elapsed().as_secs_f64();
+        std::hint::black_box(sum);
+        best = best.max((words * 8) as f64 / seconds / 1e9);
+    }
+    best
+}
+
+fn print(report: &Comparison) {
+    let side = |name: &str, s: &Side| {
+        eprintln!(
+            "  {name:<10} prefill tok/s {:>8.1} (min {:.1}, max {:.1})  decode tok/s {:>6.1} (min {:.1}, max {:.1})  peak RSS {:.0} MB",
+            s.prefill_tokens_per_s.median,
+            s.prefill_tokens_per_s.min,
+            s.prefill_tokens_per_s.max,
+            s.decode_tokens_per_s.median,
+            s.decode_tokens_per_s.min,
+            s.decode_tokens_per_s.max,
+            s.peak_rss_bytes as f64 / 1e6
+        )
+    };
+    eprintln!(
+        "{} ({:.0} MB) | threads {} | {} prompt + {} new tokens | median of {}",
+        report.model,
+        report.file_bytes as f64 / 1e6,
+        report.threads,
+        report.prompt_tokens,
+        report.new_tokens,
+        report.repetitions
+    );
+    side("grove", &report.grove);
+    side("llama.cpp", &report.llama_cpp);
+    eprintln!(
+        "  grove / llama.cpp: prefill {:.2}x, decode {:.2}x",
+        report.prefill_ratio, report.decode_ratio
+    );
+    eprintln!(
+        "  grove peak RSS / (file + KV pool of {:.1} MB): {:.2}",
+        report.grove_kv_bytes as f64 / 1e6,
+        report.grove_rss_over_file_and_kv
+    );
+    eprintln!(
+        "  bandwidth {:.1} GB/s, {:.0} MB of weights per token: floor {:.1} tok/s; grove {:.0}%, llama.cpp {:.0}% of it",
+        report.memory_read_gb_per_s,
+        report.weight_bytes_per_token as f64 / 1e6,
+        report.decode_floor_tokens_per_s,
+        100.0 * report.grove_fraction_of_floor,
+        100.0 * report.llama_cpp_fraction_of_floor
+    );
+    print_verify_curve(
+        report.verify_context,
+        report.repetitions,
+        &report.verify_cost,
+    );
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""llama.cpp (through llama-cpp-python) as grove's reference on GGUF files.
+
+Reads one JSON request from stdin, writes one JSON answer to stdout:
+
+  {"command": "tokenize", "model": PATH, "texts": [...]}
+      -> {"ids": [[...], ...], "decoded": [...], "decoded_without_special": [...]}
+     (add_bos = false, special tokens parsed, as grove's `encode(text, false)`)
+  {"command": "greedy", "model": PATH, "prompts": [[ids], ...], "max_new_tokens": N, "top": K}
+      -> {"outputs": [{"tokens": [...], "top": [[[id, logit], ...] per step]}, ...]}
+  {"command": "bench", "model": PATH, "prompt": [ids], "new_tokens": N, "threads": T,
+   "repetitions": R}
+      -> {"prefill_tokens_per_s": [...], "decode_tokens_per_s": [...],
+          "peak_rss_bytes": ..., "rss_before_load_bytes": ...}
+
+Install: `pip install llama-cpp-python` builds llama.cpp from source (about 12 minutes on two
+cores). `.ci/run` keeps the built wheel in ~/.cache/grove/wheels and installs from there when it
+is present (see scripts/install_llama_cpp.sh).
+"""
+
+import json
+import resource
+import sys
+import time
+
+
+def load(path, threads=2, n_ctx=2048):
+    from llama_cpp import Llama
+
+    return Llama(
+        model_path=path,
+        n_ctx=n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        logits_all=False,
+        verbose=False,
+    )
+
+
+def last_logits(llm):
+    """The logits of the last evaluated token (llama-cpp-python 0.3 keeps `scores` only with
+    logits_all, so read llama.cpp's buffer directly)."""
+    import numpy as np
+
+    import llama_cpp
+
+    pointer = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(pointer, shape=(llm.n_vocab(),)).copy()
+
+
+def tokenize(request):
+    llm = load(request["model"])
+    ids = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in request["texts"]]
+    def text(i, special):
+        return llm.detokenize(i, special=special).decode("utf-8", errors="replace")
+
+    return {
+        "ids": ids,
+        "decoded": [text(i, True) for i in ids],
+        "decoded_without_special": [text(i, False) for i in ids],
+    }
+
+
+def greedy(request):
+    import numpy as np
+
+    llm = load(request["model"])
+    top = request.get("top", 8)
+    outputs = []
+    for prompt in request["prompts"]:
+        llm.reset()
+        llm.eval(prompt)
+        tokens, tops = [], []
+        for _ in range(request["max_new_tokens"]):
+            logits = last_logits(llm)
+            order = np.argsort(-logits, kind="stable")[:top]
+            tops.append([[int(i), float(logits[i])] for i in order])
+            token = int(order[0])
+            tokens.append(token)
+            llm.eval([token])
+        outputs.append({"tokens": tokens, "top": tops})
+    return {"outputs": outputs}
+
+
+def rss_bytes():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def bench(request):
+    before = rss_bytes()
+    llm = load(request["model"], threads=request.get("threads", 2))
+    prompt = request["prompt"]
+    prefill, decode = [], []
+    for _ in range(request.get("repetitions", 3)):
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(prompt)
+        prefill.append(len(prompt) / (time.perf_counter() - start))
+        start = time.perf_counter()
+        for _ in range(request["new_tokens"]):
+            token = int(last_logits(llm).argmax())
+            llm.eval([token])
+        decode.append(request["new_tokens"] / (time.perf_counter() - start))
+    return {
+        "prefill_tokens_per_s": prefill,
+        "decode_tokens_per_s": decode,
+        "peak_rss_bytes": rss_bytes(),
+        "rss_before_load_bytes": before,
+    }
+
+
+def main():
+    request = json.load(sys.stdin)
+    commands = {"tokenize": tokenize, "greedy": greedy, "bench": bench}
+    command = commands.get(request.get("command"))
+    if command is None:
+        sys.exit(f"unknown command {request.get('command')!r}; one of {sorted(commands)}")
+    json.dump(command(request), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
