@@ -74,7 +74,8 @@ def greedy(request):
         tokens, tops = [], []
         for _ in range(request["max_new_tokens"]):
             logits = last_logits(llm)
-            order = np.argsort(-logits, kind="stable")[:top]
+            best = np.argpartition(-logits, top)[:top]
+            order = best[np.argsort(-logits[best], kind="stable")]
             tops.append([[int(i), float(logits[i])] for i in order])
             token = int(order[0])
             tokens.append(token)

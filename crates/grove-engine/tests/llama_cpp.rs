@@ -1,5 +1,6 @@
 //! grove against llama.cpp (llama-cpp-python, `scripts/llama_cpp_reference.py`) on the real GGUF
-//! models `scripts/install_models.py` installs: the tokenizer rebuilt from GGUF metadata gives
+//! models `scripts/install_models.py` installs (Qwen2.5-Coder 0.5B and 1.5B: qwen2 with a gpt2
+//! BPE tokenizer; Gemma 3 270M: gemma3 with SentencePiece): the tokenizer rebuilt from GGUF metadata gives
 //! llama.cpp's token ids and text, and greedy decoding gives llama.cpp's first 32 tokens on 5
 //! prompts per model, or each divergence is a near-tie (both implementations' logits of both
 //! tokens are printed and must be within [`NEAR_TIE`]).
@@ -105,6 +106,7 @@ const TEXTS: &[&str] = &[
     "I'm sure they've said it's what we'd do; DON'T SHOUT",
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
     "<|endoftext|>text after an end marker<|fim_prefix|>x<|fim_suffix|>",
+    "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
 ];
 
 fn check_tokenizer(path: &Path, tokenizer: &TextTokenizer) -> Result<()> {
@@ -214,10 +216,16 @@ fn prompts(tokenizer: &TextTokenizer) -> Result<Vec<Vec<TokenId>>> {
         out.push(tokenizer.encode(text, true)?);
     }
     for question in chat {
-        let text = tokenizer.apply_chat_template(&[ChatMessage {
-            role: "user".into(),
-            content: question.into(),
-        }])?;
+        // Through the file's chat template; a file without one (this Gemma GGUF) gets a plain
+        // question-and-answer prompt.
+        let text = if tokenizer.has_chat_template() {
+            tokenizer.apply_chat_template(&[ChatMessage {
+                role: "user".into(),
+                content: question.into(),
+            }])?
+        } else {
+            format!("Question: {question}\nAnswer:")
+        };
         out.push(tokenizer.encode(&text, true)?);
     }
     Ok(out)
@@ -239,6 +247,11 @@ fn agree_with_llama_cpp(file: &str) -> Result<()> {
 #[test]
 fn qwen2_5_coder_0_5b_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct.gguf")
+}
+
+#[test]
+fn gemma3_270m_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("gemma-3-270m-q4_k_m.gguf")
 }
 
 #[test]

@@ -18,6 +18,8 @@ const PARALLEL_MIN_WORK: usize = 1 << 16;
 #[derive(Debug, Clone)]
 struct RowKeys {
     segment: usize,
+    /// The row's position (a sliding window counts back from it).
+    position: usize,
     /// Logical indices `0..prefix` are visible.
     prefix: usize,
     /// Further visible logical indices (tree ancestors and the row itself).
@@ -29,6 +31,8 @@ struct RowKeys {
 pub struct KeyPlan {
     /// Per segment, the slot of each logical index `0..context_len + rows`.
     slots: Vec<Vec<usize>>,
+    /// Per segment, the position of each logical index (committed tokens sit at their index).
+    positions: Vec<Vec<usize>>,
     rows: Vec<RowKeys>,
     max_keys: usize,
 }
@@ -36,6 +40,7 @@ pub struct KeyPlan {
 impl KeyPlan {
     pub fn new(batch: &ForwardBatch) -> Self {
         let mut slots = Vec::with_capacity(batch.segments.len());
+        let mut positions = Vec::with_capacity(batch.segments.len());
         let mut rows = Vec::with_capacity(batch.num_rows());
         for (segment_index, segment) in batch.segments.iter().enumerate() {
             let context = segment.context_len;
@@ -45,14 +50,22 @@ impl KeyPlan {
                     .map(|i| segment.table.slot(i))
                     .collect(),
             );
+            positions.push(
+                (0..context)
+                    .chain(segment.positions.iter().copied())
+                    .collect::<Vec<_>>(),
+            );
+            let position = |j: usize| segment.positions[j];
             match &segment.visibility {
                 Visibility::Causal => rows.extend((0..count).map(|j| RowKeys {
                     segment: segment_index,
+                    position: position(j),
                     prefix: context + j + 1,
                     extra: Vec::new(),
                 })),
-                Visibility::Bidirectional => rows.extend((0..count).map(|_| RowKeys {
+                Visibility::Bidirectional => rows.extend((0..count).map(|j| RowKeys {
                     segment: segment_index,
+                    position: position(j),
                     prefix: context + count,
                     extra: Vec::new(),
                 })),
@@ -64,8 +77,9 @@ impl KeyPlan {
                         own.push(context + j);
                         ancestors.push(own);
                     }
-                    rows.extend(ancestors.into_iter().map(|extra| RowKeys {
+                    rows.extend(ancestors.into_iter().enumerate().map(|(j, extra)| RowKeys {
                         segment: segment_index,
+                        position: position(j),
                         prefix: context,
                         extra,
                     }));
@@ -79,6 +93,7 @@ impl KeyPlan {
             .unwrap_or(0);
         Self {
             slots,
+            positions,
             rows,
             max_keys,
         }
@@ -93,12 +108,15 @@ pub struct HeadLayout {
     pub head_dim: usize,
 }
 
-/// `softmax(q K^T / sqrt(d)) V` for every row and head. `queries` is `[rows, heads * d]`
-/// (already rotated); `keys`/`values` are a layer of the KV store, `[slots, kv_heads * d]`.
-/// Returns `[rows, heads * d]`.
+/// `softmax(scale * q K^T) V` for every row and head, over the row's visible keys that lie
+/// within `window` positions of it (all of them when `None`). `queries` is
+/// `[rows, heads * d]` (already rotated); `keys`/`values` are a layer of the KV store,
+/// `[slots, kv_heads * d]`. Returns `[rows, heads * d]`.
 pub fn attend(
     plan: &KeyPlan,
     layout: HeadLayout,
+    scale: f32,
+    window: Option<usize>,
     queries: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -111,15 +129,17 @@ pub fn attend(
     let group = num_heads / num_kv_heads;
     let kv_width = num_kv_heads * head_dim;
     let row_width = num_heads * head_dim;
-    let scale = 1.0 / (head_dim as f32).sqrt();
     let mut output = vec![0f32; plan.rows.len() * row_width];
     let attend_row =
         |scores: &mut Vec<f32>, ((out_row, query_row), row): ((&mut [f32], &[f32]), &RowKeys)| {
             let slots = &plan.slots[row.segment];
-            let key_slots: Vec<usize> = slots[..row.prefix]
-                .iter()
-                .copied()
-                .chain(row.extra.iter().map(|&i| slots[i]))
+            let positions = &plan.positions[row.segment];
+            // Keys at positions `first..` are inside the window.
+            let first = window.map_or(0, |w| (row.position + 1).saturating_sub(w));
+            let key_slots: Vec<usize> = (0..row.prefix)
+                .chain(row.extra.iter().copied())
+                .filter(|&i| positions[i] >= first)
+                .map(|i| slots[i])
                 .collect();
             let num_keys = key_slots.len();
             for kv_head in 0..num_kv_heads {
@@ -182,5 +202,70 @@ fn softmax_in_place(scores: &mut [f32]) {
     let inverse = 1.0 / sum;
     for score in scores.iter_mut() {
         *score *= inverse;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use grove_kv::PagePool;
+
+    use super::*;
+    use crate::forward::{LogitRows, Segment};
+
+    /// One head of width 2; keys `k_i = (i, 1)`, values `v_i = (i, -i)`, query `(0.5, 1)`.
+    fn run(window: Option<usize>) -> Vec<f32> {
+        let rows = 6;
+        let pool = PagePool::new(rows, 1).unwrap();
+        let mut table = pool.new_table();
+        table.reserve(rows).unwrap();
+        let tokens = vec![0; rows];
+        let positions: Vec<usize> = (0..rows).collect();
+        let batch = ForwardBatch {
+            segments: vec![Segment::causal(&table, &tokens, &positions, LogitRows::All)],
+            taps: &[],
+        };
+        let plan = KeyPlan::new(&batch);
+        let mut keys = vec![0f32; pool.num_slots() * 2];
+        let mut values = vec![0f32; pool.num_slots() * 2];
+        for i in 0..rows {
+            let slot = table.slot(i);
+            keys[2 * slot..2 * slot + 2].copy_from_slice(&[i as f32, 1.0]);
+            values[2 * slot..2 * slot + 2].copy_from_slice(&[i as f32, -(i as f32)]);
+        }
+        let queries: Vec<f32> = (0..rows).flat_map(|_| [0.5f32, 1.0]).collect();
+        let layout = HeadLayout {
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 2,
+        };
+        attend(&plan, layout, 1.0, window, &queries, &keys, &values)
+    }
+
+    /// The softmax-weighted mean of `v_i` over keys `first..=last`.
+    fn expected(first: usize, last: usize) -> f32 {
+        let weights: Vec<f32> = (first..=last)
+            .map(|i| (0.5 * i as f32 + 1.0).exp())
+            .collect();
+        let total: f32 = weights.iter().sum();
+        (first..=last)
+            .zip(&weights)
+            .map(|(i, w)| i as f32 * w / total)
+            .sum()
+    }
+
+    #[test]
+    fn a_sliding_window_keeps_only_the_last_positions() {
+        let full = run(None);
+        let windowed = run(Some(2));
+        for row in 0..6 {
+            assert!((full[2 * row] - expected(0, row)).abs() < 1e-5, "row {row}");
+            let first = row.saturating_sub(1);
+            assert!(
+                (windowed[2 * row] - expected(first, row)).abs() < 1e-5,
+                "row {row}: {} vs {}",
+                windowed[2 * row],
+                expected(first, row)
+            );
+        }
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! Qwen3, Qwen2/Qwen2.5 and Llama 3 are one network, a dense pre-norm decoder, with three
 //! switches: per-head q/k RMSNorm (Qwen3), q/k/v biases (Qwen2), and RoPE frequency scaling
-//! (Llama 3). So they share `decoder.rs` and differ only in how their wire config maps onto
-//! these switches; a family whose network differs (Gemma 3) gets a file of its own.
+//! (Llama 3). Gemma 3 is the same network with the differences collected in [`GemmaConfig`]:
+//! norms scale by `1 + w`, sandwich norms around attention and MLP, GELU (tanh), embeddings
+//! scaled by `sqrt(hidden)`, and sliding-window layers with their own RoPE base.
 
 use std::path::Path;
 
@@ -18,19 +19,35 @@ pub enum Family {
     Qwen3,
     Qwen2,
     Llama,
+    Gemma3,
 }
 
 impl Family {
-    const SUPPORTED: &'static str = "qwen3, qwen2, llama";
+    const SUPPORTED: &'static str = "qwen3, qwen2, llama, gemma3_text";
 
     fn from_model_type(model_type: &str) -> Option<Self> {
         match model_type {
             "qwen3" => Some(Self::Qwen3),
             "qwen2" => Some(Self::Qwen2),
             "llama" => Some(Self::Llama),
+            "gemma3_text" => Some(Self::Gemma3),
             _ => None,
         }
     }
+}
+
+/// What makes Gemma 3 differ from the shared decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GemmaConfig {
+    /// Keys a sliding layer sees: positions `p - window + 1 ..= p`.
+    pub sliding_window: usize,
+    /// Per layer, whether it slides (the others attend to everything).
+    pub sliding_layers: Vec<bool>,
+    /// RoPE base of the sliding layers (`rope_local_base_freq`); the global layers use
+    /// `rope_theta` and `rope_scaling`.
+    pub local_rope_theta: f64,
+    /// Attention logits are scaled by `query_pre_attn_scalar^-1/2`.
+    pub query_pre_attn_scalar: f64,
 }
 
 /// How RoPE frequencies are scaled for long contexts.
@@ -75,11 +92,37 @@ pub struct DecoderConfig {
     pub qk_norm: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Gemma 3's differences; `None` for the other families.
+    pub gemma: Option<GemmaConfig>,
 }
 
 impl DecoderConfig {
     pub fn kv_width(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The attention logit scale.
+    pub fn attention_scale(&self) -> f32 {
+        let scalar = self
+            .gemma
+            .as_ref()
+            .map_or(self.head_dim as f64, |g| g.query_pre_attn_scalar);
+        (1.0 / scalar.sqrt()) as f32
+    }
+
+    /// The window of layer `layer`, if it is a sliding one.
+    pub fn sliding_window(&self, layer: usize) -> Option<usize> {
+        let gemma = self.gemma.as_ref()?;
+        gemma.sliding_layers[layer].then_some(gemma.sliding_window)
+    }
+
+    /// What RMSNorm weights are offset by: HF Gemma norms scale by `1 + w`.
+    pub fn norm_offset(&self) -> f32 {
+        if self.family == Family::Gemma3 {
+            1.0
+        } else {
+            0.0
+        }
     }
 
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
@@ -107,7 +150,7 @@ impl DecoderConfig {
                 Family::SUPPORTED
             )
         })?;
-        wire.reject_unsupported()?;
+        wire.reject_unsupported(family)?;
 
         let hidden_size = wire.required_usize("hidden_size")?;
         let num_heads = wire.required_usize("num_attention_heads")?;
@@ -129,8 +172,12 @@ impl DecoderConfig {
         let (qkv_bias, o_bias) = match family {
             // Qwen2 hard-codes biases on q/k/v and none on o, whatever the config says.
             Family::Qwen2 => (true, false),
-            Family::Qwen3 | Family::Llama => (attention_bias, attention_bias),
+            Family::Qwen3 | Family::Llama | Family::Gemma3 => (attention_bias, attention_bias),
         };
+        let num_layers = wire.required_usize("num_hidden_layers")?;
+        let gemma = (family == Family::Gemma3)
+            .then(|| wire.gemma(num_layers, head_dim))
+            .transpose()?;
         let rope_theta = wire
             .f64("rope_theta")?
             .or(wire.nested_f64("rope_parameters", "rope_theta")?)
@@ -140,7 +187,7 @@ impl DecoderConfig {
             vocab_size: wire.required_usize("vocab_size")?,
             hidden_size,
             intermediate_size: wire.required_usize("intermediate_size")?,
-            num_layers: wire.required_usize("num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -148,14 +195,18 @@ impl DecoderConfig {
             rope_theta,
             rope_scaling: wire.rope_scaling(family)?,
             max_position_embeddings: wire.usize("max_position_embeddings")?.unwrap_or(4096),
-            tie_word_embeddings: wire.bool("tie_word_embeddings")?.unwrap_or(false),
+            // Gemma ties its head to the embeddings unless told otherwise.
+            tie_word_embeddings: wire
+                .bool("tie_word_embeddings")?
+                .unwrap_or(family == Family::Gemma3),
             qkv_bias,
             o_bias,
             mlp_bias: wire.bool("mlp_bias")?.unwrap_or(false),
-            qk_norm: family == Family::Qwen3,
+            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
             bos_token_id: wire.usize("bos_token_id")?.map(|id| id as u32),
             eos_token_ids: token_ids(config.get("eos_token_id"))
                 .ok_or("`eos_token_id` must be an integer or a list of integers")?,
+            gemma,
         })
     }
 }
@@ -231,11 +282,65 @@ impl Wire<'_> {
             .transpose()
     }
 
+    /// Gemma 3's keys: the sliding-window layout, the local RoPE base, the attention scale.
+    fn gemma(&self, num_layers: usize, head_dim: usize) -> Result<GemmaConfig, String> {
+        let sliding_layers = match self.get("layer_types") {
+            Some(Value::Array(types)) => {
+                if types.len() != num_layers {
+                    return Err(format!(
+                        "`layer_types` has {} entries for {num_layers} layers",
+                        types.len()
+                    ));
+                }
+                types
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        Some("sliding_attention") => Ok(true),
+                        Some("full_attention") => Ok(false),
+                        _ => Err(format!("unsupported `layer_types` entry {t}")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            _ => {
+                // Older configs: every `sliding_window_pattern`-th layer is global.
+                let pattern = self.usize("sliding_window_pattern")?.unwrap_or(6).max(1);
+                (0..num_layers).map(|i| (i + 1) % pattern != 0).collect()
+            }
+        };
+        Ok(GemmaConfig {
+            sliding_window: self.usize("sliding_window")?.unwrap_or(4096).max(1),
+            sliding_layers,
+            local_rope_theta: self.f64("rope_local_base_freq")?.unwrap_or(10_000.0),
+            query_pre_attn_scalar: self
+                .f64("query_pre_attn_scalar")?
+                .unwrap_or(head_dim as f64),
+        })
+    }
+
     /// Keys whose presence means a feature this network does not implement.
-    fn reject_unsupported(&self) -> Result<(), String> {
+    fn reject_unsupported(&self, family: Family) -> Result<(), String> {
         let unsupported = |key: &str, value: &Value, why: &str| {
             Err(format!("unsupported config key `{key}` = {value}: {why}"))
         };
+        if family == Family::Gemma3 {
+            for key in ["hidden_activation", "hidden_act"] {
+                if let Some(act) = self.get(key) {
+                    if act.as_str() != Some("gelu_pytorch_tanh") {
+                        return unsupported(
+                            key,
+                            act,
+                            "Gemma 3 is implemented with gelu_pytorch_tanh",
+                        );
+                    }
+                }
+            }
+            for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+                if let Some(value) = self.get(key) {
+                    return unsupported(key, value, "logit soft-capping is not implemented");
+                }
+            }
+            return self.reject_common();
+        }
         if let Some(act) = self.get("hidden_act") {
             if act.as_str() != Some("silu") {
                 return unsupported("hidden_act", act, "only silu is implemented");
@@ -259,6 +364,14 @@ impl Wire<'_> {
                 );
             }
         }
+        self.reject_common()
+    }
+
+    /// Rejections shared by every family.
+    fn reject_common(&self) -> Result<(), String> {
+        let unsupported = |key: &str, value: &Value, why: &str| {
+            Err(format!("unsupported config key `{key}` = {value}: {why}"))
+        };
         for key in ["num_experts", "num_local_experts"] {
             if let Some(value) = self.get(key) {
                 if value.as_u64().unwrap_or(1) > 0 {
@@ -368,5 +481,46 @@ mod tests {
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
         let llama = DecoderConfig::from_json(&config).unwrap();
         assert!(matches!(llama.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+    }
+
+    #[test]
+    fn gemma3_resolves_its_switches() {
+        let mut config = base();
+        config["model_type"] = json!("gemma3_text");
+        config["num_hidden_layers"] = json!(6);
+        config["sliding_window"] = json!(512);
+        config["query_pre_attn_scalar"] = json!(256);
+        config["hidden_activation"] = json!("gelu_pytorch_tanh");
+        let gemma = DecoderConfig::from_json(&config).unwrap();
+        assert!(gemma.qk_norm && gemma.tie_word_embeddings && gemma.norm_offset() == 1.0);
+        // Every 6th layer is global by default.
+        let windows: Vec<_> = (0..6).map(|l| gemma.sliding_window(l)).collect();
+        assert_eq!(
+            windows,
+            [Some(512), Some(512), Some(512), Some(512), Some(512), None]
+        );
+        assert_eq!(gemma.attention_scale(), 1.0 / 16.0);
+        // An explicit layer list wins.
+        config["layer_types"] = json!([
+            "full_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention"
+        ]);
+        let gemma = DecoderConfig::from_json(&config).unwrap();
+        assert_eq!(gemma.sliding_window(0), None);
+        assert_eq!(gemma.sliding_window(1), Some(512));
+        // What it does not implement is named.
+        for (key, value) in [
+            ("hidden_activation", json!("silu")),
+            ("final_logit_softcapping", json!(30.0)),
+        ] {
+            let mut bad = config.clone();
+            bad[key] = value;
+            let error = DecoderConfig::from_json(&bad).unwrap_err();
+            assert!(error.contains(key), "{error}");
+        }
     }
 }

@@ -63,7 +63,13 @@ impl Decoder {
         };
         Ok(Self {
             layers: LayerStack::load(weights, "model.layers", c, device)?,
-            norm: RmsNorm::load(weights, "model.norm", c.hidden_size, c.rms_norm_eps)?,
+            norm: RmsNorm::load_with_offset(
+                weights,
+                "model.norm",
+                c.hidden_size,
+                c.rms_norm_eps,
+                c.norm_offset(),
+            )?,
             embed_tokens,
             lm_head,
             config,
@@ -140,7 +146,12 @@ impl Model for Decoder {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {
-        Ok(self.embed_tokens.rows(tokens)?)
+        let rows = self.embed_tokens.rows(tokens)?;
+        Ok(match self.config.gemma {
+            // Gemma scales its embeddings by sqrt(hidden) (not its tied LM head).
+            Some(_) => (rows * (self.config.hidden_size as f64).sqrt())?,
+            None => rows,
+        })
     }
 
     fn project_logits(&self, hidden: &Tensor) -> Result<Tensor, ModelError> {

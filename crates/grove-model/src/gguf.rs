@@ -5,8 +5,8 @@
 //! biases, other formats) is dequantized to f32. The decoder, the forward contract and
 //! speculation run on GGUF targets unchanged.
 //!
-//! Architectures: `qwen2` and `llama` (whose Q/K rows llama.cpp's converter permutes for its
-//! interleaved RoPE; they are permuted back to HF's rotate-half order here).
+//! Architectures: `qwen2`, `llama` (whose Q/K rows llama.cpp's converter permutes for its
+//! interleaved RoPE; they are permuted back to HF's rotate-half order here) and `gemma3`.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -126,14 +126,18 @@ impl GgufFile {
     /// The runtime config, through the same validation as an HF `config.json`.
     pub fn config(&self) -> Result<DecoderConfig, ModelError> {
         let arch = self.architecture.as_str();
-        if !matches!(arch, "qwen2" | "llama") {
+        if !matches!(arch, "qwen2" | "llama" | "gemma3") {
             return Err(self.config_error(format!(
-                "`general.architecture` is `{arch}`; supported GGUF architectures: qwen2, llama"
+                "`general.architecture` is `{arch}`; supported GGUF architectures: qwen2, llama, \
+                 gemma3"
             )));
         }
         let key = |k: &str| format!("{arch}.{k}");
         let hidden = self.meta_u64(&key("embedding_length"))?;
         let heads = self.meta_u64(&key("attention.head_count"))?;
+        let head_dim = self
+            .meta_u64(&key("attention.key_length"))
+            .unwrap_or(hidden / heads.max(1));
         let vocab = self
             .content
             .tensor_infos
@@ -142,14 +146,14 @@ impl GgufFile {
             .shape
             .dims()[0];
         let mut config = json!({
-            "model_type": arch,
+            "model_type": if arch == "gemma3" { "gemma3_text" } else { arch },
             "vocab_size": vocab,
             "hidden_size": hidden,
             "intermediate_size": self.meta_u64(&key("feed_forward_length"))?,
             "num_hidden_layers": self.meta_u64(&key("block_count"))?,
             "num_attention_heads": heads,
             "num_key_value_heads": self.meta_u64(&key("attention.head_count_kv")).unwrap_or(heads),
-            "head_dim": hidden / heads,
+            "head_dim": head_dim,
             "rms_norm_eps": self.meta_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
             "rope_theta": self.meta_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
             "max_position_embeddings": self.meta_u64(&key("context_length"))?,
@@ -164,6 +168,23 @@ impl GgufFile {
         if arch == "llama" {
             config["attention_bias"] =
                 json!(self.content.tensor_infos.contains_key("blk.0.attn_q.bias"));
+        }
+        if arch == "gemma3" {
+            // What llama.cpp assumes for Gemma 3 files, which do not record it: every 6th
+            // layer global, sliding layers with RoPE base 10000, attention scaled by
+            // 1/sqrt(head_dim) (all sizes but 27B, whose scalar is hidden / heads).
+            config["sliding_window"] = json!(self.meta_u64(&key("attention.sliding_window"))?);
+            config["sliding_window_pattern"] = json!(6);
+            config["rope_local_base_freq"] = json!(10000.0);
+            let layers = self.meta_u64(&key("block_count"))?;
+            config["query_pre_attn_scalar"] = if layers == 62 {
+                json!(hidden / heads)
+            } else {
+                json!(head_dim)
+            };
+            if let Some(scale) = self.meta_f32(&key("rope.scaling.factor"))? {
+                config["rope_scaling"] = json!({"rope_type": "linear", "factor": scale});
+            }
         }
         if let Ok(eos) = self.meta_u64("tokenizer.ggml.eos_token_id") {
             config["eos_token_id"] = json!(eos);
@@ -221,14 +242,36 @@ impl GgufFile {
         Some(format!("blk.{layer}.{short}.{kind}"))
     }
 
+    /// The llama.cpp name of an HF tensor name in this file's architecture: Gemma 3 files name
+    /// its four per-layer norms differently (its `post_attention_layernorm` norms the attention
+    /// output; `ffn_norm` is its `pre_feedforward_layernorm`).
+    fn name_in_file(&self, hf: &str) -> Option<String> {
+        let layer_norm = hf
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.split_once('.'));
+        if let (true, Some((layer, rest))) = (self.architecture == "gemma3", layer_norm) {
+            let short = match rest {
+                "post_attention_layernorm.weight" => Some("post_attention_norm"),
+                "pre_feedforward_layernorm.weight" => Some("ffn_norm"),
+                "post_feedforward_layernorm.weight" => Some("post_ffw_norm"),
+                _ => None,
+            };
+            if let Some(short) = short {
+                return Some(format!("blk.{layer}.{short}.weight"));
+            }
+        }
+        Self::gguf_name(hf)
+    }
+
     pub fn contains(&self, hf_name: &str) -> bool {
-        Self::gguf_name(hf_name).is_some_and(|n| self.content.tensor_infos.contains_key(&n))
+        self.name_in_file(hf_name)
+            .is_some_and(|n| self.content.tensor_infos.contains_key(&n))
     }
 
     /// The matrix `hf_name` kept in its block format, when that format has a kernel and its
     /// rows are whole chunks; `None` means: load it as f32 with [`GgufFile::tensor`].
     pub fn quantized(&self, hf_name: &str) -> Result<Option<QMatrix>, ModelError> {
-        let Some(name) = Self::gguf_name(hf_name) else {
+        let Some(name) = self.name_in_file(hf_name) else {
             return Ok(None);
         };
         let Some(info) = self.content.tensor_infos.get(&name) else {
@@ -293,7 +336,8 @@ impl GgufFile {
             path: self.path.clone(),
             message,
         };
-        let name = Self::gguf_name(hf_name)
+        let name = self
+            .name_in_file(hf_name)
             .ok_or_else(|| error(format!("no GGUF name for `{hf_name}`")))?;
         let info = self
             .content
@@ -312,6 +356,11 @@ impl GgufFile {
         .and_then(|q| q.dequantize(device))
         .and_then(|t| t.to_dtype(DType::F32))
         .map_err(|e| error(format!("tensor `{name}`: {e}")))?;
+        if self.architecture == "gemma3" && name.ends_with("norm.weight") {
+            // llama.cpp's converter folds Gemma's `1 + w` into its norm weights; served under
+            // HF names they are given back in HF's form (the decoder adds the 1).
+            return (tensor - 1.0).map_err(|e| error(format!("tensor `{name}`: {e}")));
+        }
         match self.permuted_heads(&name)? {
             Some(heads) => {
                 unpermute(&tensor, heads).map_err(|e| error(format!("tensor `{name}`: {e}")))

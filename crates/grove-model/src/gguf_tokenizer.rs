@@ -1,7 +1,14 @@
 //! The tokenizer of a GGUF file, rebuilt from its `tokenizer.ggml.*` metadata into a
 //! `tokenizers` tokenizer: `gpt2` byte-level BPE (vocabulary, merges, the pre-tokenizer regex
-//! named by `tokenizer.ggml.pre`), control and user-defined tokens as special tokens, BOS when
-//! `tokenizer.ggml.add_bos_token` says so, and `tokenizer.chat_template`.
+//! named by `tokenizer.ggml.pre`) or `llama` SentencePiece (vocabulary and scores), control and
+//! user-defined tokens as special tokens, BOS when `tokenizer.ggml.add_bos_token` says so, and
+//! `tokenizer.chat_template`.
+//!
+//! SentencePiece as llama.cpp runs it: spaces become `▁`, the text starts as single
+//! characters, and the adjacent pair whose concatenation is the best-scoring vocabulary entry
+//! merges first; characters outside the vocabulary fall back to `<0xXX>` byte tokens. That is
+//! a BPE whose merges are every split of every entry into two entries, ranked by the entry's
+//! score, with byte fallback.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -25,7 +32,10 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
-/// llama.cpp's token types that are special (control, user-defined).
+/// llama.cpp's token types: normal text pieces, unknown, and the special ones (control,
+/// user-defined).
+const NORMAL: i64 = 1;
+const UNKNOWN: i64 = 2;
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 
@@ -41,6 +51,131 @@ fn as_i64(value: &Value) -> Option<i64> {
         Value::U16(v) => Some(*v as i64),
         _ => None,
     }
+}
+
+/// gpt2-style byte-level BPE with the split regex `pre` names.
+fn byte_level_tokenizer(
+    tokens: &[String],
+    merges: Vec<(String, String)>,
+    pre: &str,
+) -> Result<Tokenizer, String> {
+    let vocab: tokenizers::models::bpe::Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| format!("building the BPE model: {e}"))?;
+    let pattern = match pre {
+        "qwen2" => QWEN2_PATTERN,
+        "llama-bpe" => LLAMA3_PATTERN,
+        _ => GPT2_PATTERN,
+    };
+    let split = Split::new(
+        SplitPattern::Regex(pattern.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| format!("pre-tokenizer regex: {e}"))?;
+    let pre_tokenizer = Sequence::new(vec![
+        PreTokenizerWrapper::Split(split),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
+    ]);
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer
+        .with_pre_tokenizer(Some(pre_tokenizer))
+        .with_decoder(Some(ByteLevel::default()));
+    Ok(tokenizer)
+}
+
+/// SentencePiece (llama.cpp's `llama` tokenizer) as a byte-fallback BPE; see the module docs.
+fn sentencepiece_tokenizer(
+    tokens: &[String],
+    types: &[i64],
+    scores: &[f32],
+    add_space_prefix: bool,
+) -> Result<Tokenizer, String> {
+    use tokenizers::decoders::byte_fallback::ByteFallback;
+    use tokenizers::decoders::fuse::Fuse;
+    use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+    use tokenizers::decoders::strip::Strip;
+    use tokenizers::normalizers::{Prepend, Replace};
+    use tokenizers::{DecoderWrapper, NormalizerWrapper};
+
+    if scores.len() != tokens.len() {
+        return Err(format!(
+            "{} scores for {} tokens",
+            scores.len(),
+            tokens.len()
+        ));
+    }
+    let vocab: HashMap<String, u32> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    // Only normal tokens take part in merging (llama.cpp's SPM merges text pieces; control,
+    // user-defined and byte tokens are matched otherwise).
+    let mergeable = |id: u32| types.get(id as usize).copied().unwrap_or(NORMAL) == NORMAL;
+    let mut merges: Vec<(f32, u32, String, String)> = Vec::new();
+    for (id, token) in tokens.iter().enumerate() {
+        let id = id as u32;
+        if !mergeable(id) {
+            continue;
+        }
+        for (split, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(split);
+            let known = |piece: &str| vocab.get(piece).is_some_and(|&i| mergeable(i));
+            if known(left) && known(right) {
+                merges.push((scores[id as usize], id, left.to_owned(), right.to_owned()));
+            }
+        }
+    }
+    // Best score first; equal scores in vocabulary order.
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let merges: Vec<(String, String)> = merges.into_iter().map(|(_, _, a, b)| (a, b)).collect();
+    let unknown = tokens
+        .iter()
+        .zip(types)
+        .find(|(_, &t)| t == UNKNOWN)
+        .map(|(t, _)| t.clone());
+    let mut builder = BPE::builder()
+        .vocab_and_merges(
+            vocab
+                .into_iter()
+                .collect::<tokenizers::models::bpe::Vocab>(),
+            merges,
+        )
+        .byte_fallback(true);
+    if let Some(unknown) = unknown {
+        builder = builder.unk_token(unknown);
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| format!("building the SentencePiece model: {e}"))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    let mut normalizers = Vec::new();
+    if add_space_prefix {
+        normalizers.push(NormalizerWrapper::Prepend(Prepend::new("▁".into())));
+    }
+    normalizers.push(NormalizerWrapper::Replace(
+        Replace::new(" ", "▁").map_err(|e| e.to_string())?,
+    ));
+    tokenizer
+        .with_normalizer(Some(tokenizers::normalizers::Sequence::new(normalizers)))
+        .map_err(|e| format!("normalizer: {e}"))?;
+    let mut decoders = vec![
+        DecoderWrapper::Replace(Replace::new("▁", " ").map_err(|e| e.to_string())?),
+        DecoderWrapper::ByteFallback(ByteFallback::default()),
+        DecoderWrapper::Fuse(Fuse::default()),
+    ];
+    if add_space_prefix {
+        decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    }
+    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
+    Ok(tokenizer)
 }
 
 pub(crate) fn build(
@@ -64,65 +199,67 @@ pub(crate) fn build(
         }
     };
     let id = |key: &str| metadata.get(key).and_then(as_i64).map(|v| v as u32);
-    match metadata.get("tokenizer.ggml.model") {
-        Some(Value::String(model)) if model == "gpt2" => {}
+    let sentencepiece = match metadata.get("tokenizer.ggml.model") {
+        Some(Value::String(model)) if model == "gpt2" => false,
+        Some(Value::String(model)) if model == "llama" => true,
         Some(Value::String(model)) => {
             return Err(error(format!(
-                "`tokenizer.ggml.model` is `{model}`; supported: gpt2 (byte-level BPE)"
+                "`tokenizer.ggml.model` is `{model}`; supported: gpt2 (byte-level BPE), llama \
+                 (SentencePiece)"
             )))
         }
         _ => return Err(error("missing metadata key `tokenizer.ggml.model`".into())),
-    }
+    };
     let tokens = strings("tokenizer.ggml.tokens")?;
-    let merges: Vec<(String, String)> = strings("tokenizer.ggml.merges")?
-        .into_iter()
-        .map(|m| {
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                .ok_or_else(|| error(format!("merge `{m}` is not two tokens")))
-        })
-        .collect::<Result<_, _>>()?;
     let types: Vec<i64> = match metadata.get("tokenizer.ggml.token_type") {
         Some(Value::Array(values)) => values.iter().map(|v| as_i64(v).unwrap_or(1)).collect(),
         _ => vec![1; tokens.len()],
     };
-    let vocab: tokenizers::models::bpe::Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| error(format!("building the BPE model: {e}")))?;
-    let pattern = match metadata.get("tokenizer.ggml.pre") {
-        Some(Value::String(pre)) if pre == "qwen2" => QWEN2_PATTERN,
-        Some(Value::String(pre)) if pre == "llama-bpe" => LLAMA3_PATTERN,
-        _ => GPT2_PATTERN,
+    let mut tokenizer = if sentencepiece {
+        let scores: Vec<f32> = match metadata.get("tokenizer.ggml.scores") {
+            Some(Value::Array(values)) => values
+                .iter()
+                .map(|v| v.to_f32().map_err(|e| error(format!("scores: {e}"))))
+                .collect::<Result<_, _>>()?,
+            _ => return Err(error("missing metadata key `tokenizer.ggml.scores`".into())),
+        };
+        let add_space_prefix = !matches!(
+            metadata.get("tokenizer.ggml.add_space_prefix"),
+            Some(Value::Bool(false))
+        );
+        sentencepiece_tokenizer(&tokens, &types, &scores, add_space_prefix).map_err(error)?
+    } else {
+        let merges: Vec<(String, String)> = strings("tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    .ok_or_else(|| error(format!("merge `{m}` is not two tokens")))
+            })
+            .collect::<Result<_, _>>()?;
+        let pre = match metadata.get("tokenizer.ggml.pre") {
+            Some(Value::String(pre)) => pre.as_str(),
+            _ => "",
+        };
+        byte_level_tokenizer(&tokens, merges, pre).map_err(error)?
     };
-    let split = Split::new(
-        SplitPattern::Regex(pattern.into()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(|e| error(format!("pre-tokenizer regex: {e}")))?;
-    let pre_tokenizer = Sequence::new(vec![
-        PreTokenizerWrapper::Split(split),
-        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
-    ]);
-    let mut tokenizer = Tokenizer::new(bpe);
+    // Both kinds are matched whole in the input before the model runs; control tokens are
+    // special (left out of decoded text), user-defined ones are text (Gemma's whitespace runs,
+    // Qwen's FIM markers), as llama.cpp's detokenizer treats them.
+    let added = |kind: i64, special: bool| -> Vec<AddedToken> {
+        tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &t)| t == kind)
+            .map(|(token, _)| AddedToken::from(token.clone(), special).normalized(false))
+            .collect()
+    };
     tokenizer
-        .with_pre_tokenizer(Some(pre_tokenizer))
-        .with_decoder(Some(ByteLevel::default()));
-    let special: Vec<AddedToken> = tokens
-        .iter()
-        .zip(&types)
-        .filter(|(_, &t)| t == CONTROL || t == USER_DEFINED)
-        .map(|(token, _)| AddedToken::from(token.clone(), true))
-        .collect();
-    tokenizer
-        .add_special_tokens(special)
+        .add_special_tokens(added(CONTROL, true))
         .map_err(|e| error(format!("special tokens: {e}")))?;
+    tokenizer
+        .add_tokens(added(USER_DEFINED, false))
+        .map_err(|e| error(format!("user-defined tokens: {e}")))?;
     let bos = id("tokenizer.ggml.bos_token_id");
     let add_bos = matches!(
         metadata.get("tokenizer.ggml.add_bos_token"),

@@ -4,6 +4,8 @@
 //! Per layer, for all rows of a batch at once:
 //! `x = norm(h); q,k,v = proj(x); [q/k norm]; RoPE; write k,v to their slots;`
 //! `h += o(attend(q, visible keys)); h += mlp(post_norm(h))`.
+//! Gemma 3 adds a norm on each branch's output (`h += norm(o(..))`, `h += norm(mlp(..))`),
+//! and its sliding layers see only the last `window` positions, rotated with their own base.
 //! Matmuls run on candle tensors; RoPE, the KV writes and attention run on host slices.
 
 use candle_core::{Device, Module, Tensor};
@@ -12,7 +14,7 @@ use grove_kv::KvStore;
 use crate::attention::{attend, HeadLayout, KeyPlan};
 use crate::config::DecoderConfig;
 use crate::forward::ForwardBatch;
-use crate::layers::{Linear, Mlp, RmsNorm};
+use crate::layers::{Activation, Linear, Mlp, RmsNorm};
 use crate::rope::Rope;
 use crate::weights::Weights;
 use crate::ModelError;
@@ -31,24 +33,51 @@ struct Attention {
 struct DecoderLayer {
     input_norm: RmsNorm,
     attention: Attention,
-    post_attention_norm: RmsNorm,
+    /// Norm of the attention branch's output (Gemma 3).
+    attention_out_norm: Option<RmsNorm>,
+    /// Norm before the MLP.
+    pre_mlp_norm: RmsNorm,
     mlp: Mlp,
+    /// Norm of the MLP's output (Gemma 3).
+    mlp_out_norm: Option<RmsNorm>,
 }
 
 impl DecoderLayer {
     fn load(weights: &Weights, prefix: &str, c: &DecoderConfig) -> Result<Self, ModelError> {
         let (hidden, head_dim, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps);
+        let offset = c.norm_offset();
+        let norm = |name: &str, dim| {
+            RmsNorm::load_with_offset(weights, &format!("{prefix}.{name}"), dim, eps, offset)
+        };
         let a = format!("{prefix}.self_attn");
         let linear = |name: &str, in_dim, out_dim, bias| {
             Linear::load(weights, &format!("{a}.{name}"), in_dim, out_dim, bias)
         };
         let qk_norm = |name: &str| {
             c.qk_norm
-                .then(|| RmsNorm::load(weights, &format!("{a}.{name}"), head_dim, eps))
+                .then(|| norm(&format!("self_attn.{name}"), head_dim))
                 .transpose()
         };
+        let gemma = c.gemma.is_some();
+        // HF names: Gemma's `post_attention_layernorm` norms the attention output and
+        // `pre_feedforward_layernorm` the MLP input; elsewhere `post_attention_layernorm` is
+        // the MLP's input norm.
+        let (attention_out_norm, pre_mlp_norm, mlp_out_norm) = if gemma {
+            (
+                Some(norm("post_attention_layernorm", hidden)?),
+                norm("pre_feedforward_layernorm", hidden)?,
+                Some(norm("post_feedforward_layernorm", hidden)?),
+            )
+        } else {
+            (None, norm("post_attention_layernorm", hidden)?, None)
+        };
+        let activation = if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        };
         Ok(Self {
-            input_norm: RmsNorm::load(weights, &format!("{prefix}.input_layernorm"), hidden, eps)?,
+            input_norm: norm("input_layernorm", hidden)?,
             attention: Attention {
                 q_proj: linear("q_proj", hidden, c.num_heads * head_dim, c.qkv_bias)?,
                 k_proj: linear("k_proj", hidden, c.kv_width(), c.qkv_bias)?,
@@ -57,19 +86,17 @@ impl DecoderLayer {
                 q_norm: qk_norm("q_norm")?,
                 k_norm: qk_norm("k_norm")?,
             },
-            post_attention_norm: RmsNorm::load(
-                weights,
-                &format!("{prefix}.post_attention_layernorm"),
-                hidden,
-                eps,
-            )?,
-            mlp: Mlp::load(
+            attention_out_norm,
+            pre_mlp_norm,
+            mlp: Mlp::load_with_activation(
                 weights,
                 &format!("{prefix}.mlp"),
                 hidden,
                 c.intermediate_size,
                 c.mlp_bias,
+                activation,
             )?,
+            mlp_out_norm,
         })
     }
 }
@@ -105,6 +132,8 @@ pub struct LayerStack {
     config: DecoderConfig,
     layers: Vec<DecoderLayer>,
     rope: Rope,
+    /// The sliding layers' RoPE (Gemma 3: `rope_local_base_freq`, no scaling).
+    local_rope: Option<Rope>,
     device: Device,
 }
 
@@ -119,10 +148,18 @@ impl LayerStack {
         let layers = (0..config.num_layers)
             .map(|i| DecoderLayer::load(weights, &format!("{prefix}.{i}"), config))
             .collect::<Result<Vec<_>, _>>()?;
+        let local_rope = config.gemma.as_ref().map(|g| {
+            Rope::with_params(
+                config.head_dim,
+                g.local_rope_theta,
+                &crate::config::RopeScaling::None,
+            )
+        });
         Ok(Self {
             config: config.clone(),
             layers,
             rope: Rope::new(config),
+            local_rope,
             device: device.clone(),
         })
     }
@@ -153,7 +190,9 @@ impl LayerStack {
             .flat_map(|s| (0..s.tokens.len()).map(|j| s.table.slot(s.context_len + j)))
             .collect();
         let plan = KeyPlan::new(batch);
-        let (cos, sin) = self.rope.tables(&positions);
+        let global_tables = self.rope.tables(&positions);
+        let local_tables = self.local_rope.as_ref().map(|r| r.tables(&positions));
+        let scale = c.attention_scale();
         let layout = HeadLayout {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
@@ -161,6 +200,11 @@ impl LayerStack {
         };
         let mut taps: Vec<Option<Tensor>> = vec![None; batch.taps.len()];
         for (layer_index, layer) in self.layers.iter().enumerate() {
+            let window = c.sliding_window(layer_index);
+            let (cos, sin) = match (&local_tables, window) {
+                (Some(local), Some(_)) => (&local.0, &local.1),
+                _ => (&global_tables.0, &global_tables.1),
+            };
             let x = layer.input_norm.forward(&hidden)?;
             let attention = &layer.attention;
             let mut queries = project(
@@ -178,17 +222,30 @@ impl LayerStack {
                 c.head_dim,
             )?;
             let values = project(&x, &attention.v_proj, None, c.num_kv_heads, c.head_dim)?;
-            self.rope.rotate(&mut queries, c.num_heads, &cos, &sin);
-            self.rope.rotate(&mut keys, c.num_kv_heads, &cos, &sin);
+            self.rope.rotate(&mut queries, c.num_heads, cos, sin);
+            self.rope.rotate(&mut keys, c.num_kv_heads, cos, sin);
             write_rows(kv, layer_index, &slots, &keys, &values);
             let (layer_keys, layer_values) = kv.layer(layer_index);
-            let attended = attend(&plan, layout, &queries, layer_keys, layer_values);
+            let attended = attend(
+                &plan,
+                layout,
+                scale,
+                window,
+                &queries,
+                layer_keys,
+                layer_values,
+            );
             let attended =
                 Tensor::from_vec(attended, (num_rows, c.num_heads * c.head_dim), &self.device)?;
-            hidden = (hidden + attention.o_proj.forward(&attended)?)?;
-            let mlp_out = layer
-                .mlp
-                .forward(&layer.post_attention_norm.forward(&hidden)?)?;
+            let mut attention_out = attention.o_proj.forward(&attended)?;
+            if let Some(norm) = &layer.attention_out_norm {
+                attention_out = norm.forward(&attention_out)?;
+            }
+            hidden = (hidden + attention_out)?;
+            let mut mlp_out = layer.mlp.forward(&layer.pre_mlp_norm.forward(&hidden)?)?;
+            if let Some(norm) = &layer.mlp_out_norm {
+                mlp_out = norm.forward(&mlp_out)?;
+            }
             hidden = (hidden + mlp_out)?;
             for (tap, _) in batch
                 .taps

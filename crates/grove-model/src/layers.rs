@@ -149,8 +149,23 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn load(weights: &Weights, name: &str, dim: usize, eps: f64) -> Result<Self, ModelError> {
+        Self::load_with_offset(weights, name, dim, eps, 0.0)
+    }
+
+    /// A norm that scales by `offset + w` (Gemma's `1 + w`), folded into the weight once.
+    pub fn load_with_offset(
+        weights: &Weights,
+        name: &str,
+        dim: usize,
+        eps: f64,
+        offset: f32,
+    ) -> Result<Self, ModelError> {
+        let mut weight = weights.get(&format!("{name}.weight"), &[dim])?;
+        if offset != 0.0 {
+            weight = (weight + f64::from(offset))?;
+        }
         Ok(Self {
-            weight: weights.get(&format!("{name}.weight"), &[dim])?,
+            weight,
             eps: eps as f32,
         })
     }
@@ -162,12 +177,21 @@ impl Module for RmsNorm {
     }
 }
 
-/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+/// The gate's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU, tanh approximation (`gelu_pytorch_tanh`; Gemma).
+    GeluTanh,
+}
+
+/// Gated feed-forward: `down(act(gate(x)) * up(x))` (SwiGLU, or GeGLU for Gemma).
 #[derive(Debug, Clone)]
 pub struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
+    activation: Activation,
 }
 
 impl Mlp {
@@ -178,7 +202,26 @@ impl Mlp {
         intermediate: usize,
         bias: bool,
     ) -> Result<Self, ModelError> {
+        Self::load_with_activation(
+            weights,
+            prefix,
+            hidden,
+            intermediate,
+            bias,
+            Activation::Silu,
+        )
+    }
+
+    pub fn load_with_activation(
+        weights: &Weights,
+        prefix: &str,
+        hidden: usize,
+        intermediate: usize,
+        bias: bool,
+        activation: Activation,
+    ) -> Result<Self, ModelError> {
         Ok(Self {
+            activation,
             gate: Linear::load(
                 weights,
                 &format!("{prefix}.gate_proj"),
@@ -206,7 +249,11 @@ impl Mlp {
 
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
+        let gate = self.gate.forward(x)?;
+        let gate = match self.activation {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            Activation::GeluTanh => gate.gelu()?,
+        };
         self.down.forward(&(gate * self.up.forward(x)?)?)
     }
 }

@@ -85,6 +85,7 @@ impl RandomCheckpoint {
             Family::Qwen3 => "qwen3",
             Family::Qwen2 => "qwen2",
             Family::Llama => "llama",
+            Family::Gemma3 => "gemma3_text",
         }
     }
 
@@ -100,6 +101,7 @@ impl RandomCheckpoint {
                 Family::Qwen3 => "Qwen3ForCausalLM",
                 Family::Qwen2 => "Qwen2ForCausalLM",
                 Family::Llama => "LlamaForCausalLM",
+                Family::Gemma3 => "Gemma3ForCausalLM",
             }],
             "model_type": self.model_type(),
             "vocab_size": self.vocab_size,

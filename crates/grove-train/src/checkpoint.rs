@@ -41,6 +41,7 @@ pub fn config_json(c: &DecoderConfig, eos_token_ids: &[u32], dtype: DType) -> Va
         Family::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         Family::Llama => ("LlamaForCausalLM", "llama"),
         Family::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        Family::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
     };
     json!({
         "architectures": [architecture],

@@ -204,6 +204,14 @@ pub fn train_drafter(
 ) -> Result<TrainState, TrainError> {
     let decoder = Decoder::load(target_dir, &Device::Cpu)?;
     let target_config = decoder.config().clone();
+    if target_config.gemma.is_some() {
+        // The training graph (net.rs) has Qwen3 / Qwen2 layers only.
+        return Err(TrainError::Data(
+            "training a drafter for a Gemma 3 target is not implemented (its sandwich norms, \
+             GELU and sliding windows are not in the training graph)"
+                .into(),
+        ));
+    }
     let tokenizer = TextTokenizer::load(target_dir)?;
     std::fs::create_dir_all(&options.dir).map_err(|source| TrainError::Io {
         path: options.dir.clone(),
