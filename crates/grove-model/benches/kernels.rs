@@ -28,7 +28,12 @@ fn small_row_matmul(c: &mut Criterion) {
 
 fn quantized_matmul(c: &mut Criterion) {
     use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul};
-    let (n, k) = (4864, 896);
+    let (n, k) = (
+        std::env::var("QN")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(4864),
+        896,
+    );
     let formats = [
         (QuantFormat::Q8_0, GgmlDType::Q8_0),
         (QuantFormat::Q5_0, GgmlDType::Q5_0),

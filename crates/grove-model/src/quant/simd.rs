@@ -24,7 +24,7 @@ use super::scalar::q4k_scale_min;
 use super::{QuantFormat, QuantizedRows, CHUNK};
 
 /// Activation rows per pass over a weight row.
-const TILE: usize = 4;
+const TILE: usize = 8;
 
 pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -34,6 +34,18 @@ pub(super) fn available() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+/// One tile of `$r` rows through `format`'s kernel.
+macro_rules! tile {
+    ($format:expr, $r:literal, $row:expr, $acts:expr, $start:expr, $out:expr) => {
+        match $format {
+            QuantFormat::Q8_0 => block32::<Q8_0, $r>($row, $acts, $start, $out),
+            QuantFormat::Q5_0 => block32::<Q5_0, $r>($row, $acts, $start, $out),
+            QuantFormat::Q4K => q4k::<$r>($row, $acts, $start, $out),
+            QuantFormat::Q6K => q6k::<$r>($row, $acts, $start, $out),
+        }
+    };
+}
+
 pub(super) fn dot_rows(
     format: QuantFormat,
     row: &[u8],
@@ -41,31 +53,26 @@ pub(super) fn dot_rows(
     first: usize,
     out: &mut [f32],
 ) {
-    for (t, tile) in out.chunks_mut(TILE).enumerate() {
-        let start = first + t * TILE;
+    let mut done = 0;
+    while done < out.len() {
+        let left = out.len() - done;
+        let rows = [TILE, 4, 2, 1]
+            .into_iter()
+            .find(|&r| r <= left)
+            .unwrap_or(1);
+        let (start, tile) = (first + done, &mut out[done..done + rows]);
         // SAFETY: the caller (Kernel::detect) checked the features; `row` holds `k / CHUNK`
-        // whole chunks of `format` (QMatrix::new) and rows `start..start + tile.len()` exist
-        // in `acts`, quantized with `format.activation_block()`.
+        // whole chunks of `format` (QMatrix::new) and rows `start..start + rows` exist in
+        // `acts`, quantized with `format.activation_block()`.
         unsafe {
-            match (format, tile.len()) {
-                (QuantFormat::Q8_0, 1) => block32::<Q8_0, 1>(row, acts, start, tile),
-                (QuantFormat::Q8_0, 2) => block32::<Q8_0, 2>(row, acts, start, tile),
-                (QuantFormat::Q8_0, 3) => block32::<Q8_0, 3>(row, acts, start, tile),
-                (QuantFormat::Q8_0, _) => block32::<Q8_0, TILE>(row, acts, start, tile),
-                (QuantFormat::Q5_0, 1) => block32::<Q5_0, 1>(row, acts, start, tile),
-                (QuantFormat::Q5_0, 2) => block32::<Q5_0, 2>(row, acts, start, tile),
-                (QuantFormat::Q5_0, 3) => block32::<Q5_0, 3>(row, acts, start, tile),
-                (QuantFormat::Q5_0, _) => block32::<Q5_0, TILE>(row, acts, start, tile),
-                (QuantFormat::Q4K, 1) => q4k::<1>(row, acts, start, tile),
-                (QuantFormat::Q4K, 2) => q4k::<2>(row, acts, start, tile),
-                (QuantFormat::Q4K, 3) => q4k::<3>(row, acts, start, tile),
-                (QuantFormat::Q4K, _) => q4k::<TILE>(row, acts, start, tile),
-                (QuantFormat::Q6K, 1) => q6k::<1>(row, acts, start, tile),
-                (QuantFormat::Q6K, 2) => q6k::<2>(row, acts, start, tile),
-                (QuantFormat::Q6K, 3) => q6k::<3>(row, acts, start, tile),
-                (QuantFormat::Q6K, _) => q6k::<TILE>(row, acts, start, tile),
+            match rows {
+                TILE => tile!(format, 8, row, acts, start, tile),
+                4 => tile!(format, 4, row, acts, start, tile),
+                2 => tile!(format, 2, row, acts, start, tile),
+                _ => tile!(format, 1, row, acts, start, tile),
             }
         }
+        done += rows;
     }
 }
 
@@ -121,13 +128,41 @@ unsafe fn block32<F: Block32, const R: usize>(
     for group in (0..chunks).step_by(8) {
         let group_chunks = 8.min(chunks - group);
         let blocks = 2 * group_chunks;
-        let mut halves = [0u16; 16];
-        let mut at = row.add(2 * group * F::BYTES);
-        for half in halves.iter_mut().take(blocks) {
-            *half = at.cast::<u16>().read_unaligned();
-            at = at.add(F::BYTES);
-        }
-        let weight_scales = _mm512_cvtph_ps(_mm256_loadu_si256(halves.as_ptr().cast()));
+        let weight_scales = _mm512_cvtph_ps(if blocks == 16 {
+            // Built in a register: storing 16 halves and reloading them as one vector stalls
+            // on store forwarding (a tenth of the Q8_0 kernel's time).
+            let at = |b: usize| {
+                row.add((2 * group + b) * F::BYTES)
+                    .cast::<i16>()
+                    .read_unaligned()
+            };
+            _mm256_set_epi16(
+                at(15),
+                at(14),
+                at(13),
+                at(12),
+                at(11),
+                at(10),
+                at(9),
+                at(8),
+                at(7),
+                at(6),
+                at(5),
+                at(4),
+                at(3),
+                at(2),
+                at(1),
+                at(0),
+            )
+        } else {
+            let mut halves = [0u16; 16];
+            let mut at = row.add(2 * group * F::BYTES);
+            for half in halves.iter_mut().take(blocks) {
+                *half = at.cast::<u16>().read_unaligned();
+                at = at.add(F::BYTES);
+            }
+            _mm256_loadu_si256(halves.as_ptr().cast())
+        });
         let mask: __mmask16 = if blocks == 16 {
             0xFFFF
         } else {
@@ -140,10 +175,12 @@ unsafe fn block32<F: Block32, const R: usize>(
             let sums = _mm512_maskz_loadu_epi32(mask, x.sum32[r].add(2 * group));
             zero_terms[r] = _mm512_fmadd_ps(scales[r], _mm512_cvtepi32_ps(sums), zero_terms[r]);
         }
-        // Two chunks per step into two accumulators, so consecutive FMAs do not wait on each
-        // other (and the accumulators stay in registers).
+        // With one row, two chunks per step into two accumulators, so consecutive FMAs do not
+        // wait on each other; with more rows, the rows give that independence and one
+        // accumulator each leaves registers for them.
         for i in (0..group_chunks).step_by(2) {
             for (slot, i) in [i, i + 1].into_iter().enumerate() {
+                let slot = if R == 1 { slot } else { 0 };
                 if i == group_chunks {
                     break;
                 }
