@@ -259,14 +259,27 @@ impl QMatrix {
         } else {
             transposed.chunks_mut(task_len).enumerate().for_each(task);
         }
-        let mut output = vec![0f32; rows * n];
-        for (j, column) in transposed.chunks_exact(rows).enumerate() {
-            for (i, &value) in column.iter().enumerate() {
-                output[i * n + j] = value;
+        transpose(&transposed, n, rows)
+    }
+}
+
+/// `[n, rows]` -> `[rows, n]`, in 16 x 16 tiles so both sides stay in cache.
+fn transpose(input: &[f32], n: usize, rows: usize) -> Vec<f32> {
+    if rows == 1 {
+        return input.to_vec();
+    }
+    const TILE: usize = 16;
+    let mut output = vec![0f32; rows * n];
+    for j0 in (0..n).step_by(TILE) {
+        for i0 in (0..rows).step_by(TILE) {
+            for j in j0..(j0 + TILE).min(n) {
+                for i in i0..(i0 + TILE).min(rows) {
+                    output[i * n + j] = input[j * rows + i];
+                }
             }
         }
-        output
     }
+    output
 }
 
 /// Which implementation runs the dot products.
@@ -343,7 +356,7 @@ impl QuantizedRows {
             let d = amax / 127.0;
             let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
             for (quant, value) in quants.iter_mut().zip(values) {
-                *quant = (value * inverse).round() as i8;
+                *quant = round_to_i8(value * inverse);
             }
             *scale = d;
         }
@@ -371,14 +384,14 @@ impl QuantizedRows {
         let per_row = self.k / self.block;
         &self.scale[row * per_row..(row + 1) * per_row]
     }
+}
 
-    fn sum16(&self, row: usize) -> &[i32] {
-        &self.sum16[row * self.k / 16..(row + 1) * self.k / 16]
-    }
-
-    fn sum32(&self, row: usize) -> &[i32] {
-        &self.sum32[row * self.k / 32..(row + 1) * self.k / 32]
-    }
+/// Rounds `v` (|v| <= 127.5) to the nearest integer, ties to even, as llama.cpp's AVX
+/// quantizers do (`_mm256_round_ps`). Adding and subtracting 1.5 * 2^23 leaves the rounded
+/// value (floats there are integers), without a libm call, so the loop vectorizes.
+fn round_to_i8(v: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    ((v + MAGIC) - MAGIC) as i8
 }
 
 /// One chunk of weights decoded: `weight[i] = scale[i / 4] * u[i] - offset[i / 4]`.

@@ -20,7 +20,6 @@
 
 use std::arch::x86_64::*;
 
-use super::scalar::q4k_scale_min;
 use super::{QuantFormat, QuantizedRows, CHUNK};
 
 /// Activation rows per pass over a weight row.
@@ -85,12 +84,19 @@ struct Rows<const R: usize> {
 }
 
 impl<const R: usize> Rows<R> {
+    /// Rows `start..start + R`, which the caller guarantees exist. Plain pointer offsets: this
+    /// runs once per weight row and tile, so slicing here showed up in prefill profiles.
     fn new(acts: &QuantizedRows, start: usize) -> Self {
+        debug_assert!((start + R) * acts.k <= acts.q.len());
+        let k = acts.k;
+        let offset = |r: usize, per_row: usize| (start + r) * per_row;
         Self {
-            q: std::array::from_fn(|r| acts.q(start + r).as_ptr()),
-            scale: std::array::from_fn(|r| acts.scale(start + r).as_ptr()),
-            sum16: std::array::from_fn(|r| acts.sum16(start + r).as_ptr()),
-            sum32: std::array::from_fn(|r| acts.sum32(start + r).as_ptr()),
+            q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(offset(r, k))),
+            scale: std::array::from_fn(|r| {
+                acts.scale.as_ptr().wrapping_add(offset(r, k / acts.block))
+            }),
+            sum16: std::array::from_fn(|r| acts.sum16.as_ptr().wrapping_add(offset(r, k / 16))),
+            sum32: std::array::from_fn(|r| acts.sum32.as_ptr().wrapping_add(offset(r, k / 32))),
         }
     }
 }
@@ -214,15 +220,20 @@ unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
     for s in 0..blocks {
         let block = row.as_ptr().add(144 * s);
         let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
-        let packed = std::slice::from_raw_parts(block.add(4), 12);
-        let mut scales = [0i32; 16];
-        let mut mins = [0i32; 8];
-        for j in 0..8 {
-            let (scale, min) = q4k_scale_min(packed, j);
-            scales[j] = i32::from(scale);
-            mins[j] = i32::from(min);
-        }
-        let scales = _mm512_loadu_si512(scales.as_ptr().cast());
+        // The eight 6-bit scales and mins, unpacked four at a time in 32-bit words (the
+        // bit layout `q4k_scale_min` reads one by one).
+        let word = |at: usize| block.add(4 + at).cast::<u32>().read_unaligned();
+        let (w0, w1, w2) = (word(0), word(4), word(8));
+        const LOW6: u32 = 0x3f3f_3f3f;
+        const LOW4: u32 = 0x0f0f_0f0f;
+        const LOW2: u32 = 0x0303_0303;
+        let scales_low = w0 & LOW6;
+        let scales_high = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
+        let mins_low = w1 & LOW6;
+        let mins_high = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
+        let scales =
+            _mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, scales_high as i32, scales_low as i32));
+        let mins = u64::from(mins_low) | (u64::from(mins_high) << 32);
         let mut sums = [zero; R];
         for j in 0..4 {
             let q = _mm256_loadu_si256(block.add(16 + 32 * j).cast());
@@ -240,7 +251,11 @@ unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
         for r in 0..R {
             let dx = *x.scale[r].add(s);
             let x_sums = std::slice::from_raw_parts(x.sum32[r].add(8 * s), 8);
-            let min_dot: i32 = mins.iter().zip(x_sums).map(|(m, x)| m * x).sum();
+            let min_dot: i32 = x_sums
+                .iter()
+                .enumerate()
+                .map(|(j, x)| ((mins >> (8 * j)) & 0xff) as i32 * x)
+                .sum();
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sums[r]), acc[r]);
             min_terms[r] += dmin * dx * min_dot as f32;
         }
