@@ -3,13 +3,15 @@
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
-//! activation row is quantized to 8 bits per 32 values (as llama.cpp does) and the product is an
-//! integer dot (AVX-512 VNNI `vpdpbusd`) per 64 weights, scaled in f32.
+//! activation row is quantized to 8 bits per 32 values (per 256 for the K-quants; as llama.cpp
+//! does) and the product is an integer dot (AVX-512 VNNI `vpdpbusd`) per 64 weights, scaled in
+//! f32 (`simd.rs`).
 //!
-//! Every format is described the same way: a row is a sequence of 64-weight *chunks*, and a chunk
-//! decodes to 64 unsigned integers `u`, and per group of 4 weights (a "lane") a scale `s` and an
-//! offset `m`, with `weight = s * u - m`. So one kernel serves every format, and the dot with an
-//! activation chunk `x = dx * q` is `sum_lanes(s * dx * dot4(u, q) - m * dx * sum4(q))`.
+//! The reference (`scalar.rs`, also the fallback on other CPUs) describes every format the same
+//! way: a row is a sequence of 64-weight *chunks*, and a chunk decodes to 64 unsigned integers
+//! `u`, and per group of 4 weights (a "lane") a scale `s` and an offset `m`, with
+//! `weight = s * u - m`; the dot with an activation chunk `x = dx * q` is
+//! `sum_lanes(dx * (s * dot4(u, q) - m * sum4(q)))`.
 
 mod scalar;
 #[cfg(target_arch = "x86_64")]
