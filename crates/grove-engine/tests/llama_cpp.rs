@@ -131,21 +131,34 @@ fn check_tokenizer(path: &Path, tokenizer: &TextTokenizer) -> Result<()> {
     Ok(())
 }
 
-/// Logits of the next token after `tokens`.
-fn next_logits(model: &Decoder, tokens: &[TokenId]) -> Result<Vec<f32>> {
-    let pool = PagePool::new(tokens.len(), 1)?;
+/// Grove's logits for the token after `prompt` + `generated`, computed the way generation
+/// computed them: the prompt in one forward, then one row per generated token. (One forward
+/// over everything differs by more than rounding: 8-bit activation rounding amplifies the
+/// different summation orders of a batched product, by up to a few tenths of a logit.)
+fn next_logits(model: &Decoder, prompt: &[TokenId], generated: &[TokenId]) -> Result<Vec<f32>> {
+    let total = prompt.len() + generated.len();
+    let pool = PagePool::new(total, 1)?;
     let mut kv = model.new_kv_store(pool.num_slots());
     let mut table = pool.new_table();
-    table.reserve(tokens.len())?;
-    let positions: Vec<usize> = (0..tokens.len()).collect();
-    let output = model.forward(
-        &ForwardBatch {
-            segments: vec![Segment::causal(&table, tokens, &positions, LogitRows::Last)],
-            taps: &[],
-        },
-        &mut kv,
-    )?;
-    Ok(output.logits.flatten_all()?.to_vec1::<f32>()?)
+    table.reserve(total)?;
+    let mut step = |tokens: &[TokenId], table: &mut grove_kv::PageTable| -> Result<Vec<f32>> {
+        let start = table.len();
+        let positions: Vec<usize> = (start..start + tokens.len()).collect();
+        let output = model.forward(
+            &ForwardBatch {
+                segments: vec![Segment::causal(table, tokens, &positions, LogitRows::Last)],
+                taps: &[],
+            },
+            &mut kv,
+        )?;
+        table.append(tokens.len());
+        Ok(output.logits.flatten_all()?.to_vec1::<f32>()?)
+    };
+    let mut logits = step(prompt, &mut table)?;
+    for &token in generated {
+        logits = step(&[token], &mut table)?;
+    }
+    Ok(logits)
 }
 
 fn check_greedy(path: &Path, model: &Decoder, prompts: &[Vec<TokenId>]) -> Result<()> {
@@ -172,9 +185,7 @@ fn check_greedy(path: &Path, model: &Decoder, prompts: &[Vec<TokenId>]) -> Resul
                 (pair[0].as_u64()? == u64::from(token)).then(|| pair[1].as_f64().unwrap() as f32)
             })
         };
-        let mut prefix = prompt.clone();
-        prefix.extend_from_slice(&ours[..step]);
-        let logits = next_logits(model, &prefix)?;
+        let logits = next_logits(model, prompt, &ours[..step])?;
         let (ours_a, ours_b) = (logits[a as usize], logits[b as usize]);
         let (theirs_a, theirs_b) = (their_logit(a), their_logit(b).context("own top token")?);
         println!(

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use serde_json::json;
@@ -68,9 +68,7 @@ impl GgufFile {
             source,
         })?;
         for (name, info) in &content.tensor_infos {
-            let elements = info.shape.elem_count();
-            let bytes = elements / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset as usize + info.offset as usize + bytes;
+            let end = content.tensor_data_offset as usize + info.offset as usize + data_bytes(info);
             if end > map.len() {
                 return Err(error(format!(
                     "tensor `{name}` ends at byte {end}, past the end of the file ({} bytes): \
@@ -198,16 +196,12 @@ impl GgufFile {
     /// Bytes of weights one decode step reads: every tensor but the token embeddings (of which
     /// a step reads one row), plus the embeddings again when they double as the LM head.
     pub fn weight_bytes_per_token(&self) -> u64 {
-        let bytes = |info: &candle_core::quantized::gguf_file::TensorInfo| {
-            (info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size())
-                as u64
-        };
         let tied = !self.content.tensor_infos.contains_key("output.weight");
         self.content
             .tensor_infos
             .iter()
             .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
-            .map(|(_, info)| bytes(info))
+            .map(|(_, info)| data_bytes(info) as u64)
             .sum()
     }
 
@@ -345,8 +339,7 @@ impl GgufFile {
             .get(&name)
             .ok_or_else(|| error(format!("missing tensor `{name}`")))?;
         let start = self.content.tensor_data_offset as usize + info.offset as usize;
-        let elements = info.shape.elem_count();
-        let len = elements / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let len = data_bytes(info);
         let tensor = qtensor_from_ggml(
             info.ggml_dtype,
             &self.map[start..start + len],
@@ -374,6 +367,11 @@ impl GgufFile {
     pub fn tokenizer(&self) -> Result<TextTokenizer, ModelError> {
         crate::gguf_tokenizer::build(&self.content.metadata, &self.path)
     }
+}
+
+/// Bytes of a tensor's data in the file.
+fn data_bytes(info: &TensorInfo) -> usize {
+    info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()
 }
 
 /// Undoes llama.cpp's Q/K row permutation (`[heads, 2, d/2] -> [heads, d/2, 2]` on rows), back

@@ -398,15 +398,10 @@ fn round_to_i8(v: f32) -> i8 {
 
 /// One chunk of weights decoded: `weight[i] = scale[i / 4] * u[i] - offset[i / 4]`.
 #[derive(Debug, Clone, Copy)]
-pub struct DecodedChunk {
-    pub u: [u8; CHUNK],
-    pub scale: [f32; LANES],
-    pub offset: [f32; LANES],
-}
-
-/// Decodes chunk `c` of a row (the reference the SIMD decoders are tested against).
-pub fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> DecodedChunk {
-    scalar::decode_chunk(format, row, c)
+struct DecodedChunk {
+    u: [u8; CHUNK],
+    scale: [f32; LANES],
+    offset: [f32; LANES],
 }
 
 #[cfg(test)]

@@ -136,7 +136,7 @@ unsafe fn block32<F: Block32, const R: usize>(
         let blocks = 2 * group_chunks;
         let weight_scales = _mm512_cvtph_ps(if blocks == 16 {
             // Built in a register: storing 16 halves and reloading them as one vector stalls
-            // on store forwarding (a tenth of the Q8_0 kernel's time).
+            // on store forwarding.
             let at = |b: usize| {
                 row.add((2 * group + b) * F::BYTES)
                     .cast::<i16>()
