@@ -1,7 +1,8 @@
 //! The few-row products of decoding and small verifies: the streaming kernel against candle's
 //! gemm on a Qwen3-0.6B MLP weight (3072 x 1024) for 1, 4 and 8 rows; and the quantized kernels
 //! against candle's quantized matmul on a Qwen2.5-0.5B MLP weight (4864 x 896) in each GGUF
-//! format. `cargo bench -p grove-model`.
+//! format. `cargo bench -p grove-model`; `QN` / `QK` set the quantized shape (a head:
+//! `QN=151936 QK=896`).
 
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -32,7 +33,9 @@ fn quantized_matmul(c: &mut Criterion) {
         std::env::var("QN")
             .map(|v| v.parse().unwrap())
             .unwrap_or(4864),
-        896,
+        std::env::var("QK")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(896),
     );
     let formats = [
         (QuantFormat::Q8_0, GgmlDType::Q8_0),

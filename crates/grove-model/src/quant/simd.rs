@@ -24,6 +24,11 @@ use super::{QuantFormat, QuantizedRows, CHUNK};
 
 /// Activation rows per pass over a weight row.
 const TILE: usize = 8;
+/// How far ahead of the chunk being multiplied its weights are requested (`prefetch`). The
+/// hardware prefetcher alone left one row of decoding at 7.4 GB/s per core on a 151936 x 896
+/// Q8_0 head (the memory test reads 9-10); asking 3 KiB ahead brought both threads to 21 GB/s.
+/// Measured here with 512 B to 8 KiB: 2-4 KiB best for every format.
+const PREFETCH: usize = 3072;
 
 pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -191,6 +196,7 @@ unsafe fn block32<F: Block32, const R: usize>(
                     break;
                 }
                 let c = group + i;
+                prefetch(row.wrapping_add(c * 2 * F::BYTES), 2 * F::BYTES);
                 let u = F::decode(row, c);
                 let index = pair_index(i);
                 for r in 0..R {
@@ -219,6 +225,7 @@ unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
     let mask = _mm256_set1_epi8(0x0F);
     for s in 0..blocks {
         let block = row.as_ptr().add(144 * s);
+        prefetch(block, 144);
         let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
         // The eight 6-bit scales and mins, unpacked four at a time in 32-bit words (the
         // bit layout `q4k_scale_min` reads one by one).
@@ -277,6 +284,7 @@ unsafe fn q6k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
     let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     for s in 0..blocks {
         let block = row.as_ptr().add(210 * s);
+        prefetch(block, 210);
         let d = f16_at(block.add(208));
         // The 16 scales (one per 16 weights) as i32 lanes.
         let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(192).cast()));
@@ -321,6 +329,19 @@ unsafe fn q6k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
     }
     for r in 0..R {
         out[r] = _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/// Asks for the cache lines [`PREFETCH`] bytes past `bytes..bytes + len` (the weights a
+/// few blocks on).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn prefetch(bytes: *const u8, len: usize) {
+    let ahead = bytes.wrapping_add(PREFETCH);
+    let mut at = 0;
+    while at < len {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at).cast());
+        at += 64;
     }
 }
 
