@@ -101,19 +101,21 @@ impl DecoderLayer {
     }
 }
 
-/// `proj(x)`, optionally normed per head, as host floats `[rows, heads * head_dim]`.
-fn project(
-    x: &Tensor,
-    proj: &Linear,
+/// A projection's output `y: [rows, heads * head_dim]`, optionally normed per head, as host
+/// floats.
+fn per_head(
+    y: Tensor,
     norm: Option<&RmsNorm>,
     heads: usize,
     head_dim: usize,
 ) -> candle_core::Result<Vec<f32>> {
-    let mut y = proj.forward(x)?;
-    if let Some(norm) = norm {
-        let rows = x.dim(0)?;
-        y = norm.forward(&y.reshape((rows, heads, head_dim))?)?;
-    }
+    let y = match norm {
+        Some(norm) => {
+            let rows = y.dim(0)?;
+            norm.forward(&y.reshape((rows, heads, head_dim))?)?
+        }
+        None => y,
+    };
     y.flatten_all()?.to_vec1()
 }
 
@@ -207,21 +209,12 @@ impl LayerStack {
             };
             let x = layer.input_norm.forward(&hidden)?;
             let attention = &layer.attention;
-            let mut queries = project(
-                &x,
-                &attention.q_proj,
-                attention.q_norm.as_ref(),
-                c.num_heads,
-                c.head_dim,
-            )?;
-            let mut keys = project(
-                &x,
-                &attention.k_proj,
-                attention.k_norm.as_ref(),
-                c.num_kv_heads,
-                c.head_dim,
-            )?;
-            let values = project(&x, &attention.v_proj, None, c.num_kv_heads, c.head_dim)?;
+            let projections = [&attention.q_proj, &attention.k_proj, &attention.v_proj];
+            let [q, k, v] = <[Tensor; 3]>::try_from(Linear::forward_many(&projections, &x)?)
+                .expect("three linears, three outputs");
+            let mut queries = per_head(q, attention.q_norm.as_ref(), c.num_heads, c.head_dim)?;
+            let mut keys = per_head(k, attention.k_norm.as_ref(), c.num_kv_heads, c.head_dim)?;
+            let values = per_head(v, None, c.num_kv_heads, c.head_dim)?;
             self.rope.rotate(&mut queries, c.num_heads, cos, sin);
             self.rope.rotate(&mut keys, c.num_kv_heads, cos, sin);
             write_rows(kv, layer_index, &slots, &keys, &values);
@@ -277,20 +270,11 @@ impl LayerStack {
         let (cos, sin) = self.rope.tables(positions);
         for (layer_index, layer) in self.layers.iter().enumerate() {
             let attention = &layer.attention;
-            let mut keys = project(
-                features,
-                &attention.k_proj,
-                attention.k_norm.as_ref(),
-                c.num_kv_heads,
-                c.head_dim,
-            )?;
-            let values = project(
-                features,
-                &attention.v_proj,
-                None,
-                c.num_kv_heads,
-                c.head_dim,
-            )?;
+            let projections = [&attention.k_proj, &attention.v_proj];
+            let [k, v] = <[Tensor; 2]>::try_from(Linear::forward_many(&projections, features)?)
+                .expect("two linears, two outputs");
+            let mut keys = per_head(k, attention.k_norm.as_ref(), c.num_kv_heads, c.head_dim)?;
+            let values = per_head(v, None, c.num_kv_heads, c.head_dim)?;
             self.rope.rotate(&mut keys, c.num_kv_heads, &cos, &sin);
             write_rows(kv, layer_index, slots, &keys, &values);
         }

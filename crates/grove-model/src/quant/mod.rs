@@ -231,44 +231,111 @@ impl QMatrix {
 
     /// `x W^T` on a chosen kernel (tests compare them).
     pub fn matmul_with(&self, kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
-        assert_eq!(x.len(), rows * self.k, "input is not [rows, k]");
-        // The SIMD kernels are only sound on a CPU that has their features.
-        assert!(
-            kernel == Kernel::Scalar || kernel == Kernel::detect(),
-            "{kernel:?} kernel on a CPU without it"
-        );
-        let acts = QuantizedRows::new(x, rows, self.k, self.format.activation_block());
-        let (n, k) = (self.n, self.k);
-        // Computed weight-row major ([n, rows]) so each task writes one contiguous block.
-        let mut transposed = vec![0f32; n * rows];
-        let task = |(task_index, outputs): (usize, &mut [f32])| {
-            let first = task_index * WEIGHT_ROWS_PER_TASK;
-            for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
-                let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
-                for (offset, out) in outputs.chunks_exact_mut(rows).enumerate() {
-                    let row = self.row(first + offset);
-                    let out = &mut out[block_start..block_start + block_rows];
-                    dot_rows(kernel, self.format, row, &acts, block_start, out);
-                }
+        let mut outputs = matmul_many_with(kernel, &[self], x, rows);
+        outputs.pop().expect("one matrix, one output")
+    }
+
+    /// Weight rows `first..first + outputs.len() / rows` dotted with every activation row, into
+    /// `outputs` weight-row major (`[weight rows, rows]`).
+    fn task(
+        &self,
+        kernel: Kernel,
+        acts: &QuantizedRows,
+        rows: usize,
+        first: usize,
+        outputs: &mut [f32],
+    ) {
+        for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
+            let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
+            for (offset, out) in outputs.chunks_exact_mut(rows).enumerate() {
+                let row = self.row(first + offset);
+                let out = &mut out[block_start..block_start + block_rows];
+                dot_rows(kernel, self.format, row, acts, block_start, out);
             }
-        };
-        let task_len = WEIGHT_ROWS_PER_TASK * rows;
-        if n * k * rows >= PARALLEL_MIN_WORK {
-            transposed
-                .par_chunks_mut(task_len)
-                .enumerate()
-                .for_each(task);
-        } else {
-            transposed.chunks_mut(task_len).enumerate().for_each(task);
         }
-        transpose(&transposed, n, rows)
     }
 }
 
+/// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
+/// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
+/// once for q, k and v and once for gate and up, instead of once per matrix (each hand-off
+/// wakes a sleeping thread, which costs about as much as a small matrix's product).
+pub fn matmul_many(matrices: &[&QMatrix], x: &[f32], rows: usize) -> Vec<Vec<f32>> {
+    matmul_many_with(Kernel::detect(), matrices, x, rows)
+}
+
+/// [`matmul_many`] on a chosen kernel.
+pub fn matmul_many_with(
+    kernel: Kernel,
+    matrices: &[&QMatrix],
+    x: &[f32],
+    rows: usize,
+) -> Vec<Vec<f32>> {
+    let Some(k) = matrices.first().map(|m| m.k) else {
+        return Vec::new();
+    };
+    assert!(
+        matrices.iter().all(|m| m.k == k),
+        "matrices of different widths"
+    );
+    assert_eq!(x.len(), rows * k, "input is not [rows, k]");
+    // The SIMD kernels are only sound on a CPU that has their features.
+    assert!(
+        kernel == Kernel::Scalar || kernel == Kernel::detect(),
+        "{kernel:?} kernel on a CPU without it"
+    );
+    // The input quantized once per activation block size the formats need (32 and/or 256).
+    let mut quantized: Vec<QuantizedRows> = Vec::new();
+    for matrix in matrices {
+        let block = matrix.format.activation_block();
+        if !quantized.iter().any(|acts| acts.block == block) {
+            quantized.push(QuantizedRows::new(x, rows, k, block));
+        }
+    }
+    // Computed weight-row major ([n, rows]) so each task writes one contiguous block.
+    let mut outputs: Vec<Vec<f32>> = matrices.iter().map(|m| vec![0f32; m.n * rows]).collect();
+    let task_len = WEIGHT_ROWS_PER_TASK * rows;
+    let mut tasks = Vec::new();
+    for (matrix, output) in matrices.iter().zip(outputs.iter_mut()) {
+        let block = matrix.format.activation_block();
+        let acts = quantized
+            .iter()
+            .find(|acts| acts.block == block)
+            .expect("quantized above");
+        for (index, chunk) in output.chunks_mut(task_len).enumerate() {
+            tasks.push((*matrix, acts, index * WEIGHT_ROWS_PER_TASK, chunk));
+        }
+    }
+    let run = |(matrix, acts, first, chunk): (&QMatrix, &QuantizedRows, usize, &mut [f32])| {
+        matrix.task(kernel, acts, rows, first, chunk)
+    };
+    let work: usize = matrices.iter().map(|m| m.n * k * rows).sum();
+    if work >= PARALLEL_MIN_WORK {
+        tasks.into_par_iter().for_each(run);
+    } else {
+        tasks.into_iter().for_each(run);
+    }
+    outputs
+        .into_iter()
+        .zip(matrices)
+        .map(|(output, matrix)| transpose(output, matrix.n, rows))
+        .collect()
+}
+
+/// The wrapping sum of `words`, read the way the kernels read weights (with the same software
+/// prefetch where the SIMD kernels run): a memory read test whose speed decoding can reach.
+pub fn streaming_sum(words: &[u64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if Kernel::detect() == Kernel::Avx512Vnni {
+        return simd::streaming_sum(words);
+    }
+    words.iter().fold(0, |a, &b| a.wrapping_add(b))
+}
+
 /// `[n, rows]` -> `[rows, n]`, in 16 x 16 tiles so both sides stay in cache.
-fn transpose(input: &[f32], n: usize, rows: usize) -> Vec<f32> {
+fn transpose(input: Vec<f32>, n: usize, rows: usize) -> Vec<f32> {
     if rows == 1 {
-        return input.to_vec();
+        return input;
     }
     const TILE: usize = 16;
     let mut output = vec![0f32; rows * n];

@@ -332,6 +332,25 @@ unsafe fn q6k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
     }
 }
 
+/// The wrapping sum of `words`, read as the kernels read weights (64-byte loads, requested
+/// [`PREFETCH`] bytes ahead): the memory test that decode speed is compared with.
+pub(super) fn streaming_sum(words: &[u64]) -> u64 {
+    // SAFETY: the caller checked the features (`available()`); loads stay inside `words`.
+    unsafe { streaming_sum_avx512(words) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
+    let lines = words.chunks_exact(8);
+    let tail: u64 = lines.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
+    let mut acc = _mm512_setzero_si512();
+    for line in lines {
+        prefetch(line.as_ptr().cast(), 64);
+        acc = _mm512_add_epi64(acc, _mm512_loadu_si512(line.as_ptr().cast()));
+    }
+    (_mm512_reduce_add_epi64(acc) as u64).wrapping_add(tail)
+}
+
 /// Asks for the cache lines [`PREFETCH`] bytes past `bytes..bytes + len` (the weights a
 /// few blocks on).
 #[inline]

@@ -137,3 +137,41 @@ fn bad_shapes_are_refused() {
     assert!(error.contains("needs 68 bytes, got 100"), "{error}");
     assert_eq!(QuantFormat::Q4K.row_bytes(128), None);
 }
+
+#[test]
+fn streaming_sum_is_the_wrapping_sum() {
+    // Whole lines, a tail, and values that wrap.
+    for len in [0usize, 7, 8, 1001, 4096] {
+        let words: Vec<u64> = (0..len as u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let expected = words.iter().fold(0u64, |a, &b| a.wrapping_add(b));
+        assert_eq!(super::streaming_sum(&words), expected, "len {len}");
+    }
+}
+
+#[test]
+fn one_pass_over_several_matrices_equals_one_at_a_time() {
+    // Mixed activation blocks (32 and 256) and sizes on both sides of the parallel threshold.
+    let k = 512;
+    let matrices: Vec<QMatrix> = [
+        (QuantFormat::Q5_0, 600),
+        (QuantFormat::Q4K, 40),
+        (QuantFormat::Q8_0, 64),
+        (QuantFormat::Q6K, 300),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(seed, (format, n))| QMatrix::random(format, n, k, seed as u64))
+    .collect();
+    let refs: Vec<&QMatrix> = matrices.iter().collect();
+    for rows in [1, 3, 70] {
+        let x = random_input(rows, k, 9);
+        let together = super::matmul_many(&refs, &x, rows);
+        assert_eq!(together.len(), matrices.len());
+        for (matrix, output) in matrices.iter().zip(&together) {
+            assert_eq!(output, &matrix.matmul(&x, rows), "{matrix:?}, {rows} rows");
+        }
+    }
+    assert!(super::matmul_many(&[], &[], 0).is_empty());
+}
