@@ -160,6 +160,18 @@ impl Model for Decoder {
 
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<ForwardOutput, ModelError> {
         self.check_batch(batch)?;
+        // A step of a small model is hundreds of short parallel sections: the other compute
+        // threads poll between them instead of sleeping (`threads`).
+        crate::threads::with_threads_awake(|| self.forward_awake(batch, kv))
+    }
+}
+
+impl Decoder {
+    fn forward_awake(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvStore,
+    ) -> Result<ForwardOutput, ModelError> {
         let tokens: Vec<u32> = batch
             .segments
             .iter()

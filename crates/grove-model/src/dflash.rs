@@ -280,6 +280,15 @@ impl DFlashDrafter {
         table: &mut PageTable,
         kv: &mut KvStore,
     ) -> Result<(), ModelError> {
+        crate::threads::with_threads_awake(|| self.extend_context_awake(features, table, kv))
+    }
+
+    fn extend_context_awake(
+        &self,
+        features: &Tensor,
+        table: &mut PageTable,
+        kv: &mut KvStore,
+    ) -> Result<(), ModelError> {
         let rows = features.dim(0)?;
         if rows == 0 {
             return Ok(());
@@ -310,6 +319,15 @@ impl DFlashDrafter {
     /// One drafter forward over the blocks of several sequences, each `(table, anchor)` with
     /// its block at positions `table.len()..`; returns one [`DraftOutput`] per block.
     pub fn draft_batch(
+        &self,
+        target: &dyn Model,
+        blocks: &mut [(&mut PageTable, TokenId)],
+        kv: &mut KvStore,
+    ) -> Result<Vec<DraftOutput>, ModelError> {
+        crate::threads::with_threads_awake(|| self.draft_batch_awake(target, blocks, kv))
+    }
+
+    fn draft_batch_awake(
         &self,
         target: &dyn Model,
         blocks: &mut [(&mut PageTable, TokenId)],

@@ -15,6 +15,7 @@ pub mod layers;
 pub mod quant;
 pub mod random_checkpoint;
 mod rope;
+pub mod threads;
 pub mod tokenizer;
 pub mod weights;
 

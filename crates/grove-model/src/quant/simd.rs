@@ -139,41 +139,36 @@ unsafe fn block32<F: Block32, const R: usize>(
     for group in (0..chunks).step_by(8) {
         let group_chunks = 8.min(chunks - group);
         let blocks = 2 * group_chunks;
-        let weight_scales = _mm512_cvtph_ps(if blocks == 16 {
-            // Built in a register: storing 16 halves and reloading them as one vector stalls
-            // on store forwarding.
-            let at = |b: usize| {
+        // Built in a register (storing 16 halves and reloading them as one vector stalls on
+        // store forwarding); `blocks` is the same for every group but a row's last, so the
+        // test predicts well.
+        let at = |b: usize| {
+            if b < blocks {
                 row.add((2 * group + b) * F::BYTES)
                     .cast::<i16>()
                     .read_unaligned()
-            };
-            _mm256_set_epi16(
-                at(15),
-                at(14),
-                at(13),
-                at(12),
-                at(11),
-                at(10),
-                at(9),
-                at(8),
-                at(7),
-                at(6),
-                at(5),
-                at(4),
-                at(3),
-                at(2),
-                at(1),
-                at(0),
-            )
-        } else {
-            let mut halves = [0u16; 16];
-            let mut at = row.add(2 * group * F::BYTES);
-            for half in halves.iter_mut().take(blocks) {
-                *half = at.cast::<u16>().read_unaligned();
-                at = at.add(F::BYTES);
+            } else {
+                0
             }
-            _mm256_loadu_si256(halves.as_ptr().cast())
-        });
+        };
+        let weight_scales = _mm512_cvtph_ps(_mm256_set_epi16(
+            at(15),
+            at(14),
+            at(13),
+            at(12),
+            at(11),
+            at(10),
+            at(9),
+            at(8),
+            at(7),
+            at(6),
+            at(5),
+            at(4),
+            at(3),
+            at(2),
+            at(1),
+            at(0),
+        ));
         let mask: __mmask16 = if blocks == 16 {
             0xFFFF
         } else {
@@ -208,9 +203,10 @@ unsafe fn block32<F: Block32, const R: usize>(
             }
         }
     }
+    let zero_point = _mm512_set1_ps(F::ZERO);
     for r in 0..R {
-        let total = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
-        out[r] = total - F::ZERO * _mm512_reduce_add_ps(zero_terms[r]);
+        let total = _mm512_add_ps(acc[r][0], acc[r][1]);
+        out[r] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(zero_point, zero_terms[r], total));
     }
 }
 
