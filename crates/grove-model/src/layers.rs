@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Module, Storage, Tensor};
 
+use crate::activation;
 use crate::kernels::{matmul_transposed, MAX_STREAMING_ROWS};
 use crate::quant::{self, QMatrix};
 
@@ -214,13 +215,7 @@ impl Module for RmsNorm {
     }
 }
 
-/// The gate's activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    Silu,
-    /// GELU, tanh approximation (`gelu_pytorch_tanh`; Gemma).
-    GeluTanh,
-}
+pub use crate::activation::Activation;
 
 /// Gated feed-forward: `down(act(gate(x)) * up(x))` (SwiGLU, or GeGLU for Gemma).
 #[derive(Debug, Clone)]
@@ -288,10 +283,22 @@ impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let [gate, up] = <[Tensor; 2]>::try_from(Linear::forward_many(&[&self.gate, &self.up], x)?)
             .expect("two linears, two outputs");
-        let gate = match self.activation {
-            Activation::Silu => candle_nn::ops::silu(&gate)?,
-            Activation::GeluTanh => gate.gelu()?,
+        let hidden = if gate.device().is_cpu() && gate.dtype() == DType::F32 {
+            let shape = gate.shape().clone();
+            let gate = gate.flatten_all()?.to_vec1::<f32>()?;
+            let up = up.flatten_all()?.to_vec1::<f32>()?;
+            Tensor::from_vec(
+                activation::gated(self.activation, &gate, &up),
+                shape,
+                x.device(),
+            )?
+        } else {
+            let gate = match self.activation {
+                Activation::Silu => candle_nn::ops::silu(&gate)?,
+                Activation::GeluTanh => gate.gelu()?,
+            };
+            (gate * up)?
         };
-        self.down.forward(&(gate * up)?)
+        self.down.forward(&hidden)
     }
 }

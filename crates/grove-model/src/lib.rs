@@ -2,6 +2,7 @@
 //! decoder over a caller-owned paged KV pool. See `forward.rs` for the contract every caller
 //! (plain decoding, DFlash, DDTree) uses.
 
+pub mod activation;
 mod attention;
 pub mod config;
 mod decoder;

@@ -235,8 +235,8 @@ impl QMatrix {
         outputs.pop().expect("one matrix, one output")
     }
 
-    /// Weight rows `first..first + outputs.len() / rows` dotted with every activation row, into
-    /// `outputs` weight-row major (`[weight rows, rows]`).
+    /// Weight rows `first..first + w` (`w = outputs.len() / rows`) dotted with every
+    /// activation row, into `outputs` as `[rows, w]`.
     fn task(
         &self,
         kernel: Kernel,
@@ -245,12 +245,22 @@ impl QMatrix {
         first: usize,
         outputs: &mut [f32],
     ) {
+        let w = outputs.len() / rows;
         for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
             let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
-            for (offset, out) in outputs.chunks_exact_mut(rows).enumerate() {
+            for offset in 0..w {
                 let row = self.row(first + offset);
-                let out = &mut out[block_start..block_start + block_rows];
-                dot_rows(kernel, self.format, row, acts, block_start, out);
+                let out = &mut outputs[block_start * w + offset..];
+                dot_rows(
+                    kernel,
+                    self.format,
+                    row,
+                    acts,
+                    block_start,
+                    block_rows,
+                    out,
+                    w,
+                );
             }
         }
     }
@@ -292,7 +302,7 @@ pub fn matmul_many_with(
             quantized.push(QuantizedRows::new(x, rows, k, block));
         }
     }
-    // Computed weight-row major ([n, rows]) so each task writes one contiguous block.
+    // Each task writes one contiguous block: `[rows, w]` for its `w` weight rows.
     let mut outputs: Vec<Vec<f32>> = matrices.iter().map(|m| vec![0f32; m.n * rows]).collect();
     let task_len = WEIGHT_ROWS_PER_TASK * rows;
     let mut tasks = Vec::new();
@@ -318,7 +328,7 @@ pub fn matmul_many_with(
     outputs
         .into_iter()
         .zip(matrices)
-        .map(|(output, matrix)| transpose(output, matrix.n, rows))
+        .map(|(output, matrix)| assemble(output, matrix.n, rows))
         .collect()
 }
 
@@ -332,21 +342,25 @@ pub fn streaming_sum(words: &[u64]) -> u64 {
     words.iter().fold(0, |a, &b| a.wrapping_add(b))
 }
 
-/// `[n, rows]` -> `[rows, n]`, in 16 x 16 tiles so both sides stay in cache.
-fn transpose(input: Vec<f32>, n: usize, rows: usize) -> Vec<f32> {
+/// The tasks' blocks (`[rows, w]` each, weight rows in order) -> `[rows, n]`: a copy of
+/// `WEIGHT_ROWS_PER_TASK`-value runs, parallel over output rows for large products.
+fn assemble(blocks: Vec<f32>, n: usize, rows: usize) -> Vec<f32> {
     if rows == 1 {
-        return input;
+        // One row: the blocks are already in order.
+        return blocks;
     }
-    const TILE: usize = 16;
     let mut output = vec![0f32; rows * n];
-    for j0 in (0..n).step_by(TILE) {
-        for i0 in (0..rows).step_by(TILE) {
-            for j in j0..(j0 + TILE).min(n) {
-                for i in i0..(i0 + TILE).min(rows) {
-                    output[i * n + j] = input[j * rows + i];
-                }
-            }
+    let fill = |(i, out): (usize, &mut [f32])| {
+        for (task, run) in out.chunks_mut(WEIGHT_ROWS_PER_TASK).enumerate() {
+            let block = task * WEIGHT_ROWS_PER_TASK * rows;
+            let w = run.len();
+            run.copy_from_slice(&blocks[block + i * w..block + (i + 1) * w]);
         }
+    };
+    if rows * n >= PARALLEL_MIN_WORK / 16 {
+        output.par_chunks_mut(n).enumerate().for_each(fill);
+    } else {
+        output.chunks_mut(n).enumerate().for_each(fill);
     }
     output
 }
@@ -371,21 +385,24 @@ impl Kernel {
     }
 }
 
-/// `out[i] = W_row . x[first + i]` for each `i`.
+/// `out[i * stride] = W_row . x[first + i]` for `i < count`.
+#[allow(clippy::too_many_arguments)]
 fn dot_rows(
     kernel: Kernel,
     format: QuantFormat,
     row: &[u8],
     acts: &QuantizedRows,
     first: usize,
+    count: usize,
     out: &mut [f32],
+    stride: usize,
 ) {
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Vnni => simd::dot_rows(format, row, acts, first, out),
+        Kernel::Avx512Vnni => simd::dot_rows(format, row, acts, first, count, out, stride),
         _ => {
-            for (i, value) in out.iter_mut().enumerate() {
-                *value = scalar::dot(format, row, acts, first + i);
+            for i in 0..count {
+                out[i * stride] = scalar::dot(format, row, acts, first + i);
             }
         }
     }

@@ -55,16 +55,20 @@ pub(super) fn dot_rows(
     row: &[u8],
     acts: &QuantizedRows,
     first: usize,
+    count: usize,
     out: &mut [f32],
+    stride: usize,
 ) {
     let mut done = 0;
-    while done < out.len() {
-        let left = out.len() - done;
+    while done < count {
+        let left = count - done;
         let rows = [TILE, 4, 2, 1]
             .into_iter()
             .find(|&r| r <= left)
             .unwrap_or(1);
-        let (start, tile) = (first + done, &mut out[done..done + rows]);
+        let start = first + done;
+        let mut values = [0f32; TILE];
+        let tile = &mut values[..rows];
         // SAFETY: the caller (Kernel::detect) checked the features; `row` holds `k / CHUNK`
         // whole chunks of `format` (QMatrix::new) and rows `start..start + rows` exist in
         // `acts`, quantized with `format.activation_block()`.
@@ -75,6 +79,9 @@ pub(super) fn dot_rows(
                 2 => tile!(format, 2, row, acts, start, tile),
                 _ => tile!(format, 1, row, acts, start, tile),
             }
+        }
+        for (r, &value) in tile.iter().enumerate() {
+            out[(done + r) * stride] = value;
         }
         done += rows;
     }
@@ -216,7 +223,6 @@ unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
     let blocks = acts.k / 256;
     let x = Rows::<R>::new(acts, start);
     let mut acc = [_mm512_setzero_ps(); R];
-    let mut min_terms = [0f32; R];
     let zero = _mm512_setzero_si512();
     let mask = _mm256_set1_epi8(0x0F);
     for s in 0..blocks {
@@ -234,37 +240,44 @@ unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
         let scales_high = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
         let mins_low = w1 & LOW6;
         let mins_high = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
-        let scales =
-            _mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, scales_high as i32, scales_low as i32));
-        let mins = u64::from(mins_low) | (u64::from(mins_high) << 32);
-        let mut sums = [zero; R];
+        // Lanes 0-7 hold the eight scales (mins), lanes 8-15 zero.
+        let unpack = |low: u32, high: u32| {
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32(
+                0,
+                0,
+                high as i32,
+                low as i32,
+            )))
+        };
+        let scales = unpack(scales_low, scales_high);
+        let mins = unpack(mins_low, mins_high);
+        // Per row, sum over lanes of scale * (integer dot), in f32 (exact: each product is
+        // below 2^19).
+        let mut sums = [_mm512_setzero_ps(); R];
         for j in 0..4 {
             let q = _mm256_loadu_si256(block.add(16 + 32 * j).cast());
             let u = join(
                 _mm256_and_si256(q, mask),
                 _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
             );
-            let lane_scales = _mm512_permutexvar_epi32(pair_index(j), scales);
+            let lane_scales = _mm512_permutexvar_ps(pair_index(j), scales);
             for r in 0..R {
                 let values = _mm512_loadu_si512(x.q[r].add(256 * s + 64 * j).cast());
-                let dot = _mm512_dpbusd_epi32(zero, u, values);
-                sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(dot, lane_scales));
+                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
+                sums[r] = _mm512_fmadd_ps(lane_scales, dot, sums[r]);
             }
         }
         for r in 0..R {
             let dx = *x.scale[r].add(s);
-            let x_sums = std::slice::from_raw_parts(x.sum32[r].add(8 * s), 8);
-            let min_dot: i32 = x_sums
-                .iter()
-                .enumerate()
-                .map(|(j, x)| ((mins >> (8 * j)) & 0xff) as i32 * x)
-                .sum();
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sums[r]), acc[r]);
-            min_terms[r] += dmin * dx * min_dot as f32;
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), sums[r], acc[r]);
+            // Minus dmin * min_j * (sum of sub-block j's activations), all eight at once.
+            let x_sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(0xFF, x.sum32[r].add(8 * s)));
+            let min_terms = _mm512_mul_ps(mins, x_sums);
+            acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * dx), min_terms, acc[r]);
         }
     }
     for r in 0..R {
-        out[r] = _mm512_reduce_add_ps(acc[r]) - min_terms[r];
+        out[r] = _mm512_reduce_add_ps(acc[r]);
     }
 }
 
@@ -282,16 +295,17 @@ unsafe fn q6k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
         let block = row.as_ptr().add(210 * s);
         prefetch(block, 210);
         let d = f16_at(block.add(208));
-        // The 16 scales (one per 16 weights) as i32 lanes.
-        let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(192).cast()));
-        let mut sums = [zero; R];
+        // The 16 scales (one per 16 weights) as f32 lanes, sums in f32 as in `q4k` (each
+        // product is exact; a sum can pass 2^24 and round at 6e-8 of itself, far below the
+        // activations' 8-bit rounding).
+        let scales =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(192).cast())));
+        let minus_32_scales = _mm512_mul_ps(scales, _mm512_set1_ps(-32.0));
+        let mut sums = [_mm512_setzero_ps(); R];
         for r in 0..R {
             // Zero point 32: subtract 32 * scale * (sum of the 16 activations it covers).
-            let x_sums = _mm512_loadu_si512(x.sum16[r].add(16 * s).cast());
-            sums[r] = _mm512_sub_epi32(
-                zero,
-                _mm512_slli_epi32::<5>(_mm512_mullo_epi32(scales, x_sums)),
-            );
+            let x_sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(x.sum16[r].add(16 * s).cast()));
+            sums[r] = _mm512_mul_ps(minus_32_scales, x_sums);
         }
         for within in 0..4 {
             let (half, part) = (within / 2, within % 2);
@@ -311,16 +325,16 @@ unsafe fn q6k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
                 _mm512_slli_epi16::<4>(high),
             );
             let index = _mm512_add_epi32(quad, _mm512_set1_epi32(4 * within as i32));
-            let lane_scales = _mm512_permutexvar_epi32(index, scales);
+            let lane_scales = _mm512_permutexvar_ps(index, scales);
             for r in 0..R {
                 let values = _mm512_loadu_si512(x.q[r].add(256 * s + 64 * within).cast());
-                let dot = _mm512_dpbusd_epi32(zero, u, values);
-                sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(dot, lane_scales));
+                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
+                sums[r] = _mm512_fmadd_ps(lane_scales, dot, sums[r]);
             }
         }
         for r in 0..R {
             let dx = *x.scale[r].add(s);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sums[r]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), sums[r], acc[r]);
         }
     }
     for r in 0..R {
