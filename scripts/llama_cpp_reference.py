@@ -24,9 +24,14 @@ import sys
 import time
 
 
-def load(path, threads=2, n_ctx=2048):
+def load(path, threads=2, n_ctx=2048, f32_cache=False):
+    """`f32_cache`: keys and values kept in f32 (llama.cpp's default is f16) for the
+    correctness reference, so that its logits carry no rounding grove does not do."""
     from llama_cpp import Llama
 
+    import llama_cpp
+
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32}
     return Llama(
         model_path=path,
         n_ctx=n_ctx,
@@ -35,6 +40,7 @@ def load(path, threads=2, n_ctx=2048):
         n_batch=512,
         logits_all=False,
         verbose=False,
+        **(cache if f32_cache else {}),
     )
 
 
@@ -65,7 +71,7 @@ def tokenize(request):
 def greedy(request):
     import numpy as np
 
-    llm = load(request["model"])
+    llm = load(request["model"], f32_cache=True)
     top = request.get("top", 8)
     outputs = []
     for prompt in request["prompts"]:
