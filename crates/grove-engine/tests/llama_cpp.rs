@@ -3,7 +3,8 @@
 //! BPE tokenizer; Gemma 3 270M: gemma3 with SentencePiece): the tokenizer rebuilt from GGUF metadata gives
 //! llama.cpp's token ids and text, and greedy decoding gives llama.cpp's first 32 tokens on 5
 //! prompts per model, or each divergence is a near-tie (both implementations' logits of both
-//! tokens are printed and must be within [`NEAR_TIE`]).
+//! tokens are printed and must be within [`NEAR_TIE`]). llama.cpp runs with its KV cache in f32
+//! here (grove's precision; its default f16 cache moved Gemma logits by up to 0.36).
 //!
 //! Skipped with a printed reason when a model file or llama-cpp-python is absent, unless
 //! `GROVE_REQUIRE_LLAMA_CPP=1` (CI sets it and installs both).
