@@ -66,7 +66,8 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
             path.display()
         );
     }
-    let file = GgufFile::open(&path)?;
+    // Read before loading, and dropped: the metadata would otherwise count in grove's RSS.
+    let weight_bytes_per_token = GgufFile::open(&path)?.weight_bytes_per_token();
     let loaded = loading::load(&args.model)?;
     let model = &loaded.model;
     let config = model.config();
@@ -117,7 +118,6 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
     let file_bytes = std::fs::metadata(&path)?.len();
     let kv_tokens = (args.prompt_tokens + args.new_tokens) as u64;
     let grove_kv_bytes = kv_tokens * config.num_layers as u64 * config.kv_width() as u64 * 2 * 4;
-    let weight_bytes_per_token = file.weight_bytes_per_token();
     let floor = bandwidth * 1e9 / weight_bytes_per_token as f64;
     let report = Comparison {
         model: path.display().to_string(),

@@ -215,6 +215,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         let model = Decoder::load(&dir, &Device::Cpu)
             .with_context(|| format!("loading model from {}", dir.display()))?;
         let tokenizer = grove_model::gguf::GgufFile::open(&dir)?.tokenizer()?;
+        grove_model::gguf::release_freed_memory();
         return Ok(Loaded {
             model,
             tokenizer: Some(tokenizer),
