@@ -136,9 +136,11 @@ impl std::fmt::Debug for QMatrix {
     }
 }
 
-/// Rows above this count go through the kernel in blocks of this many activation rows, so a
-/// block's quantized activations stay in L2 while a task's weight rows pass over them.
-const ACT_ROWS_PER_BLOCK: usize = 64;
+/// Activation rows go through the kernel in blocks of this many (one kernel tile), so a
+/// block's quantized activations stay in L1 while a task's weight rows pass over them. Blocks
+/// of 64 rows streamed them from L2 for every weight row: Qwen2.5-Coder-1.5B's 64-row verify
+/// took 1550 ms against 1318 with blocks of 8.
+const ACT_ROWS_PER_BLOCK: usize = 8;
 /// Weight rows per parallel task.
 const WEIGHT_ROWS_PER_TASK: usize = 32;
 /// Below this many multiply-adds a product runs on the calling thread.

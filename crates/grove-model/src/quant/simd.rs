@@ -242,34 +242,33 @@ unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
         let mins_high = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
         // Lanes 0-7 hold the eight scales (mins), lanes 8-15 zero.
         let unpack = |low: u32, high: u32| {
-            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32(
-                0,
-                0,
-                high as i32,
-                low as i32,
-            )))
+            _mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, high as i32, low as i32))
         };
+        // Each scale in both 16-bit halves of its lane, for `vpdpwssd`.
         let scales = unpack(scales_low, scales_high);
-        let mins = unpack(mins_low, mins_high);
-        // Per row, sum over lanes of scale * (integer dot), in f32 (exact: each product is
-        // below 2^19).
-        let mut sums = [_mm512_setzero_ps(); R];
+        let scales = _mm512_or_si512(scales, _mm512_slli_epi32::<16>(scales));
+        let mins = _mm512_cvtepi32_ps(unpack(mins_low, mins_high));
+        // Per row, sum over lanes of scale * (integer dot): pairs of byte products as i16
+        // (`vpmaddubsw`: at most 2 * 15 * 127), times the scale and summed into i32 lanes
+        // (`vpdpwssd`) — two instructions per row and chunk.
+        let mut sums = [zero; R];
         for j in 0..4 {
             let q = _mm256_loadu_si256(block.add(16 + 32 * j).cast());
             let u = join(
                 _mm256_and_si256(q, mask),
                 _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
             );
-            let lane_scales = _mm512_permutexvar_ps(pair_index(j), scales);
+            let lane_scales = _mm512_permutexvar_epi32(pair_index(j), scales);
             for r in 0..R {
                 let values = _mm512_loadu_si512(x.q[r].add(256 * s + 64 * j).cast());
-                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
-                sums[r] = _mm512_fmadd_ps(lane_scales, dot, sums[r]);
+                let pairs = _mm512_maddubs_epi16(u, values);
+                sums[r] = _mm512_dpwssd_epi32(sums[r], pairs, lane_scales);
             }
         }
         for r in 0..R {
             let dx = *x.scale[r].add(s);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), sums[r], acc[r]);
+            let sums = _mm512_cvtepi32_ps(sums[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), sums, acc[r]);
             // Minus dmin * min_j * (sum of sub-block j's activations), all eight at once.
             let x_sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(0xFF, x.sum32[r].add(8 * s)));
             let min_terms = _mm512_mul_ps(mins, x_sums);
