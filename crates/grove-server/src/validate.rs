@@ -149,7 +149,8 @@ impl ModelLimits {
             return Err(ApiError::invalid(
                 "messages",
                 format!(
-                    "the model `{}` has no chat template (tokenizer_config.json); use /v1/completions",
+                    "the model `{}` has no chat template (tokenizer_config.json, or \
+                     tokenizer.chat_template in a GGUF file); use /v1/completions",
                     self.name
                 ),
             ));
