@@ -79,7 +79,7 @@ fn gated_portable(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f
 /// are clamped to where `2^n` stays a normal float (below: ~1e-38, above: ~2e38), which the
 /// activations above only see as 0 or 1 after the division.
 #[inline(always)]
-pub fn exp(x: f32) -> f32 {
+fn exp(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split so that `n * LN2_HIGH` is exact for |n| < 2^9.
     const LN2_HIGH: f32 = 0.693_145_75;

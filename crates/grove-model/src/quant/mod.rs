@@ -271,7 +271,7 @@ impl QMatrix {
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
 /// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
 /// once for q, k and v and once for gate and up, instead of once per matrix (each hand-off
-/// wakes a sleeping thread, which costs about as much as a small matrix's product).
+/// and each wait for the slowest thread costs about as much as a small matrix's product).
 pub fn matmul_many(matrices: &[&QMatrix], x: &[f32], rows: usize) -> Vec<Vec<f32>> {
     matmul_many_with(Kernel::detect(), matrices, x, rows)
 }
@@ -359,6 +359,7 @@ fn assemble(blocks: Vec<f32>, n: usize, rows: usize) -> Vec<f32> {
             run.copy_from_slice(&blocks[block + i * w..block + (i + 1) * w]);
         }
     };
+    // A copy moves a value where a product does `k` multiply-adds: parallel from 16k values.
     if rows * n >= PARALLEL_MIN_WORK / 16 {
         output.par_chunks_mut(n).enumerate().for_each(fill);
     } else {
