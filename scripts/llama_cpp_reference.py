@@ -55,11 +55,32 @@ def last_logits(llm):
     return np.ctypeslib.as_array(pointer, shape=(llm.n_vocab(),)).copy()
 
 
+def detokenize(llm, tokens, special):
+    """llama.cpp's pieces joined, as `Llama.detokenize` joins them but without its 32-byte
+    buffer, which turns any longer piece (Qwen's runs of 33+ spaces) into nothing."""
+    import ctypes
+
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    output = b""
+    for token in tokens:
+        size = 64
+        while True:
+            buffer = (ctypes.c_char * size)()
+            n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, special)
+            if n >= 0:
+                output += bytes(buffer[:n])
+                break
+            size = -n
+    return output
+
+
 def tokenize(request):
     llm = load(request["model"])
     ids = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in request["texts"]]
     def text(i, special):
-        return llm.detokenize(i, special=special).decode("utf-8", errors="replace")
+        return detokenize(llm, i, special).decode("utf-8", errors="replace")
 
     return {
         "ids": ids,

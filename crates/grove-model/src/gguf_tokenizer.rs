@@ -4,11 +4,8 @@
 //! user-defined tokens as special tokens, BOS when `tokenizer.ggml.add_bos_token` says so, and
 //! `tokenizer.chat_template`.
 //!
-//! SentencePiece as llama.cpp runs it: spaces become `▁`, the text starts as single
-//! characters, and the adjacent pair whose concatenation is the best-scoring vocabulary entry
-//! merges first; characters outside the vocabulary fall back to `<0xXX>` byte tokens. That is
-//! a BPE whose merges are every split of every entry into two entries, ranked by the entry's
-//! score, with byte fallback.
+//! SentencePiece as llama.cpp runs it: spaces become `▁` (and one is prepended unless
+//! `tokenizer.ggml.add_space_prefix` is false), then [`crate::sentencepiece`] merges by score.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,9 +16,13 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{
+    AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper,
+    PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer, TokenizerImpl,
+};
 
-use crate::tokenizer::TextTokenizer;
+use crate::sentencepiece::SentencePiece;
+use crate::tokenizer::{Backend, SentencePieceTokenizer, TextTokenizer};
 use crate::ModelError;
 
 /// Qwen2's split (from its `tokenizer.json`; llama.cpp's `qwen2` pre-tokenizer).
@@ -32,10 +33,8 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
-/// llama.cpp's token types: normal text pieces, unknown, and the special ones (control,
-/// user-defined).
-const NORMAL: i64 = 1;
-const UNKNOWN: i64 = 2;
+/// llama.cpp's token types that are matched whole before the model runs (normal and unknown
+/// are in [`crate::sentencepiece`]).
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 
@@ -90,72 +89,21 @@ fn byte_level_tokenizer(
     Ok(tokenizer)
 }
 
-/// SentencePiece (llama.cpp's `llama` tokenizer) as a byte-fallback BPE; see the module docs.
+/// SentencePiece (llama.cpp's `llama` tokenizer): our compact model behind `tokenizers`'
+/// normalizers and decoders; see [`crate::sentencepiece`].
 fn sentencepiece_tokenizer(
     tokens: &[String],
     types: &[i64],
     scores: &[f32],
     add_space_prefix: bool,
-) -> Result<Tokenizer, String> {
+) -> Result<SentencePieceTokenizer, String> {
     use tokenizers::decoders::byte_fallback::ByteFallback;
     use tokenizers::decoders::fuse::Fuse;
     use tokenizers::decoders::sequence::Sequence as DecoderSequence;
     use tokenizers::decoders::strip::Strip;
     use tokenizers::normalizers::{Prepend, Replace};
-    use tokenizers::{DecoderWrapper, NormalizerWrapper};
 
-    if scores.len() != tokens.len() {
-        return Err(format!(
-            "{} scores for {} tokens",
-            scores.len(),
-            tokens.len()
-        ));
-    }
-    let vocab: HashMap<String, u32> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
-    // Only normal tokens take part in merging (llama.cpp's SPM merges text pieces; control,
-    // user-defined and byte tokens are matched otherwise).
-    let mergeable = |id: u32| types.get(id as usize).copied().unwrap_or(NORMAL) == NORMAL;
-    let mut merges: Vec<(f32, u32, String, String)> = Vec::new();
-    for (id, token) in tokens.iter().enumerate() {
-        let id = id as u32;
-        if !mergeable(id) {
-            continue;
-        }
-        for (split, _) in token.char_indices().skip(1) {
-            let (left, right) = token.split_at(split);
-            let known = |piece: &str| vocab.get(piece).is_some_and(|&i| mergeable(i));
-            if known(left) && known(right) {
-                merges.push((scores[id as usize], id, left.to_owned(), right.to_owned()));
-            }
-        }
-    }
-    // Best score first; equal scores in vocabulary order.
-    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let merges: Vec<(String, String)> = merges.into_iter().map(|(_, _, a, b)| (a, b)).collect();
-    let unknown = tokens
-        .iter()
-        .zip(types)
-        .find(|(_, &t)| t == UNKNOWN)
-        .map(|(t, _)| t.clone());
-    let mut builder = BPE::builder()
-        .vocab_and_merges(
-            vocab
-                .into_iter()
-                .collect::<tokenizers::models::bpe::Vocab>(),
-            merges,
-        )
-        .byte_fallback(true);
-    if let Some(unknown) = unknown {
-        builder = builder.unk_token(unknown);
-    }
-    let bpe = builder
-        .build()
-        .map_err(|e| format!("building the SentencePiece model: {e}"))?;
-    let mut tokenizer = Tokenizer::new(bpe);
+    let mut tokenizer = TokenizerImpl::new(SentencePiece::new(tokens, types, scores)?);
     let mut normalizers = Vec::new();
     if add_space_prefix {
         normalizers.push(NormalizerWrapper::Prepend(Prepend::new("▁".into())));
@@ -164,7 +112,9 @@ fn sentencepiece_tokenizer(
         Replace::new(" ", "▁").map_err(|e| e.to_string())?,
     ));
     tokenizer
-        .with_normalizer(Some(tokenizers::normalizers::Sequence::new(normalizers)))
+        .with_normalizer(Some(NormalizerWrapper::Sequence(
+            tokenizers::normalizers::Sequence::new(normalizers),
+        )))
         .map_err(|e| format!("normalizer: {e}"))?;
     let mut decoders = vec![
         DecoderWrapper::Replace(Replace::new("▁", " ").map_err(|e| e.to_string())?),
@@ -174,8 +124,44 @@ fn sentencepiece_tokenizer(
     if add_space_prefix {
         decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
     }
-    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
+    tokenizer.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(
+        decoders,
+    ))));
     Ok(tokenizer)
+}
+
+/// What both kinds share: control and user-defined pieces matched whole in the input before
+/// the model runs (control ones are special, left out of decoded text; user-defined ones are
+/// text: Gemma's whitespace runs, Qwen's FIM markers, as llama.cpp's detokenizer treats them),
+/// and BOS when the file asks for it.
+fn finish<M: Model>(
+    tokenizer: &mut TokenizerImpl<
+        M,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >,
+    tokens: &[String],
+    types: &[i64],
+    bos_template: Option<PostProcessorWrapper>,
+) -> Result<(), String> {
+    let added = |kind: i64, special: bool| -> Vec<AddedToken> {
+        tokens
+            .iter()
+            .zip(types)
+            .filter(|(_, &t)| t == kind)
+            .map(|(token, _)| AddedToken::from(token.clone(), special).normalized(false))
+            .collect()
+    };
+    tokenizer
+        .add_special_tokens(added(CONTROL, true))
+        .map_err(|e| format!("special tokens: {e}"))?;
+    tokenizer
+        .add_tokens(added(USER_DEFINED, false))
+        .map_err(|e| format!("user-defined tokens: {e}"))?;
+    tokenizer.with_post_processor(bos_template);
+    Ok(())
 }
 
 pub(crate) fn build(
@@ -215,7 +201,28 @@ pub(crate) fn build(
         Some(Value::Array(values)) => values.iter().map(|v| as_i64(v).unwrap_or(1)).collect(),
         _ => vec![1; tokens.len()],
     };
-    let mut tokenizer = if sentencepiece {
+    let bos = id("tokenizer.ggml.bos_token_id");
+    let add_bos = matches!(
+        metadata.get("tokenizer.ggml.add_bos_token"),
+        Some(Value::Bool(true))
+    );
+    let bos_template = match (add_bos, bos) {
+        (true, Some(bos)) => {
+            let name = tokens
+                .get(bos as usize)
+                .ok_or_else(|| error(format!("bos id {bos} is outside the vocabulary")))?;
+            let processor = TemplateProcessing::builder()
+                .try_single(format!("{name} $A"))
+                .and_then(|b| b.try_pair(format!("{name} $A {name} $B")))
+                .map_err(|e| error(format!("bos template: {e}")))?
+                .special_tokens(vec![(name.clone(), bos)])
+                .build()
+                .map_err(|e| error(format!("bos template: {e}")))?;
+            Some(PostProcessorWrapper::Template(processor))
+        }
+        _ => None,
+    };
+    let backend = if sentencepiece {
         let scores: Vec<f32> = match metadata.get("tokenizer.ggml.scores") {
             Some(Value::Array(values)) => values
                 .iter()
@@ -227,7 +234,10 @@ pub(crate) fn build(
             metadata.get("tokenizer.ggml.add_space_prefix"),
             Some(Value::Bool(false))
         );
-        sentencepiece_tokenizer(&tokens, &types, &scores, add_space_prefix).map_err(error)?
+        let mut tokenizer =
+            sentencepiece_tokenizer(&tokens, &types, &scores, add_space_prefix).map_err(error)?;
+        finish(&mut tokenizer, &tokens, &types, bos_template).map_err(error)?;
+        Backend::SentencePiece(Box::new(tokenizer))
     } else {
         let merges: Vec<(String, String)> = strings("tokenizer.ggml.merges")?
             .into_iter()
@@ -241,50 +251,17 @@ pub(crate) fn build(
             Some(Value::String(pre)) => pre.as_str(),
             _ => "",
         };
-        byte_level_tokenizer(&tokens, merges, pre).map_err(error)?
+        let mut tokenizer = byte_level_tokenizer(&tokens, merges, pre).map_err(error)?;
+        finish(&mut tokenizer, &tokens, &types, bos_template).map_err(error)?;
+        Backend::Tokenizers(Box::new(tokenizer))
     };
-    // Both kinds are matched whole in the input before the model runs; control tokens are
-    // special (left out of decoded text), user-defined ones are text (Gemma's whitespace runs,
-    // Qwen's FIM markers), as llama.cpp's detokenizer treats them.
-    let added = |kind: i64, special: bool| -> Vec<AddedToken> {
-        tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, &t)| t == kind)
-            .map(|(token, _)| AddedToken::from(token.clone(), special).normalized(false))
-            .collect()
-    };
-    tokenizer
-        .add_special_tokens(added(CONTROL, true))
-        .map_err(|e| error(format!("special tokens: {e}")))?;
-    tokenizer
-        .add_tokens(added(USER_DEFINED, false))
-        .map_err(|e| error(format!("user-defined tokens: {e}")))?;
-    let bos = id("tokenizer.ggml.bos_token_id");
-    let add_bos = matches!(
-        metadata.get("tokenizer.ggml.add_bos_token"),
-        Some(Value::Bool(true))
-    );
-    if let (true, Some(bos)) = (add_bos, bos) {
-        let name = tokens
-            .get(bos as usize)
-            .ok_or_else(|| error(format!("bos id {bos} is outside the vocabulary")))?;
-        let processor = TemplateProcessing::builder()
-            .try_single(format!("{name} $A"))
-            .and_then(|b| b.try_pair(format!("{name} $A {name} $B")))
-            .map_err(|e| error(format!("bos template: {e}")))?
-            .special_tokens(vec![(name.clone(), bos)])
-            .build()
-            .map_err(|e| error(format!("bos template: {e}")))?;
-        tokenizer.with_post_processor(Some(processor));
-    }
     let template = match metadata.get("tokenizer.chat_template") {
         Some(Value::String(t)) => Some(t.clone()),
         _ => None,
     };
     let token_name = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize).cloned());
     Ok(
-        TextTokenizer::from_tokenizer(tokenizer, template).with_special_tokens(
+        TextTokenizer::from_backend(backend, template).with_special_tokens(
             token_name(bos),
             token_name(id("tokenizer.ggml.eos_token_id")),
         ),

@@ -16,6 +16,7 @@ pub mod layers;
 pub mod quant;
 pub mod random_checkpoint;
 mod rope;
+pub mod sentencepiece;
 pub mod threads;
 pub mod tokenizer;
 pub mod weights;

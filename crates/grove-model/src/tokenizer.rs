@@ -17,10 +17,37 @@ pub struct ChatMessage {
     pub content: String,
 }
 
+/// `tokenizers`' pipeline around our compact SentencePiece model (GGUF `llama` vocabularies).
+pub(crate) type SentencePieceTokenizer = tokenizers::TokenizerImpl<
+    crate::sentencepiece::SentencePiece,
+    tokenizers::NormalizerWrapper,
+    tokenizers::PreTokenizerWrapper,
+    tokenizers::PostProcessorWrapper,
+    tokenizers::DecoderWrapper,
+>;
+
+/// The model behind a [`TextTokenizer`]: one of `tokenizers`' own (`tokenizer.json`, GGUF
+/// byte-level BPE) or the compact SentencePiece.
+#[derive(Debug)]
+pub(crate) enum Backend {
+    Tokenizers(Box<tokenizers::Tokenizer>),
+    SentencePiece(Box<SentencePieceTokenizer>),
+}
+
+/// Calls the same method on whichever tokenizer the backend holds.
+macro_rules! on_backend {
+    ($backend:expr, $tokenizer:ident => $call:expr) => {
+        match $backend {
+            Backend::Tokenizers($tokenizer) => $call,
+            Backend::SentencePiece($tokenizer) => $call,
+        }
+    };
+}
+
 /// A tokenizer with its chat template and special tokens.
 #[derive(Debug)]
 pub struct TextTokenizer {
-    tokenizer: tokenizers::Tokenizer,
+    tokenizer: Backend,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -65,7 +92,7 @@ impl TextTokenizer {
             _ => None,
         };
         Ok(Self {
-            tokenizer,
+            tokenizer: Backend::Tokenizers(Box::new(tokenizer)),
             chat_template,
             bos_token: token_text("bos_token"),
             eos_token: token_text("eos_token"),
@@ -74,6 +101,10 @@ impl TextTokenizer {
     }
 
     pub fn from_tokenizer(tokenizer: tokenizers::Tokenizer, chat_template: Option<String>) -> Self {
+        Self::from_backend(Backend::Tokenizers(Box::new(tokenizer)), chat_template)
+    }
+
+    pub(crate) fn from_backend(tokenizer: Backend, chat_template: Option<String>) -> Self {
         Self {
             tokenizer,
             chat_template,
@@ -90,8 +121,14 @@ impl TextTokenizer {
         self
     }
 
-    pub fn inner(&self) -> &tokenizers::Tokenizer {
-        &self.tokenizer
+    /// The id of a vocabulary or added token.
+    pub fn token_to_id(&self, token: &str) -> Option<TokenId> {
+        on_backend!(&self.tokenizer, t => t.token_to_id(token))
+    }
+
+    /// Vocabulary size, with the added tokens when `with_added`.
+    pub fn vocab_size(&self, with_added: bool) -> usize {
+        on_backend!(&self.tokenizer, t => t.get_vocab_size(with_added))
     }
 
     fn error(&self, message: impl ToString) -> ModelError {
@@ -103,23 +140,19 @@ impl TextTokenizer {
 
     /// Encodes text; `add_special_tokens` applies the tokenizer's post-processor (e.g. BOS).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenId>, ModelError> {
-        let encoding = self
-            .tokenizer
-            .encode(text, add_special_tokens)
+        let encoding = on_backend!(&self.tokenizer, t => t.encode(text, add_special_tokens))
             .map_err(|e| self.error(e))?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// Decodes ids to text, leaving out special tokens.
     pub fn decode(&self, ids: &[TokenId]) -> Result<String, ModelError> {
-        self.tokenizer.decode(ids, true).map_err(|e| self.error(e))
+        on_backend!(&self.tokenizer, t => t.decode(ids, true)).map_err(|e| self.error(e))
     }
 
     /// The id of the tokenizer's `eos_token`, if it names one in the vocabulary.
     pub fn eos_token_id(&self) -> Option<TokenId> {
-        self.eos_token
-            .as_deref()
-            .and_then(|t| self.tokenizer.token_to_id(t))
+        self.eos_token.as_deref().and_then(|t| self.token_to_id(t))
     }
 
     pub fn has_chat_template(&self) -> bool {

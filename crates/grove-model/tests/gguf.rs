@@ -158,7 +158,7 @@ fn gguf_checkpoints_compute_what_their_safetensors_compute() {
         // Its tokenizer comes from the metadata.
         let file = GgufFile::open(&dir.path().join("model-F32.gguf")).unwrap();
         let tokenizer = file.tokenizer().unwrap();
-        assert_eq!(tokenizer.inner().get_vocab_size(true), spec.vocab_size);
+        assert_eq!(tokenizer.vocab_size(true), spec.vocab_size);
     }
 }
 

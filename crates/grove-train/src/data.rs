@@ -88,10 +88,14 @@ pub fn train_tokenizer(files: &[PathBuf], vocab_size: usize) -> Result<Tokenizer
     Ok(tokenizer.into())
 }
 
-/// All `files` tokenized and joined, each followed by `<|endoftext|>`.
-pub fn tokenize_files(tokenizer: &Tokenizer, files: &[PathBuf]) -> Result<Vec<u32>, TrainError> {
-    let eos = tokenizer
-        .token_to_id(SPECIAL_TOKENS[0])
+/// All `files` tokenized by `encode` and joined, each followed by `<|endoftext|>` (looked up
+/// with `token_to_id`).
+pub fn tokenize_files<E: std::fmt::Display>(
+    files: &[PathBuf],
+    token_to_id: impl Fn(&str) -> Option<u32>,
+    encode: impl Fn(&str) -> Result<Vec<u32>, E>,
+) -> Result<Vec<u32>, TrainError> {
+    let eos = token_to_id(SPECIAL_TOKENS[0])
         .ok_or_else(|| TrainError::Data("the tokenizer lacks <|endoftext|>".into()))?;
     let mut tokens = Vec::new();
     for file in files {
@@ -103,10 +107,9 @@ pub fn tokenize_files(tokenizer: &Tokenizer, files: &[PathBuf]) -> Result<Vec<u3
         let Ok(text) = String::from_utf8(bytes) else {
             continue;
         };
-        let encoding = tokenizer
-            .encode(text, false)
-            .map_err(|e| TrainError::Data(format!("{}: {e}", file.display())))?;
-        tokens.extend_from_slice(encoding.get_ids());
+        let ids =
+            encode(&text).map_err(|e| TrainError::Data(format!("{}: {e}", file.display())))?;
+        tokens.extend_from_slice(&ids);
         tokens.push(eos);
     }
     Ok(tokens)

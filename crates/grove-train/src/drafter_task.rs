@@ -222,7 +222,11 @@ pub fn train_drafter(
         data::load_tokens(&tokens_path)?
     } else {
         let files = data::gather_files(corpus, extensions)?;
-        let tokens = data::tokenize_files(tokenizer.inner(), &files)?;
+        let tokens = data::tokenize_files(
+            &files,
+            |token| tokenizer.token_to_id(token),
+            |text| tokenizer.encode(text, false),
+        )?;
         data::save_tokens(&tokens_path, &tokens)?;
         tokens
     };

@@ -124,7 +124,15 @@ pub fn prepare_corpus(
         files.len()
     );
     let tokenizer = data::train_tokenizer(&files, vocab_size)?;
-    let tokens = data::tokenize_files(&tokenizer, &files)?;
+    let tokens = data::tokenize_files(
+        &files,
+        |token| tokenizer.token_to_id(token),
+        |text| {
+            tokenizer
+                .encode(text, false)
+                .map(|encoding| encoding.get_ids().to_vec())
+        },
+    )?;
     eprintln!("corpus: {} tokens", tokens.len());
     data::save_tokens(&tokens_path, &tokens)?;
     tokenizer

@@ -28,7 +28,7 @@ fn a_trained_drafter_lowers_its_loss_and_drafts_losslessly() {
     .unwrap();
     let target = Decoder::load(&target_dir, &Device::Cpu).unwrap();
     let tokenizer = TextTokenizer::load(&target_dir).unwrap();
-    let mask = tokenizer.inner().token_to_id("<|mask|>").unwrap();
+    let mask = tokenizer.token_to_id("<|mask|>").unwrap();
     let mut layers = target.config().clone();
     layers.num_layers = 1;
     let shape = DrafterShape {

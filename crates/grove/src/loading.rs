@@ -137,7 +137,7 @@ impl SpecArgs {
             (_, Some(path)) => path.as_path(),
         };
         let tokenizer = loaded.tokenizer.as_ref();
-        let resolve = |token: &str| tokenizer.and_then(|t| t.inner().token_to_id(token));
+        let resolve = |token: &str| tokenizer.and_then(|t| t.token_to_id(token));
         let drafter = DFlashDrafter::load(path, &loaded.model, resolve, &Device::Cpu)
             .with_context(|| format!("loading drafter from {}", path.display()))?;
         Ok(Some(drafter))

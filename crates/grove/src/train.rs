@@ -247,15 +247,12 @@ pub fn run_drafter(args: TrainDrafterArgs) -> Result<()> {
         let tokenizer = TextTokenizer::load(&args.target_path)?;
         let mask_token_id = match args.mask_token.parse::<u32>() {
             Ok(id) => id,
-            Err(_) => tokenizer
-                .inner()
-                .token_to_id(&args.mask_token)
-                .with_context(|| {
-                    format!(
-                        "--mask-token {:?} is not in the target's tokenizer; pass an unused id",
-                        args.mask_token
-                    )
-                })?,
+            Err(_) => tokenizer.token_to_id(&args.mask_token).with_context(|| {
+                format!(
+                    "--mask-token {:?} is not in the target's tokenizer; pass an unused id",
+                    args.mask_token
+                )
+            })?,
         };
         let mut layers = target.config().clone();
         layers.num_layers = args.drafter_layers;

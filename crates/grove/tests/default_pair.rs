@@ -29,7 +29,7 @@ const PROMPTS: [&str; 10] = [
 fn ddtree_and_dflash_on_the_default_pair_are_lossless_with_a_trained_drafter() {
     let target = Decoder::load(&assets().join("target"), &Device::Cpu).unwrap();
     let tokenizer = TextTokenizer::load(&assets().join("target")).unwrap();
-    let resolve = |t: &str| tokenizer.inner().token_to_id(t);
+    let resolve = |t: &str| tokenizer.token_to_id(t);
     let drafter =
         DFlashDrafter::load(&assets().join("drafter"), &target, resolve, &Device::Cpu).unwrap();
     let block = drafter.config().block_size;
