@@ -237,6 +237,35 @@ impl QMatrix {
         outputs.pop().expect("one matrix, one output")
     }
 
+    /// `out[..]` = weight rows `first..` dotted with activation row `act`, as many whole
+    /// groups of the multi-row kernel as fit in `w`; returns how many rows it did (0 where
+    /// there is no such kernel).
+    fn dot_weight_rows(
+        &self,
+        kernel: Kernel,
+        acts: &QuantizedRows,
+        act: usize,
+        first: usize,
+        w: usize,
+        out: &mut [f32],
+    ) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if kernel == Kernel::Avx512Vnni {
+            const P: usize = simd::WEIGHT_ROWS;
+            let mut done = 0;
+            while done + P <= w {
+                let rows = std::array::from_fn(|p| self.row(first + done + p));
+                if !simd::dot_weight_rows(self.format, rows, acts, act, &mut out[done..]) {
+                    break;
+                }
+                done += P;
+            }
+            return done;
+        }
+        let _ = (kernel, acts, act, first, w, out);
+        0
+    }
+
     /// Weight rows `first..first + w` (`w = outputs.len() / rows`) dotted with every
     /// activation row, into `outputs` as `[rows, w]`.
     fn task(
@@ -250,7 +279,13 @@ impl QMatrix {
         let w = outputs.len() / rows;
         for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
             let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
-            for offset in 0..w {
+            let out = &mut outputs[block_start * w..];
+            // One activation row: several weight rows per kernel call where the kernel has it.
+            let first_single = match block_rows {
+                1 => self.dot_weight_rows(kernel, acts, block_start, first, w, out),
+                _ => 0,
+            };
+            for offset in first_single..w {
                 let row = self.row(first + offset);
                 let out = &mut outputs[block_start * w + offset..];
                 dot_rows(

@@ -1,8 +1,8 @@
 //! AVX-512 (F, BW, DQ, VNNI) kernels in two families, both after llama.cpp's layout of the
 //! work: the integer dot of 64 weights with 64 activation bytes is one `vpdpbusd`, and the f32
 //! work is amortized:
-//! - 32-weight formats (Q8_0, Q5_0): per 16 blocks, the weights' f16 scales are converted at
-//!   once and multiplied with the activations' block scales; each chunk then costs one
+//! - 32-weight formats (Q8_0, Q5_0): per 16 blocks, the weights' f16 scales are gathered and
+//!   converted at once and multiplied with the activations' block scales; each chunk then costs one
 //!   permute (its two blocks' scales) and one FMA per row. The zero point (128 or 16) is one
 //!   FMA per 16 blocks with the activations' block sums.
 //! - K-quants (Q4_K, Q6_K), activations scaled per 256: within a super-block the sub-block
@@ -11,7 +11,9 @@
 //!   rows), then one FMA per super-block; mins (Q4_K) and the zero point (Q6_K) come from the
 //!   activations' 32- and 16-value sums.
 //!
-//! Each decoded weight chunk is dotted with up to [`TILE`] activation rows.
+//! Each decoded weight chunk is dotted with up to [`TILE`] activation rows; a single
+//! activation row (a decode step) goes through [`WEIGHT_ROWS`] weight rows at a time for the
+//! 32-weight formats ([`dot_weight_rows`]).
 // The kernels are `unsafe` only for the intrinsics: every function here is compiled for
 // avx512f/bw/dq/vnni + f16c and reached only after `available()` confirmed those features;
 // every load reads inside slices whose lengths `QMatrix::new` and `QuantizedRows::new` checked
@@ -123,6 +125,35 @@ trait Block32 {
     unsafe fn decode(row: *const u8, c: usize) -> __m512i;
 }
 
+/// Chunks in the group of (at most) 8 that starts at chunk `group`, and the mask of its blocks.
+#[inline]
+fn group_of(chunks: usize, group: usize) -> (usize, __mmask16) {
+    let group_chunks = 8.min(chunks - group);
+    let blocks = 2 * group_chunks;
+    let mask = if blocks == 16 {
+        0xFFFF
+    } else {
+        (1 << blocks) - 1
+    };
+    (group_chunks, mask)
+}
+
+/// The f16 scales of the 16 blocks from `first` (those in `mask`) as f32 lanes: one gather of
+/// the 32-bit words the scales start (the rest of each word is the block's own data), then
+/// their low halves. Built from 16 scalar loads and `vpinsrw`s this was ~15% of a one-row
+/// product's instructions, all on the shuffle port the kernels' permutes need.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn block_scales<F: Block32>(first: *const u8, mask: __mmask16) -> __m512 {
+    let offsets = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(F::BYTES as i32),
+    );
+    let words =
+        _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, offsets, first.cast());
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words))
+}
+
 /// Lane index vector `[a x 8, a + 1 x 8]` picking chunk `i`'s two block scales (`a = 2i`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
@@ -146,43 +177,8 @@ unsafe fn block32<F: Block32, const R: usize>(
     let mut zero_terms = [_mm512_setzero_ps(); R];
     let zero = _mm512_setzero_si512();
     for group in (0..chunks).step_by(8) {
-        let group_chunks = 8.min(chunks - group);
-        let blocks = 2 * group_chunks;
-        // Built in a register (storing 16 halves and reloading them as one vector stalls on
-        // store forwarding); `blocks` is the same for every group but a row's last, so the
-        // test predicts well.
-        let at = |b: usize| {
-            if b < blocks {
-                row.add((2 * group + b) * F::BYTES)
-                    .cast::<i16>()
-                    .read_unaligned()
-            } else {
-                0
-            }
-        };
-        let weight_scales = _mm512_cvtph_ps(_mm256_set_epi16(
-            at(15),
-            at(14),
-            at(13),
-            at(12),
-            at(11),
-            at(10),
-            at(9),
-            at(8),
-            at(7),
-            at(6),
-            at(5),
-            at(4),
-            at(3),
-            at(2),
-            at(1),
-            at(0),
-        ));
-        let mask: __mmask16 = if blocks == 16 {
-            0xFFFF
-        } else {
-            (1 << blocks) - 1
-        };
+        let (group_chunks, mask) = group_of(chunks, group);
+        let weight_scales = block_scales::<F>(row.add(2 * group * F::BYTES), mask);
         let mut scales = [_mm512_setzero_ps(); R];
         for r in 0..R {
             let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[r].add(2 * group));
@@ -217,6 +213,106 @@ unsafe fn block32<F: Block32, const R: usize>(
         let total = _mm512_add_ps(acc[r][0], acc[r][1]);
         out[r] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(zero_point, zero_terms[r], total));
     }
+}
+
+/// Weight rows per call of [`dot_weight_rows`].
+pub(super) const WEIGHT_ROWS: usize = 4;
+
+/// `out[p] = rows[p] . acts[act]` for the 32-weight formats, `WEIGHT_ROWS` weight rows against
+/// one activation row (a decode step). One weight row at a time, the horizontal sum at its end
+/// (a chain of dependent shuffles and adds) and the activation loads were a fifth of a short
+/// row's time (k = 640 or 896: 10-14 chunks); here each activation chunk is loaded once for
+/// four rows and the four sums reduce together. Returns false for formats it does not cover.
+pub(super) fn dot_weight_rows(
+    format: QuantFormat,
+    rows: [&[u8]; WEIGHT_ROWS],
+    acts: &QuantizedRows,
+    act: usize,
+    out: &mut [f32],
+) -> bool {
+    assert!(out.len() >= WEIGHT_ROWS && act < acts.q.len() / acts.k);
+    let rows = rows.map(<[u8]>::as_ptr);
+    // SAFETY: the caller (Kernel::detect) checked the features; every row holds `k / CHUNK`
+    // whole chunks of `format` (QMatrix::new), row `act` exists in `acts` (asserted), quantized
+    // with `format.activation_block()`, and `out` holds WEIGHT_ROWS values (asserted).
+    unsafe {
+        match format {
+            QuantFormat::Q8_0 => block32_weight_rows::<Q8_0>(rows, acts, act, out.as_mut_ptr()),
+            QuantFormat::Q5_0 => block32_weight_rows::<Q5_0>(rows, acts, act, out.as_mut_ptr()),
+            QuantFormat::Q4K | QuantFormat::Q6K => return false,
+        }
+    }
+    true
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn block32_weight_rows<F: Block32>(
+    rows: [*const u8; WEIGHT_ROWS],
+    acts: &QuantizedRows,
+    act: usize,
+    out: *mut f32,
+) {
+    const P: usize = WEIGHT_ROWS;
+    let chunks = acts.k / CHUNK;
+    let x = Rows::<1>::new(acts, act);
+    let mut acc = [_mm512_setzero_ps(); P];
+    let mut zero_terms = [_mm512_setzero_ps(); P];
+    let zero = _mm512_setzero_si512();
+    for group in (0..chunks).step_by(8) {
+        let (group_chunks, mask) = group_of(chunks, group);
+        let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[0].add(2 * group));
+        let x_sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, x.sum32[0].add(2 * group)));
+        let mut scales = [_mm512_setzero_ps(); P];
+        for p in 0..P {
+            let weight_scales = block_scales::<F>(rows[p].add(2 * group * F::BYTES), mask);
+            scales[p] = _mm512_mul_ps(weight_scales, x_scales);
+            zero_terms[p] = _mm512_fmadd_ps(scales[p], x_sums, zero_terms[p]);
+        }
+        for i in 0..group_chunks {
+            let c = group + i;
+            let values = _mm512_loadu_si512(x.q[0].add(c * CHUNK).cast());
+            let index = pair_index(i);
+            for p in 0..P {
+                prefetch(rows[p].wrapping_add(c * 2 * F::BYTES), 2 * F::BYTES);
+                let u = F::decode(rows[p], c);
+                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
+                let scale = _mm512_permutexvar_ps(index, scales[p]);
+                acc[p] = _mm512_fmadd_ps(scale, dot, acc[p]);
+            }
+        }
+    }
+    let zero_point = _mm512_set1_ps(F::ZERO);
+    let t: [__m512; P] =
+        std::array::from_fn(|p| _mm512_fnmadd_ps(zero_point, zero_terms[p], acc[p]));
+    _mm_storeu_ps(out, reduce4(t));
+}
+
+/// The horizontal sums of four vectors, as the four lanes of one: halves folded pairwise
+/// across the vectors, then within 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn reduce4(v: [__m512; 4]) -> __m128 {
+    // [v0 q0+q2, v0 q1+q3, v1 q0+q2, v1 q1+q3] (quarters of 4 lanes), and the same for v2, v3.
+    let fold = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (v01, v23) = (fold(v[0], v[1]), fold(v[2], v[3]));
+    // Quarter i: four partial sums of v_i.
+    let t = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(v01, v23),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(v01, v23),
+    );
+    let t = _mm512_add_ps(t, _mm512_permute_ps::<0b10_11_00_01>(t));
+    let t = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
+    // Lane 0 of each quarter holds its total.
+    _mm512_castps512_ps128(_mm512_permutexvar_ps(
+        _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0),
+        t,
+    ))
 }
 
 #[inline]

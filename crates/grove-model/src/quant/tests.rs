@@ -67,7 +67,15 @@ fn kernels_match_dequantize_then_matmul() {
         eprintln!("no AVX-512 VNNI on this CPU: only the scalar kernel is tested");
     }
     for format in FORMATS {
-        for &(n, k, rows) in &[(5, 256, 1), (37, 512, 3), (70, 768, 9), (40, 256, 70)] {
+        // One activation row (the multi-weight-row kernel, with a leftover row and a partial
+        // group of chunks), a single last row after full tiles, several tiles.
+        for &(n, k, rows) in &[
+            (5, 256, 1),
+            (38, 1280, 1),
+            (37, 512, 3),
+            (70, 768, 9),
+            (40, 256, 70),
+        ] {
             let matrix = QMatrix::random(format, n, k, n as u64);
             let weights = matrix.dequantize();
             let x = random_input(rows, k, rows as u64);
@@ -108,8 +116,8 @@ fn simd_and_scalar_agree_closely() {
         eprintln!("skipped: no AVX-512 VNNI on this CPU");
         return;
     }
-    for format in FORMATS {
-        let (n, k, rows) = (300, 1024, 6);
+    for (format, rows) in FORMATS.into_iter().flat_map(|f| [(f, 1), (f, 6)]) {
+        let (n, k) = (300, 1024);
         let matrix = QMatrix::random(format, n, k, 7);
         let x = random_input(rows, k, 8);
         let a = matrix.matmul_with(Kernel::Scalar, &x, rows);
@@ -120,7 +128,7 @@ fn simd_and_scalar_agree_closely() {
         for (i, (a, b)) in a.iter().zip(&b).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * largest,
-                "{} output {i}: scalar {a}, simd {b}",
+                "{} x {rows} rows, output {i}: scalar {a}, simd {b}",
                 format.name()
             );
         }
