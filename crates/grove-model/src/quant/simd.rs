@@ -256,6 +256,12 @@ unsafe fn block32_weight_rows<F: Block32>(
     const P: usize = WEIGHT_ROWS;
     let chunks = acts.k / CHUNK;
     let x = Rows::<1>::new(acts, act);
+    // The rows are consecutive in memory, so [`PREFETCH`] bytes past a row's chunk is mostly
+    // inside the rows being read now; ask instead for the same chunk of the rows a whole
+    // number of groups on (at least `PREFETCH` bytes ahead). Qwen2.5-Coder-0.5B's Q8_0 head
+    // in a decode step: 20.8 -> 22.5 GB/s.
+    let group_bytes = P * chunks * 2 * F::BYTES;
+    let ahead = group_bytes * PREFETCH.div_ceil(group_bytes);
     let mut acc = [_mm512_setzero_ps(); P];
     let mut zero_terms = [_mm512_setzero_ps(); P];
     let zero = _mm512_setzero_si512();
@@ -274,7 +280,9 @@ unsafe fn block32_weight_rows<F: Block32>(
             let values = _mm512_loadu_si512(x.q[0].add(c * CHUNK).cast());
             let index = pair_index(i);
             for p in 0..P {
-                prefetch(rows[p].wrapping_add(c * 2 * F::BYTES), 2 * F::BYTES);
+                // One line per chunk: a Q8_0 chunk is 68 bytes, and asking for both lines it
+                // touches requested most lines twice.
+                prefetch_at(rows[p].wrapping_add(c * 2 * F::BYTES + ahead), 1);
                 let u = F::decode(rows[p], c);
                 let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
                 let scale = _mm512_permutexvar_ps(index, scales[p]);
@@ -463,10 +471,16 @@ unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
 unsafe fn prefetch(bytes: *const u8, len: usize) {
-    let ahead = bytes.wrapping_add(PREFETCH);
+    prefetch_at(bytes.wrapping_add(PREFETCH), len);
+}
+
+/// Asks for the cache lines of `bytes..bytes + len`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn prefetch_at(bytes: *const u8, len: usize) {
     let mut at = 0;
     while at < len {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at).cast());
+        _mm_prefetch::<_MM_HINT_T0>(bytes.wrapping_add(at).cast());
         at += 64;
     }
 }
@@ -514,21 +528,19 @@ impl Block32 for Q5_0 {
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
     unsafe fn decode(row: *const u8, c: usize) -> __m512i {
         let (b0, b1) = (row.add(44 * c), row.add(44 * c + 22));
-        let both = _mm256_set_m128i(
+        // Each block's 16 nibble bytes in two quarters, [b0, b0, b1, b1] (two broadcast
+        // loads and one insert), the second quarter of each pair shifted by 4, then the low
+        // nibbles: weights 0-15 and 16-31 of b0, then of b1, in order. One shuffle-port op
+        // where a `vinserti128` and a `vpermt2q` were (256 x 896 in cache, one thread:
+        // 13.7 -> 12.9 us).
+        let both = _mm512_mask_broadcast_i32x4(
+            _mm512_broadcast_i32x4(_mm_loadu_si128(b0.add(6).cast())),
+            0xFF00,
             _mm_loadu_si128(b1.add(6).cast()),
-            _mm_loadu_si128(b0.add(6).cast()),
         );
-        let mask = _mm256_set1_epi8(0x0F);
-        let low = _mm256_and_si256(both, mask);
-        let high = _mm256_and_si256(_mm256_srli_epi16::<4>(both), mask);
-        // Element order: block 0's low nibbles (weights 0-15) then its high nibbles (16-31),
-        // then block 1's.
-        let order = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
-        let nibbles = _mm512_permutex2var_epi64(
-            _mm512_castsi256_si512(low),
-            order,
-            _mm512_castsi256_si512(high),
-        );
+        const HIGH: i64 = 0x0004_0004_0004_0004;
+        let shifts = _mm512_set_epi64(HIGH, HIGH, 0, 0, HIGH, HIGH, 0, 0);
+        let nibbles = _mm512_and_si512(_mm512_srlv_epi16(both, shifts), _mm512_set1_epi8(0x0F));
         let high0 = u64::from(b0.add(2).cast::<u32>().read_unaligned());
         let high1 = u64::from(b1.add(2).cast::<u32>().read_unaligned());
         _mm512_mask_add_epi8(
