@@ -238,8 +238,8 @@ impl QMatrix {
     }
 
     /// `out[..]` = weight rows `first..` dotted with activation row `act`, as many whole
-    /// groups of the multi-row kernel as fit in `w`; returns how many rows it did (0 where
-    /// there is no such kernel).
+    /// groups of the multi-row kernel as fit in `w`; returns how many rows it did (0 on the
+    /// scalar kernel).
     fn dot_weight_rows(
         &self,
         kernel: Kernel,
@@ -255,9 +255,7 @@ impl QMatrix {
             let mut done = 0;
             while done + P <= w {
                 let rows = std::array::from_fn(|p| self.row(first + done + p));
-                if !simd::dot_weight_rows(self.format, rows, acts, act, &mut out[done..]) {
-                    break;
-                }
+                simd::dot_weight_rows(self.format, rows, acts, act, &mut out[done..]);
                 done += P;
             }
             return done;

@@ -12,8 +12,8 @@
 //!   activations' 32- and 16-value sums.
 //!
 //! Each decoded weight chunk is dotted with up to [`TILE`] activation rows; a single
-//! activation row (a decode step) goes through [`WEIGHT_ROWS`] weight rows at a time for the
-//! 32-weight formats ([`dot_weight_rows`]).
+//! activation row (a decode step) goes through [`WEIGHT_ROWS`] weight rows at a time
+//! ([`dot_weight_rows`]).
 // The kernels are `unsafe` only for the intrinsics: every function here is compiled for
 // avx512f/bw/dq/vnni + f16c and reached only after `available()` confirmed those features;
 // every load reads inside slices whose lengths `QMatrix::new` and `QuantizedRows::new` checked
@@ -48,8 +48,8 @@ macro_rules! tile {
         match $format {
             QuantFormat::Q8_0 => block32::<Q8_0, $r>($row, $acts, $start, $out),
             QuantFormat::Q5_0 => block32::<Q5_0, $r>($row, $acts, $start, $out),
-            QuantFormat::Q4K => q4k::<$r>($row, $acts, $start, $out),
-            QuantFormat::Q6K => q6k::<$r>($row, $acts, $start, $out),
+            QuantFormat::Q4K => kquant::<Q4K, $r>($row, $acts, $start, $out),
+            QuantFormat::Q6K => kquant::<Q6K, $r>($row, $acts, $start, $out),
         }
     };
 }
@@ -218,18 +218,21 @@ unsafe fn block32<F: Block32, const R: usize>(
 /// Weight rows per call of [`dot_weight_rows`].
 pub(super) const WEIGHT_ROWS: usize = 4;
 
-/// `out[p] = rows[p] . acts[act]` for the 32-weight formats, `WEIGHT_ROWS` weight rows against
-/// one activation row (a decode step). One weight row at a time, the horizontal sum at its end
-/// (a chain of dependent shuffles and adds) and the activation loads were a fifth of a short
-/// row's time (k = 640 or 896: 10-14 chunks); here each activation chunk is loaded once for
-/// four rows and the four sums reduce together. Returns false for formats it does not cover.
+/// `out[p] = rows[p] . acts[act]`: `WEIGHT_ROWS` weight rows against one activation row (a
+/// decode step). One weight row at a time, the horizontal sum at its end (a chain of dependent
+/// shuffles and adds) and the activation loads were a fifth of a short row's time (k = 640 or
+/// 896: 10-14 chunks); here the 32-weight formats load each activation chunk once for four
+/// rows, and all formats reduce the four sums together. In cache, one thread, 128 rows
+/// (`QN=128 RAYON_NUM_THREADS=1 cargo bench -p grove-model --bench kernels -- "_128x.*/grove/1$"`):
+/// Q8_0 10.3 -> 6.7 us, Q5_0 12.1 -> 8.0, Q6_K 8.1 -> 6.8, Q4_K unchanged (its scale
+/// unpacking, not the sums, bounds it).
 pub(super) fn dot_weight_rows(
     format: QuantFormat,
     rows: [&[u8]; WEIGHT_ROWS],
     acts: &QuantizedRows,
     act: usize,
     out: &mut [f32],
-) -> bool {
+) {
     assert!(out.len() >= WEIGHT_ROWS && act < acts.q.len() / acts.k);
     let rows = rows.map(<[u8]>::as_ptr);
     // SAFETY: the caller (Kernel::detect) checked the features; every row holds `k / CHUNK`
@@ -239,10 +242,10 @@ pub(super) fn dot_weight_rows(
         match format {
             QuantFormat::Q8_0 => block32_weight_rows::<Q8_0>(rows, acts, act, out.as_mut_ptr()),
             QuantFormat::Q5_0 => block32_weight_rows::<Q5_0>(rows, acts, act, out.as_mut_ptr()),
-            QuantFormat::Q4K | QuantFormat::Q6K => return false,
+            QuantFormat::Q4K => kquant_weight_rows::<Q4K>(rows, acts, act, out.as_mut_ptr()),
+            QuantFormat::Q6K => kquant_weight_rows::<Q6K>(rows, acts, act, out.as_mut_ptr()),
         }
     }
-    true
 }
 
 #[inline]
@@ -323,17 +326,69 @@ unsafe fn reduce4(v: [__m512; 4]) -> __m128 {
     ))
 }
 
+/// A 256-weight format: one super-block of a weight row dotted with `R` activation rows,
+/// added unreduced into `acc`.
+trait SuperBlock {
+    const BYTES: usize;
+    unsafe fn add<const R: usize>(block: *const u8, s: usize, x: &Rows<R>, acc: &mut [__m512; R]);
+}
+
+struct Q4K;
+struct Q6K;
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, out: &mut [f32]) {
-    let blocks = acts.k / 256;
+unsafe fn kquant<F: SuperBlock, const R: usize>(
+    row: &[u8],
+    acts: &QuantizedRows,
+    start: usize,
+    out: &mut [f32],
+) {
     let x = Rows::<R>::new(acts, start);
     let mut acc = [_mm512_setzero_ps(); R];
-    let zero = _mm512_setzero_si512();
-    let mask = _mm256_set1_epi8(0x0F);
+    for s in 0..acts.k / 256 {
+        let block = row.as_ptr().add(F::BYTES * s);
+        prefetch(block, F::BYTES);
+        F::add(block, s, &x, &mut acc);
+    }
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/// [`block32_weight_rows`] for the K-quants: the four rows' super-blocks in turn, one
+/// reduction for all four at the end (a 1536-weight row is only 6 super-blocks).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn kquant_weight_rows<F: SuperBlock>(
+    rows: [*const u8; WEIGHT_ROWS],
+    acts: &QuantizedRows,
+    act: usize,
+    out: *mut f32,
+) {
+    let blocks = acts.k / 256;
+    let x = Rows::<1>::new(acts, act);
+    let group_bytes = WEIGHT_ROWS * blocks * F::BYTES;
+    let ahead = group_bytes * PREFETCH.div_ceil(group_bytes);
+    let mut acc = [[_mm512_setzero_ps(); 1]; WEIGHT_ROWS];
     for s in 0..blocks {
-        let block = row.as_ptr().add(144 * s);
-        prefetch(block, 144);
+        for p in 0..WEIGHT_ROWS {
+            let block = rows[p].add(F::BYTES * s);
+            prefetch_at(block.wrapping_add(ahead), F::BYTES);
+            F::add(block, s, &x, &mut acc[p]);
+        }
+    }
+    _mm_storeu_ps(out, reduce4(acc.map(|a| a[0])));
+}
+
+impl SuperBlock for Q4K {
+    const BYTES: usize = 144;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+    unsafe fn add<const R: usize>(block: *const u8, s: usize, x: &Rows<R>, acc: &mut [__m512; R]) {
+        let zero = _mm512_setzero_si512();
+        let mask = _mm256_set1_epi8(0x0F);
         let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
         // The eight 6-bit scales and mins, unpacked four at a time in 32-bit words (the
         // bit layout `q4k_scale_min` reads one by one).
@@ -381,26 +436,20 @@ unsafe fn q4k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
             acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * dx), min_terms, acc[r]);
         }
     }
-    for r in 0..R {
-        out[r] = _mm512_reduce_add_ps(acc[r]);
-    }
 }
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn q6k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, out: &mut [f32]) {
-    let blocks = acts.k / 256;
-    let x = Rows::<R>::new(acts, start);
-    let mut acc = [_mm512_setzero_ps(); R];
-    let zero = _mm512_setzero_si512();
-    let low_mask = _mm512_set1_epi8(0x0F);
-    let two_bits = _mm512_set1_epi8(3);
-    let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    for s in 0..blocks {
-        let block = row.as_ptr().add(210 * s);
-        prefetch(block, 210);
+impl SuperBlock for Q6K {
+    const BYTES: usize = 210;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+    unsafe fn add<const R: usize>(block: *const u8, s: usize, x: &Rows<R>, acc: &mut [__m512; R]) {
+        let zero = _mm512_setzero_si512();
+        let low_mask = _mm512_set1_epi8(0x0F);
+        let two_bits = _mm512_set1_epi8(3);
+        let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         let d = f16_at(block.add(208));
-        // The 16 scales (one per 16 weights) as f32 lanes, sums in f32 as in `q4k` (each
+        // The 16 scales (one per 16 weights) as f32 lanes, sums in f32 as Q4_K's mins (each
         // product is exact; a sum can pass 2^24 and round at 6e-8 of itself, far below the
         // activations' 8-bit rounding).
         let scales =
@@ -441,9 +490,6 @@ unsafe fn q6k<const R: usize>(row: &[u8], acts: &QuantizedRows, start: usize, ou
             let dx = *x.scale[r].add(s);
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), sums[r], acc[r]);
         }
-    }
-    for r in 0..R {
-        out[r] = _mm512_reduce_add_ps(acc[r]);
     }
 }
 
