@@ -159,38 +159,24 @@ impl TextTokenizer {
         self.chat_template.is_some()
     }
 
+    /// Uses `template` (Jinja, as HF renders it) instead of the model's own chat template;
+    /// refused here, not at the first request, when it does not parse.
+    pub fn with_chat_template(mut self, template: String) -> Result<Self, ModelError> {
+        chat_environment(&template)?;
+        self.chat_template = Some(template);
+        Ok(self)
+    }
+
     /// Renders the chat template with `add_generation_prompt = true`.
     pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
             ModelError::Template(
-                "the tokenizer has no `chat_template` in tokenizer_config.json".into(),
+                "the model has no chat template (`chat_template` in tokenizer_config.json, or \
+                 `tokenizer.chat_template` in a GGUF file); pass one with --chat-template FILE"
+                    .into(),
             )
         })?;
-        let mut env = minijinja::Environment::new();
-        // HF renders with jinja2's trim_blocks/lstrip_blocks and Python string methods.
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |message: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    message,
-                ))
-            },
-        );
-        env.add_function("strftime_now", |format: String| -> String {
-            // Templates use this only for a "today is" line; a fixed date keeps output reproducible.
-            format
-                .replace("%d", "01")
-                .replace("%b", "Jan")
-                .replace("%B", "January")
-                .replace("%Y", "2026")
-                .replace("%m", "01")
-        });
-        env.add_template("chat", template)
-            .map_err(|e| ModelError::Template(e.to_string()))?;
+        let env = chat_environment(template)?;
         let context = minijinja::context! {
             messages => messages,
             add_generation_prompt => true,
@@ -201,6 +187,36 @@ impl TextTokenizer {
             .and_then(|t| t.render(context))
             .map_err(|e| ModelError::Template(e.to_string()))
     }
+}
+
+/// `template` compiled as "chat" in an environment that renders as HF does: jinja2's
+/// trim_blocks/lstrip_blocks, Python string methods, `raise_exception`, `strftime_now`.
+fn chat_environment(template: &str) -> Result<minijinja::Environment<'_>, ModelError> {
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |message: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                message,
+            ))
+        },
+    );
+    env.add_function("strftime_now", |format: String| -> String {
+        // Templates use this only for a "today is" line; a fixed date keeps output reproducible.
+        format
+            .replace("%d", "01")
+            .replace("%b", "Jan")
+            .replace("%B", "January")
+            .replace("%Y", "2026")
+            .replace("%m", "01")
+    });
+    env.add_template("chat", template)
+        .map_err(|e| ModelError::Template(e.to_string()))?;
+    Ok(env)
 }
 
 /// Stop token ids declared by a checkpoint: `generation_config.json`'s `eos_token_id` (one or a
@@ -263,5 +279,59 @@ mod tests {
             text,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn a_given_template_replaces_a_missing_one_and_a_broken_one_is_refused() {
+        let plain = || {
+            TextTokenizer::from_tokenizer(
+                tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
+                None,
+            )
+        };
+        let user = [ChatMessage {
+            role: "user".into(),
+            content: "hi".into(),
+        }];
+        let missing = plain().apply_chat_template(&user).unwrap_err().to_string();
+        assert!(missing.contains("--chat-template"), "{missing}");
+        let given = plain()
+            .with_chat_template(
+                "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n\
+                 {% endfor %}<start_of_turn>model\n"
+                    .into(),
+            )
+            .unwrap();
+        assert_eq!(
+            given.apply_chat_template(&user).unwrap(),
+            // jinja2 drops the template's final newline, and so does minijinja.
+            "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model"
+        );
+        // The Gemma 3 template shipped for GGUF files without one: system folded into the
+        // next user turn, the assistant named "model", BOS first.
+        let gemma = plain()
+            .with_special_tokens(Some("<bos>".into()), None)
+            .with_chat_template(include_str!("../../../assets/chat-templates/gemma3.jinja").into())
+            .unwrap();
+        let turn = |role: &str, content: &str| ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        };
+        let conversation = [
+            turn("system", "Be brief. "),
+            turn("user", "hi"),
+            turn("assistant", "hello"),
+            turn("user", "bye"),
+        ];
+        assert_eq!(
+            gemma.apply_chat_template(&conversation).unwrap(),
+            "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n\
+             hello<end_of_turn>\n<start_of_turn>user\nbye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let broken = plain()
+            .with_chat_template("{% for m in messages %}".into())
+            .unwrap_err()
+            .to_string();
+        assert!(broken.contains("template"), "{broken}");
     }
 }

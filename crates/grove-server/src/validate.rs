@@ -150,7 +150,8 @@ impl ModelLimits {
                 "messages",
                 format!(
                     "the model `{}` has no chat template (tokenizer_config.json, or \
-                     tokenizer.chat_template in a GGUF file); use /v1/completions",
+                     tokenizer.chat_template in a GGUF file); use /v1/completions, or start \
+                     the server with --chat-template FILE",
                     self.name
                 ),
             ));

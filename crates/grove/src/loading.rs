@@ -39,6 +39,10 @@ pub struct ModelArgs {
     /// Tokens per KV page.
     #[arg(long, default_value_t = 1)]
     pub page_size: usize,
+    /// A Jinja chat template file used instead of the model's own (`tokenizer_config.json`'s
+    /// `chat_template`, a GGUF file's `tokenizer.chat_template`), e.g. for a file without one.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
 }
 
 impl ModelArgs {
@@ -208,8 +212,28 @@ impl Loaded {
     }
 }
 
-/// Loads the model and, if the directory has one, its tokenizer.
+/// Loads the model and, if the directory has one, its tokenizer (with `--chat-template`).
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let mut loaded = load_model(args)?;
+    if let Some(path) = &args.chat_template {
+        let template = std::fs::read_to_string(path)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+        let tokenizer = loaded.tokenizer.take().with_context(|| {
+            format!(
+                "--chat-template needs the model's tokenizer ({} has no tokenizer.json)",
+                loaded.dir.display()
+            )
+        })?;
+        loaded.tokenizer = Some(
+            tokenizer
+                .with_chat_template(template)
+                .with_context(|| format!("--chat-template {}", path.display()))?,
+        );
+    }
+    Ok(loaded)
+}
+
+fn load_model(args: &ModelArgs) -> Result<Loaded> {
     let dir = args.model_dir();
     if grove_model::gguf::is_gguf(&dir) {
         let model = Decoder::load(&dir, &Device::Cpu)

@@ -116,6 +116,52 @@ fn the_embedded_default_pair_generates_text_and_chat() {
 }
 
 #[test]
+fn chat_template_flag_replaces_the_models_template_and_bad_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let chat = |template: &Path| {
+        vec![
+            "generate".to_string(),
+            "--model-path".into(),
+            TINY_MODEL.into(),
+            "--prompt".into(),
+            "hi".into(),
+            "--chat".into(),
+            "--max-new-tokens".into(),
+            "2".into(),
+            "--format".into(),
+            "json".into(),
+            "--chat-template".into(),
+            template.to_str().unwrap().into(),
+        ]
+    };
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    write(
+        dir.path(),
+        "brackets.jinja",
+        "{% for m in messages %}[{{ m.content }}]{% endfor %}",
+    );
+    let output = grove(&args(&chat(&dir.path().join("brackets.jinja"))));
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // "[hi]": four byte ids, none of the model's own ChatML markers.
+    assert_eq!(json["stats"]["prompt_tokens"], 4);
+
+    let missing = failure(&args(&chat(&dir.path().join("absent.jinja"))));
+    assert!(
+        missing.contains("--chat-template") && missing.contains("absent.jinja"),
+        "{missing}"
+    );
+    write(dir.path(), "broken.jinja", "{% for m in messages %}");
+    let broken = failure(&args(&chat(&dir.path().join("broken.jinja"))));
+    assert!(
+        broken.contains("--chat-template") && broken.contains("chat template"),
+        "{broken}"
+    );
+}
+
+#[test]
 fn bench_prints_the_verify_cost_curve() {
     let target = golden_dir().join("target");
     let output = grove(&[
