@@ -493,6 +493,60 @@ impl SuperBlock for Q6K {
     }
 }
 
+/// [`super::quantize`] in AVX-512: per block the absolute maximum, then 16 values at a time
+/// scaled, rounded to nearest-even (`vcvtps2dq` under the default rounding mode, as the
+/// portable version's magic-number rounding), clamped to i8 and summed.
+pub(super) fn quantize(
+    x: &[f32],
+    block: usize,
+    q: &mut [i8],
+    scale: &mut [f32],
+    sum16: &mut [i32],
+    sum32: &mut [i32],
+) {
+    assert!(block.is_multiple_of(32) && x.len().is_multiple_of(block));
+    assert!(q.len() == x.len() && scale.len() == x.len() / block);
+    assert!(sum16.len() == x.len() / 16 && sum32.len() == x.len() / 32);
+    // SAFETY: the caller checked the features (`Kernel::detect`); every load and store is
+    // inside the slices, whose lengths are asserted above.
+    unsafe { quantize_avx512(x, block, q, scale, sum16, sum32) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn quantize_avx512(
+    x: &[f32],
+    block: usize,
+    q: &mut [i8],
+    scale: &mut [f32],
+    sum16: &mut [i32],
+    sum32: &mut [i32],
+) {
+    let (low, high) = (_mm512_set1_epi32(-128), _mm512_set1_epi32(127));
+    for (b, d_out) in scale.iter_mut().enumerate() {
+        let start = b * block;
+        let values = x.as_ptr().add(start);
+        let mut amax = _mm512_setzero_ps();
+        for i in (0..block).step_by(16) {
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(values.add(i))));
+        }
+        let d = _mm512_reduce_max_ps(amax) / 127.0;
+        let inverse = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        for i in (0..block).step_by(16) {
+            let scaled = _mm512_mul_ps(_mm512_loadu_ps(values.add(i)), inverse);
+            let rounded = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(scaled), low), high);
+            _mm_storeu_si128(
+                q.as_mut_ptr().add(start + i).cast(),
+                _mm512_cvtepi32_epi8(rounded),
+            );
+            *sum16.get_unchecked_mut((start + i) / 16) = _mm512_reduce_add_epi32(rounded);
+        }
+        *d_out = d;
+    }
+    for (sum, pair) in sum32.iter_mut().zip(sum16.chunks_exact(2)) {
+        *sum = pair[0] + pair[1];
+    }
+}
+
 /// The wrapping sum of `words`, read as the kernels read weights (64-byte loads, requested
 /// [`PREFETCH`] bytes ahead): the memory test that decode speed is compared with.
 pub(super) fn streaming_sum(words: &[u64]) -> u64 {

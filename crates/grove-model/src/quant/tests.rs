@@ -183,3 +183,36 @@ fn one_pass_over_several_matrices_equals_one_at_a_time() {
     }
     assert!(super::matmul_many(&[], &[], 0).is_empty());
 }
+
+#[test]
+fn vector_quantizer_equals_the_reference_exactly() {
+    if Kernel::detect() == Kernel::Scalar {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    for block in [32, 256] {
+        let k = 1024;
+        let mut x = random_input(3, k, block as u64);
+        // A block of zeros, one with an exact tie after scaling (0.5 * 127 / 127.0 steps), and
+        // one whose maximum is negative.
+        x[..block].fill(0.0);
+        for (i, v) in x[block..2 * block].iter_mut().enumerate() {
+            *v = if i == 0 { 127.0 } else { (i % 7) as f32 + 0.5 };
+        }
+        x[2 * block] = -40.0;
+        let n = x.len();
+        let run = |vector: bool| {
+            let mut q = vec![0i8; n];
+            let mut scale = vec![0f32; n / block];
+            let mut sum16 = vec![0i32; n / 16];
+            let mut sum32 = vec![0i32; n / 32];
+            if vector {
+                super::simd::quantize(&x, block, &mut q, &mut scale, &mut sum16, &mut sum32);
+            } else {
+                super::quantize_portable(&x, block, &mut q, &mut scale, &mut sum16, &mut sum32);
+            }
+            (q, scale, sum16, sum32)
+        };
+        assert_eq!(run(true), run(false), "block {block}");
+    }
+}
