@@ -467,19 +467,28 @@ impl QuantizedRows {
             k.is_multiple_of(block) && block.is_multiple_of(32),
             "k = {k} is not a multiple of {block}"
         );
-        let mut q = vec![0i8; rows * k];
-        let mut scale = vec![0f32; rows * k / block];
-        let mut sum16 = vec![0i32; rows * k / 16];
-        let mut sum32 = vec![0i32; rows * k / 32];
-        quantize(x, block, &mut q, &mut scale, &mut sum16, &mut sum32);
-        Self {
+        let mut quantized = Self {
             k,
             block,
-            q,
-            scale,
-            sum16,
-            sum32,
-        }
+            q: vec![0i8; rows * k],
+            scale: vec![0f32; rows * k / block],
+            sum16: vec![0i32; rows * k / 16],
+            sum32: vec![0i32; rows * k / 32],
+        };
+        quantize(x, &mut quantized);
+        quantized
+    }
+
+    /// The block size and the buffers a quantizer fills: values, scales, sums of 16 and 32.
+    #[allow(clippy::type_complexity)]
+    fn parts(&mut self) -> (usize, &mut [i8], &mut [f32], &mut [i32], &mut [i32]) {
+        (
+            self.block,
+            &mut self.q,
+            &mut self.scale,
+            &mut self.sum16,
+            &mut self.sum32,
+        )
     }
 
     fn q(&self, row: usize) -> &[i8] {
@@ -496,30 +505,22 @@ impl QuantizedRows {
 /// and the sums of every 16 and 32 values. Every decode step quantizes each product's input:
 /// as plain code this was a fifth of a 128 x 1024 one-row Q4_K product (`simd.rs` has the
 /// AVX-512 version).
-fn quantize(
-    x: &[f32],
-    block: usize,
-    q: &mut [i8],
-    scale: &mut [f32],
-    sum16: &mut [i32],
-    sum32: &mut [i32],
-) {
+fn quantize(x: &[f32], rows: &mut QuantizedRows) {
+    assert_eq!(
+        x.len(),
+        rows.q.len(),
+        "input and quantized rows differ in size"
+    );
     #[cfg(target_arch = "x86_64")]
     if Kernel::detect() == Kernel::Avx512Vnni {
-        return simd::quantize(x, block, q, scale, sum16, sum32);
+        return simd::quantize(x, rows);
     }
-    quantize_portable(x, block, q, scale, sum16, sum32)
+    quantize_portable(x, rows)
 }
 
 /// The reference quantizer (and the one on CPUs without AVX-512).
-fn quantize_portable(
-    x: &[f32],
-    block: usize,
-    q: &mut [i8],
-    scale: &mut [f32],
-    sum16: &mut [i32],
-    sum32: &mut [i32],
-) {
+fn quantize_portable(x: &[f32], rows: &mut QuantizedRows) {
+    let (block, q, scale, sum16, sum32) = rows.parts();
     for ((values, quants), scale) in x
         .chunks_exact(block)
         .zip(q.chunks_exact_mut(block))

@@ -496,31 +496,19 @@ impl SuperBlock for Q6K {
 /// [`super::quantize`] in AVX-512: per block the absolute maximum, then 16 values at a time
 /// scaled, rounded to nearest-even (`vcvtps2dq` under the default rounding mode, as the
 /// portable version's magic-number rounding), clamped to i8 and summed.
-pub(super) fn quantize(
-    x: &[f32],
-    block: usize,
-    q: &mut [i8],
-    scale: &mut [f32],
-    sum16: &mut [i32],
-    sum32: &mut [i32],
-) {
-    assert!(block.is_multiple_of(32) && x.len().is_multiple_of(block));
-    assert!(q.len() == x.len() && scale.len() == x.len() / block);
-    assert!(sum16.len() == x.len() / 16 && sum32.len() == x.len() / 32);
+pub(super) fn quantize(x: &[f32], rows: &mut QuantizedRows) {
+    let n = x.len();
+    assert!(rows.block.is_multiple_of(32) && n.is_multiple_of(rows.block));
+    assert!(rows.q.len() == n && rows.scale.len() == n / rows.block);
+    assert!(rows.sum16.len() == n / 16 && rows.sum32.len() == n / 32);
     // SAFETY: the caller checked the features (`Kernel::detect`); every load and store is
     // inside the slices, whose lengths are asserted above.
-    unsafe { quantize_avx512(x, block, q, scale, sum16, sum32) }
+    unsafe { quantize_avx512(x, rows) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn quantize_avx512(
-    x: &[f32],
-    block: usize,
-    q: &mut [i8],
-    scale: &mut [f32],
-    sum16: &mut [i32],
-    sum32: &mut [i32],
-) {
+unsafe fn quantize_avx512(x: &[f32], rows: &mut QuantizedRows) {
+    let (block, q, scale, sum16, sum32) = rows.parts();
     let (low, high) = (_mm512_set1_epi32(-128), _mm512_set1_epi32(127));
     for (b, d_out) in scale.iter_mut().enumerate() {
         let start = b * block;

@@ -202,16 +202,20 @@ fn vector_quantizer_equals_the_reference_exactly() {
         x[2 * block] = -40.0;
         let n = x.len();
         let run = |vector: bool| {
-            let mut q = vec![0i8; n];
-            let mut scale = vec![0f32; n / block];
-            let mut sum16 = vec![0i32; n / 16];
-            let mut sum32 = vec![0i32; n / 32];
+            let mut rows = QuantizedRows {
+                k,
+                block,
+                q: vec![0i8; n],
+                scale: vec![0f32; n / block],
+                sum16: vec![0i32; n / 16],
+                sum32: vec![0i32; n / 32],
+            };
             if vector {
-                super::simd::quantize(&x, block, &mut q, &mut scale, &mut sum16, &mut sum32);
+                super::simd::quantize(&x, &mut rows);
             } else {
-                super::quantize_portable(&x, block, &mut q, &mut scale, &mut sum16, &mut sum32);
+                super::quantize_portable(&x, &mut rows);
             }
-            (q, scale, sum16, sum32)
+            (rows.q, rows.scale, rows.sum16, rows.sum32)
         };
         assert_eq!(run(true), run(false), "block {block}");
     }
