@@ -14,6 +14,13 @@ use crate::kernels::dot;
 /// the pool costs a wake-up and a context switch per layer.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
+/// Keys per piece of a long row. A row that sees more keys is cut into pieces of this many,
+/// whose partial softmaxes run in parallel (a decode step is one row: without this its
+/// attention ran on one thread however long the context) and combine in order. How a row is
+/// cut depends only on its own ordered keys, never on the batch or the threads, so a token
+/// decoded, verified in a tree or batched gets the same bits, which the lossless checks need.
+const KEY_PIECE: usize = 256;
+
 /// Which logical indices of its segment one row attends to.
 #[derive(Debug, Clone)]
 struct RowKeys {
@@ -142,6 +149,17 @@ pub fn attend(
                 .map(|i| slots[i])
                 .collect();
             let num_keys = key_slots.len();
+            if num_keys > KEY_PIECE {
+                let context = PieceContext {
+                    layout,
+                    scale,
+                    query_row,
+                    keys,
+                    values,
+                    slots: &key_slots,
+                };
+                return context.attend_in_pieces(out_row);
+            }
             for kv_head in 0..num_kv_heads {
                 let kv_offset = kv_head * head_dim;
                 let heads = kv_head * group..(kv_head + 1) * group;
@@ -192,6 +210,104 @@ pub fn attend(
     output
 }
 
+/// One long row's attention, cut into [`KEY_PIECE`]-key pieces per KV head.
+struct PieceContext<'a> {
+    layout: HeadLayout,
+    scale: f32,
+    query_row: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    /// The row's visible key slots, in order.
+    slots: &'a [usize],
+}
+
+/// A piece's softmax before normalization, per query head of its KV head's group: the largest
+/// score, the sum of `exp(score - largest)` and the values weighted by those terms.
+struct Piece {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl PieceContext<'_> {
+    fn attend_in_pieces(&self, out_row: &mut [f32]) {
+        let HeadLayout {
+            num_kv_heads,
+            head_dim,
+            ..
+        } = self.layout;
+        let group = self.layout.num_heads / num_kv_heads;
+        let pieces_per_head = self.slots.len().div_ceil(KEY_PIECE);
+        let pieces: Vec<Piece> = (0..num_kv_heads * pieces_per_head)
+            .into_par_iter()
+            .map(|i| self.piece(i / pieces_per_head, i % pieces_per_head))
+            .collect();
+        for (kv_head, pieces) in pieces.chunks(pieces_per_head).enumerate() {
+            for g in 0..group {
+                let max = pieces
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |m, p| m.max(p.max[g]));
+                let weights: Vec<f32> = pieces.iter().map(|p| (p.max[g] - max).exp()).collect();
+                let sum: f32 = pieces.iter().zip(&weights).map(|(p, w)| p.sum[g] * w).sum();
+                let head = kv_head * group + g;
+                let out = &mut out_row[head * head_dim..][..head_dim];
+                for (piece, weight) in pieces.iter().zip(&weights) {
+                    let part = &piece.out[g * head_dim..][..head_dim];
+                    for (o, v) in out.iter_mut().zip(part) {
+                        *o += weight * v;
+                    }
+                }
+                let inverse = 1.0 / sum;
+                for o in out.iter_mut() {
+                    *o *= inverse;
+                }
+            }
+        }
+    }
+
+    fn piece(&self, kv_head: usize, index: usize) -> Piece {
+        let HeadLayout {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        } = self.layout;
+        let group = num_heads / num_kv_heads;
+        let kv_width = num_kv_heads * head_dim;
+        let kv_offset = kv_head * head_dim;
+        let slots = &self.slots[index * KEY_PIECE..((index + 1) * KEY_PIECE).min(self.slots.len())];
+        let n = slots.len();
+        let mut scores = vec![0f32; group * n];
+        for (key_index, &slot) in slots.iter().enumerate() {
+            let key = &self.keys[slot * kv_width + kv_offset..][..head_dim];
+            for g in 0..group {
+                let query = &self.query_row[(kv_head * group + g) * head_dim..][..head_dim];
+                scores[g * n + key_index] = dot(query, key) * self.scale;
+            }
+        }
+        let mut max = vec![f32::NEG_INFINITY; group];
+        let mut sum = vec![0f32; group];
+        for g in 0..group {
+            let scores = &mut scores[g * n..(g + 1) * n];
+            max[g] = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for score in scores.iter_mut() {
+                *score = (*score - max[g]).exp();
+                sum[g] += *score;
+            }
+        }
+        let mut out = vec![0f32; group * head_dim];
+        for (key_index, &slot) in slots.iter().enumerate() {
+            let value = &self.values[slot * kv_width + kv_offset..][..head_dim];
+            for g in 0..group {
+                let weight = scores[g * n + key_index];
+                for (o, v) in out[g * head_dim..][..head_dim].iter_mut().zip(value) {
+                    *o += weight * v;
+                }
+            }
+        }
+        Piece { max, sum, out }
+    }
+}
+
 fn softmax_in_place(scores: &mut [f32]) {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
@@ -210,7 +326,7 @@ mod tests {
     use grove_kv::PagePool;
 
     use super::*;
-    use crate::forward::{LogitRows, Segment};
+    use crate::forward::{LogitRows, Segment, Visibility};
 
     /// One head of width 2; keys `k_i = (i, 1)`, values `v_i = (i, -i)`, query `(0.5, 1)`.
     fn run(window: Option<usize>) -> Vec<f32> {
@@ -251,6 +367,86 @@ mod tests {
             .zip(&weights)
             .map(|(i, w)| i as f32 * w / total)
             .sum()
+    }
+
+    /// One decode row after `context` committed tokens, 4 query heads on 2 KV heads of 8.
+    fn long_row(context: usize) -> (Vec<f32>, Vec<f32>) {
+        let layout = HeadLayout {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let total = context + 1;
+        let pool = PagePool::new(total, 1).unwrap();
+        let mut table = pool.new_table();
+        table.reserve(total).unwrap();
+        let tokens = [0u32];
+        let positions = [context];
+        let batch = ForwardBatch {
+            segments: vec![Segment {
+                table: &table,
+                context_len: context,
+                tokens: &tokens,
+                positions: &positions,
+                visibility: Visibility::Causal,
+                logits: LogitRows::All,
+            }],
+            taps: &[],
+        };
+        let plan = KeyPlan::new(&batch);
+        let wave = |n: usize, seed: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i as f32 + seed) * 0.618).sin() * 2.0)
+                .collect()
+        };
+        let (keys, values) = (wave(total * 16, 1.0), wave(total * 16, 2.0));
+        let query = wave(32, 3.0);
+        let scale = 0.35;
+        let ours = attend(&plan, layout, scale, None, &query, &keys, &values);
+        // The plain formula in f64 over the slots in logical order.
+        let mut exact = vec![0f32; 32];
+        for head in 0..4 {
+            let kv = head / 2;
+            let q = &query[head * 8..][..8];
+            let scores: Vec<f64> = (0..total)
+                .map(|i| {
+                    let k = &keys[table.slot(i) * 16 + kv * 8..][..8];
+                    q.iter()
+                        .zip(k)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total_weight: f64 = weights.iter().sum();
+            for d in 0..8 {
+                exact[head * 8 + d] = ((0..total)
+                    .map(|i| weights[i] * values[table.slot(i) * 16 + kv * 8 + d] as f64)
+                    .sum::<f64>()
+                    / total_weight) as f32;
+            }
+        }
+        (ours, exact)
+    }
+
+    #[test]
+    fn long_rows_in_pieces_equal_the_formula_and_do_not_depend_on_threads() {
+        for context in [255, 256, 700] {
+            let (ours, exact) = long_row(context);
+            for (a, b) in ours.iter().zip(&exact) {
+                assert!((a - b).abs() < 1e-5, "context {context}: {a} vs {b}");
+            }
+            let on = |threads: usize| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap()
+                    .install(|| long_row(context).0)
+            };
+            assert_eq!(on(1), on(3), "context {context}");
+        }
     }
 
     #[test]

@@ -142,18 +142,26 @@ fn tree_row_logits_equal_their_ancestor_path_run_causally() -> Result<()> {
 fn chain_shaped_tree_is_byte_identical_to_causal_and_a_hidden_key_changes_it() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let model = load(&checkpoint(Family::Qwen3, false, false), dir.path())?;
-    let context: Vec<u32> = vec![3, 9, 27, 81];
+    // A short context, and one long enough that attention cuts each row's keys into pieces.
+    for context_len in [4, 300] {
+        chain_and_cuts(&model, context_len)?;
+    }
+    Ok(())
+}
+
+fn chain_and_cuts(model: &Decoder, context_len: usize) -> Result<()> {
+    let context: Vec<u32> = (0..context_len as u32).map(|i| (3 + 7 * i) % 96).collect();
     let tokens: Vec<u32> = vec![10, 20, 30, 40];
     let run = |visibility: Visibility| -> Result<Vec<Vec<f32>>> {
-        let pool = PagePool::new(16, 1)?;
+        let pool = PagePool::new(context_len + 16, 1)?;
         let mut kv = model.new_kv_store(pool.num_slots());
         let mut table = pool.new_table();
-        causal_logits(&model, &mut table, &mut kv, &context)?;
+        causal_logits(model, &mut table, &mut kv, &context)?;
         table.reserve(tokens.len())?;
-        let positions: Vec<usize> = (4..8).collect();
+        let positions: Vec<usize> = (context_len..context_len + 4).collect();
         let segment = Segment {
             table: &table,
-            context_len: 4,
+            context_len,
             tokens: &tokens,
             positions: &positions,
             visibility,
@@ -174,7 +182,7 @@ fn chain_shaped_tree_is_byte_identical_to_causal_and_a_hidden_key_changes_it() -
     let chain = run(Visibility::Tree {
         parents: vec![None, Some(0), Some(1), Some(2)],
     })?;
-    assert_eq!(causal, chain);
+    assert_eq!(causal, chain, "context {context_len}");
     // Row 3 with parent 1 instead of 2 no longer sees row 2: its logits must change.
     let cut = run(Visibility::Tree {
         parents: vec![None, Some(0), Some(1), Some(1)],
