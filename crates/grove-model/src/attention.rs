@@ -266,6 +266,26 @@ impl PieceContext<'_> {
     }
 
     fn piece(&self, kv_head: usize, index: usize) -> Piece {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature `piece_avx512` is compiled for was just detected.
+            #[allow(unsafe_code)]
+            return unsafe { self.piece_avx512(kv_head, index) };
+        }
+        self.piece_portable(kv_head, index)
+    }
+
+    /// The same loops in 512-bit vectors (element-wise, so the same bits as the portable
+    /// build, which only has SSE2).
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn piece_avx512(&self, kv_head: usize, index: usize) -> Piece {
+        self.piece_portable(kv_head, index)
+    }
+
+    #[inline(always)]
+    fn piece_portable(&self, kv_head: usize, index: usize) -> Piece {
         let HeadLayout {
             num_heads,
             num_kv_heads,
