@@ -149,6 +149,9 @@ pub fn attend(
                 .map(|i| slots[i])
                 .collect();
             let num_keys = key_slots.len();
+            // Shorter rows keep the normalize-then-sum form below rather than one piece
+            // (sum, then divide): that rounds differently, and these are the rows the golden
+            // references and every short-context result were computed with.
             if num_keys > KEY_PIECE {
                 let context = PieceContext {
                     layout,
@@ -193,14 +196,16 @@ pub fn attend(
         .map(|r| r.prefix + r.extra.len())
         .sum::<usize>()
         * row_width;
+    // Scratch for the rows attended whole; longer rows go in pieces with their own.
+    let scratch = group * plan.max_keys.min(KEY_PIECE);
     if work >= PARALLEL_MIN_WORK {
         output
             .par_chunks_mut(row_width)
             .zip(queries.par_chunks(row_width))
             .zip(plan.rows.par_iter())
-            .for_each_init(|| vec![0f32; group * plan.max_keys], attend_row);
+            .for_each_init(|| vec![0f32; scratch], attend_row);
     } else {
-        let mut scores = vec![0f32; group * plan.max_keys];
+        let mut scores = vec![0f32; scratch];
         output
             .chunks_mut(row_width)
             .zip(queries.chunks(row_width))
