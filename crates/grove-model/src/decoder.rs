@@ -53,10 +53,17 @@ impl Decoder {
         device: &Device,
     ) -> Result<Self, ModelError> {
         let c = &config;
-        let embed_tokens =
-            weights.matrix("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
         // Some tied checkpoints still store `lm_head.weight`; only fall back when it is absent.
-        let lm_head = if weights.contains("lm_head.weight") || !c.tie_word_embeddings {
+        let own_head = weights.contains("lm_head.weight") || !c.tie_word_embeddings;
+        let embedding = "model.embed_tokens.weight";
+        let shape = [c.vocab_size, c.hidden_size];
+        // An embedding that is not also the head is only ever looked up, row by row.
+        let embed_tokens = if own_head {
+            weights.lookup_matrix(embedding, &shape)?
+        } else {
+            weights.matrix(embedding, &shape)?
+        };
+        let lm_head = if own_head {
             Linear::load(weights, "lm_head", c.hidden_size, c.vocab_size, false)?
         } else {
             Linear::from_matrix(embed_tokens.clone(), None)

@@ -20,7 +20,7 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 
 use crate::config::DecoderConfig;
-use crate::quant::{Bytes, QMatrix, QuantFormat};
+use crate::quant::{Bytes, MatrixUse, QMatrix, QuantFormat};
 use crate::tokenizer::TextTokenizer;
 use crate::ModelError;
 
@@ -264,7 +264,11 @@ impl GgufFile {
 
     /// The matrix `hf_name` kept in its block format, when that format has a kernel and its
     /// rows are whole chunks; `None` means: load it as f32 with [`GgufFile::tensor`].
-    pub fn quantized(&self, hf_name: &str) -> Result<Option<QMatrix>, ModelError> {
+    pub fn quantized(
+        &self,
+        hf_name: &str,
+        purpose: MatrixUse,
+    ) -> Result<Option<QMatrix>, ModelError> {
         let Some(name) = self.name_in_file(hf_name) else {
             return Ok(None);
         };
@@ -302,7 +306,7 @@ impl GgufFile {
             }
             bytes = Bytes::Owned(Arc::new(reordered));
         }
-        QMatrix::new(format, n, k, bytes)
+        QMatrix::for_use(format, n, k, bytes, purpose)
             .map(Some)
             .map_err(|message| ModelError::Weights {
                 path: self.path.clone(),

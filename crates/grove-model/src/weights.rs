@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::gguf::GgufFile;
 use crate::layers::Matrix;
+use crate::quant::MatrixUse;
 use crate::ModelError;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -73,8 +74,24 @@ impl Weights {
     /// Loads the matrix `name` (`[out, in]`), kept quantized where the file's format has a
     /// kernel on this device, else as f32.
     pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix, ModelError> {
+        self.matrix_for(name, shape, MatrixUse::Products)
+    }
+
+    /// [`Weights::matrix`] for a table whose rows are only looked up (an embedding that is
+    /// not also the LM head): a quantized one stays in the file's layout, so only the rows
+    /// looked up become resident.
+    pub fn lookup_matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix, ModelError> {
+        self.matrix_for(name, shape, MatrixUse::Lookups)
+    }
+
+    fn matrix_for(
+        &self,
+        name: &str,
+        shape: &[usize],
+        purpose: MatrixUse,
+    ) -> Result<Matrix, ModelError> {
         if let (Source::Gguf(file), true) = (&self.tensors, self.device.is_cpu()) {
-            if let Some(matrix) = file.quantized(name)? {
+            if let Some(matrix) = file.quantized(name, purpose)? {
                 let (n, k) = matrix.dims();
                 if [n, k] != shape {
                     return Err(ModelError::Weights {

@@ -236,10 +236,12 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
 fn load_model(args: &ModelArgs) -> Result<Loaded> {
     let dir = args.model_dir();
     if grove_model::gguf::is_gguf(&dir) {
-        let model = Decoder::load(&dir, &Device::Cpu)
-            .with_context(|| format!("loading model from {}", dir.display()))?;
+        // The tokenizer first: building it peaks at several times its final size, and the
+        // weights copied into the kernels' layout are resident from the moment they load.
         let tokenizer = grove_model::gguf::GgufFile::open(&dir)?.tokenizer()?;
         grove_model::gguf::release_freed_memory();
+        let model = Decoder::load(&dir, &Device::Cpu)
+            .with_context(|| format!("loading model from {}", dir.display()))?;
         return Ok(Loaded {
             model,
             tokenizer: Some(tokenizer),

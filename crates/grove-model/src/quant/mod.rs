@@ -13,11 +13,17 @@
 //! `weight = s * u - m`; the dot with an activation chunk `x = dx * q` is
 //! `sum_lanes(dx * (s * dot4(u, q) - m * sum4(q)))`.
 
+mod interleave;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+#[cfg(target_arch = "x86_64")]
+mod simd32;
 
+use std::borrow::Cow;
 use std::sync::Arc;
+
+use interleave::GROUP_ROWS;
 
 use rayon::prelude::*;
 
@@ -112,6 +118,69 @@ impl Bytes {
             Self::Owned(bytes) => bytes,
         }
     }
+
+    /// Tells the kernel this process is done with `range` of a mapped file for now: its whole
+    /// pages leave the resident set (they stay in the page cache, and come back if read
+    /// again). A matrix copied into another layout at load releases its source this way, so
+    /// the file and its copy are not both resident.
+    fn release(&self, range: std::ops::Range<usize>) {
+        const PAGE: usize = 4096;
+        let Self::Mapped { map, start, .. } = self else {
+            return;
+        };
+        let first = (start + range.start).next_multiple_of(PAGE);
+        let end = (start + range.end) / PAGE * PAGE;
+        if end > first {
+            // SAFETY: `map` is a read-only file mapping: dropping its pages loses nothing
+            // (a later read faults them in from the file again). An error only means the
+            // pages stay resident (a page size other than 4 KiB), so it is ignored.
+            #[allow(unsafe_code)]
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+            };
+        }
+    }
+}
+
+/// How a matrix's blocks are arranged in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// GGUF's: row after row, block after block.
+    Gguf,
+    /// Four rows interleaved chunk by chunk, their scales gathered per 16 blocks
+    /// (`interleave.rs`): what the AVX-512 kernels read Q8_0 and Q5_0 in.
+    Interleaved,
+}
+
+impl Layout {
+    /// The layout `kernel` multiplies `format` in.
+    pub fn for_kernel(format: QuantFormat, kernel: Kernel) -> Self {
+        match (kernel, format.block_weights()) {
+            (Kernel::Avx512Vnni, 32) => Self::Interleaved,
+            _ => Self::Gguf,
+        }
+    }
+}
+
+/// What a matrix is loaded for, which decides its layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixUse {
+    /// Products (`matmul`): the layout of this CPU's kernel.
+    Products,
+    /// Row lookups only (an untied embedding): kept as the file has it, so only the rows
+    /// looked up are ever resident.
+    Lookups,
+}
+
+/// One weight row as a kernel reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum WeightRow<'a> {
+    Gguf(&'a [u8]),
+    /// Row `p` of an interleaved row group.
+    Interleaved {
+        group: &'a [u8],
+        p: usize,
+    },
 }
 
 /// An `[n, k]` matrix in a block format, row-major like GGUF stores it.
@@ -121,6 +190,7 @@ pub struct QMatrix {
     n: usize,
     k: usize,
     row_bytes: usize,
+    layout: Layout,
     bytes: Bytes,
 }
 
@@ -128,10 +198,11 @@ impl std::fmt::Debug for QMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "QMatrix({} [{}, {}])",
+            "QMatrix({} [{}, {}], {:?})",
             self.format.name(),
             self.n,
-            self.k
+            self.k,
+            self.layout
         )
     }
 }
@@ -145,10 +216,41 @@ const ACT_ROWS_PER_BLOCK: usize = 8;
 const WEIGHT_ROWS_PER_TASK: usize = 32;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 18;
+/// Source bytes interleaved between two releases of the source pages: bounds how much of a
+/// mapped file is resident beside its copy while a large matrix is being copied.
+const INTERLEAVE_SLAB: usize = 8 << 20;
 
 impl QMatrix {
-    /// Wraps `bytes` as an `[n, k]` matrix; checks the length.
+    /// The `[n, k]` matrix whose GGUF blocks are `bytes` (checks the length), in the layout
+    /// of this CPU's kernel: on AVX-512 the 32-weight formats are copied into the interleaved
+    /// layout, and mapped source pages are released as they are copied.
     pub fn new(format: QuantFormat, n: usize, k: usize, bytes: Bytes) -> Result<Self, String> {
+        Self::for_use(format, n, k, bytes, MatrixUse::Products)
+    }
+
+    /// [`QMatrix::new`] for `purpose`.
+    pub fn for_use(
+        format: QuantFormat,
+        n: usize,
+        k: usize,
+        bytes: Bytes,
+        purpose: MatrixUse,
+    ) -> Result<Self, String> {
+        let layout = match purpose {
+            MatrixUse::Products => Layout::for_kernel(format, Kernel::detect()),
+            MatrixUse::Lookups => Layout::Gguf,
+        };
+        Self::with_layout(format, n, k, bytes, layout)
+    }
+
+    /// [`QMatrix::new`] in a chosen layout (tests use both on any CPU).
+    pub fn with_layout(
+        format: QuantFormat,
+        n: usize,
+        k: usize,
+        bytes: Bytes,
+        layout: Layout,
+    ) -> Result<Self, String> {
         let row_bytes = format.row_bytes(k).ok_or_else(|| {
             format!(
                 "{} rows of {k} weights are not a whole number of {CHUNK}-weight chunks",
@@ -163,12 +265,21 @@ impl QMatrix {
                 n * row_bytes
             ));
         }
+        let interleave = layout == Layout::Interleaved && n > 0;
+        if layout == Layout::Interleaved && format.block_weights() != 32 {
+            return Err(format!("{} is not kept interleaved", format.name()));
+        }
         Ok(Self {
             format,
             n,
             k,
             row_bytes,
-            bytes,
+            layout: if interleave { layout } else { Layout::Gguf },
+            bytes: if interleave {
+                interleaved(format, k, &bytes, row_bytes)?
+            } else {
+                bytes
+            },
         })
     }
 
@@ -203,18 +314,44 @@ impl QMatrix {
         (self.n, self.k)
     }
 
-    fn row(&self, j: usize) -> &[u8] {
-        &self.bytes.as_slice()[j * self.row_bytes..(j + 1) * self.row_bytes]
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Row `j` as the kernels read it.
+    fn row(&self, j: usize) -> WeightRow<'_> {
+        match self.layout {
+            Layout::Gguf => WeightRow::Gguf(
+                &self.bytes.as_slice()[j * self.row_bytes..(j + 1) * self.row_bytes],
+            ),
+            Layout::Interleaved => WeightRow::Interleaved {
+                group: self.row_group(j / GROUP_ROWS),
+                p: j % GROUP_ROWS,
+            },
+        }
+    }
+
+    /// Interleaved row group `g` (rows `4g..4g + 4`).
+    fn row_group(&self, g: usize) -> &[u8] {
+        let size = GROUP_ROWS * self.row_bytes;
+        &self.bytes.as_slice()[g * size..(g + 1) * size]
+    }
+
+    /// Row `j`'s blocks as GGUF stores them.
+    fn gguf_row(&self, j: usize) -> Cow<'_, [u8]> {
+        gguf_bytes(self.format, self.k, self.row(j))
     }
 
     /// Weight row `j` as f32 into `out` (`k` values).
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
-        scalar::dequantize_row(self.format, self.row(j), out);
+        scalar::dequantize_row(self.format, &self.gguf_row(j), out);
     }
 
-    /// The raw blocks.
+    /// The blocks as GGUF stores them, whatever the layout.
     pub fn to_bytes(&self) -> Vec<u8> {
-        self.bytes.as_slice().to_vec()
+        (0..self.n)
+            .flat_map(|j| self.gguf_row(j).into_owned())
+            .collect()
     }
 
     /// The whole matrix as f32, `[n, k]` row-major.
@@ -254,8 +391,22 @@ impl QMatrix {
             const P: usize = simd::WEIGHT_ROWS;
             let mut done = 0;
             while done + P <= w {
-                let rows = std::array::from_fn(|p| self.row(first + done + p));
-                simd::dot_weight_rows(self.format, rows, acts, act, &mut out[done..]);
+                let j = first + done;
+                let out = &mut out[done..];
+                match self.layout {
+                    Layout::Interleaved => {
+                        debug_assert!(j.is_multiple_of(GROUP_ROWS));
+                        let group = self.row_group(j / GROUP_ROWS);
+                        simd::dot_group(self.format, group, acts, act, out);
+                    }
+                    Layout::Gguf => {
+                        let rows = std::array::from_fn(|p| match self.row(j + p) {
+                            WeightRow::Gguf(row) => row,
+                            WeightRow::Interleaved { .. } => unreachable!("GGUF layout"),
+                        });
+                        simd::dot_weight_rows(self.format, rows, acts, act, out);
+                    }
+                }
                 done += P;
             }
             return done;
@@ -275,6 +426,13 @@ impl QMatrix {
         outputs: &mut [f32],
     ) {
         let w = outputs.len() / rows;
+        // A matrix kept in a layout this kernel does not read (a lookup table multiplied
+        // anyway) goes through the reference kernel.
+        let kernel = if self.layout == Layout::for_kernel(self.format, kernel) {
+            kernel
+        } else {
+            Kernel::Scalar
+        };
         for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
             let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
             let out = &mut outputs[block_start * w..];
@@ -421,12 +579,58 @@ impl Kernel {
     }
 }
 
+/// `row`'s blocks as GGUF stores them (a copy for the interleaved layout).
+fn gguf_bytes(format: QuantFormat, k: usize, row: WeightRow<'_>) -> Cow<'_, [u8]> {
+    match row {
+        WeightRow::Gguf(row) => Cow::Borrowed(row),
+        WeightRow::Interleaved { group, p } => {
+            let mut out = vec![0u8; format.row_bytes(k).expect("whole chunks")];
+            interleave::gguf_row(format, k, group, p, &mut out);
+            Cow::Owned(out)
+        }
+    }
+}
+
+/// `source` (GGUF rows of `row_bytes`) copied into the interleaved layout, in anonymous
+/// memory (huge pages where the kernel gives them: a decode step streams every byte, and
+/// fewer TLB misses cost nothing). Mapped source pages are released slab by slab.
+fn interleaved(
+    format: QuantFormat,
+    k: usize,
+    source: &Bytes,
+    row_bytes: usize,
+) -> Result<Bytes, String> {
+    let src = source.as_slice();
+    let n = src.len() / row_bytes;
+    let group_bytes = GROUP_ROWS * row_bytes;
+    let len = interleave::row_groups(n) * group_bytes;
+    let failed = |e: std::io::Error| format!("{len} bytes for the interleaved copy: {e}");
+    let mut copy = memmap2::MmapMut::map_anon(len).map_err(failed)?;
+    #[cfg(target_os = "linux")]
+    let _ = copy.advise(memmap2::Advice::HugePage);
+    let slab_groups = (INTERLEAVE_SLAB / group_bytes).max(1);
+    for (slab, out) in copy.chunks_mut(slab_groups * group_bytes).enumerate() {
+        let first = slab * slab_groups;
+        out.par_chunks_mut(group_bytes)
+            .enumerate()
+            .for_each(|(g, out)| interleave::interleave_group(format, k, src, first + g, out));
+        let end = ((first + slab_groups) * group_bytes).min(src.len());
+        source.release(first * group_bytes..end);
+    }
+    let copy = copy.make_read_only().map_err(failed)?;
+    Ok(Bytes::Mapped {
+        map: Arc::new(copy),
+        start: 0,
+        len,
+    })
+}
+
 /// `out[i * stride] = W_row . x[first + i]` for `i < count`.
 #[allow(clippy::too_many_arguments)]
 fn dot_rows(
     kernel: Kernel,
     format: QuantFormat,
-    row: &[u8],
+    row: WeightRow<'_>,
     acts: &QuantizedRows,
     first: usize,
     count: usize,
@@ -437,8 +641,9 @@ fn dot_rows(
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512Vnni => simd::dot_rows(format, row, acts, first, count, out, stride),
         _ => {
+            let row = gguf_bytes(format, acts.k, row);
             for i in 0..count {
-                out[i * stride] = scalar::dot(format, row, acts, first + i);
+                out[i * stride] = scalar::dot(format, &row, acts, first + i);
             }
         }
     }

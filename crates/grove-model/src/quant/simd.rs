@@ -1,10 +1,8 @@
 //! AVX-512 (F, BW, DQ, VNNI) kernels in two families, both after llama.cpp's layout of the
 //! work: the integer dot of 64 weights with 64 activation bytes is one `vpdpbusd`, and the f32
 //! work is amortized:
-//! - 32-weight formats (Q8_0, Q5_0): per 16 blocks, the weights' f16 scales are gathered and
-//!   converted at once and multiplied with the activations' block scales; each chunk then costs one
-//!   permute (its two blocks' scales) and one FMA per row. The zero point (128 or 16) is one
-//!   FMA per 16 blocks with the activations' block sums.
+//! - 32-weight formats (Q8_0, Q5_0), in `simd32.rs`, on the interleaved layout
+//!   (`interleave.rs`).
 //! - K-quants (Q4_K, Q6_K), activations scaled per 256: within a super-block the sub-block
 //!   scales multiply each chunk's dot (Q4_K in integers: `vpmaddubsw` then `vpdpwssd`; Q6_K in
 //!   f32 FMAs, which measured faster for it than the integer pair: 1.80 against 2.01 ms at 16
@@ -13,7 +11,7 @@
 //!
 //! Each decoded weight chunk is dotted with up to [`TILE`] activation rows; a single
 //! activation row (a decode step) goes through [`WEIGHT_ROWS`] weight rows at a time
-//! ([`dot_weight_rows`]).
+//! ([`dot_weight_rows`], [`dot_group`]).
 // The kernels are `unsafe` only for the intrinsics: every function here is compiled for
 // avx512f/bw/dq/vnni + f16c and reached only after `available()` confirmed those features;
 // every load reads inside slices whose lengths `QMatrix::new` and `QuantizedRows::new` checked
@@ -24,7 +22,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{QuantFormat, QuantizedRows, CHUNK};
+use super::interleave::GROUP_ROWS;
+use super::simd32::{block32, block32_group, pair_index, Q5_0, Q8_0};
+use super::{QuantFormat, QuantizedRows, WeightRow};
 
 /// Activation rows per pass over a weight row.
 const TILE: usize = 8;
@@ -32,7 +32,7 @@ const TILE: usize = 8;
 /// hardware prefetcher alone left one row of decoding at 7.4 GB/s per core on a 151936 x 896
 /// Q8_0 head (the memory test reads 9-10); asking 3 KiB ahead brought both threads to 21 GB/s.
 /// Measured here with 512 B to 8 KiB: 2-4 KiB best for every format.
-const PREFETCH: usize = 3072;
+pub(super) const PREFETCH: usize = 3072;
 
 pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -45,18 +45,25 @@ pub(super) fn available() -> bool {
 /// One tile of `$r` rows through `format`'s kernel.
 macro_rules! tile {
     ($format:expr, $r:literal, $row:expr, $acts:expr, $start:expr, $out:expr) => {
-        match $format {
-            QuantFormat::Q8_0 => block32::<Q8_0, $r>($row, $acts, $start, $out),
-            QuantFormat::Q5_0 => block32::<Q5_0, $r>($row, $acts, $start, $out),
-            QuantFormat::Q4K => kquant::<Q4K, $r>($row, $acts, $start, $out),
-            QuantFormat::Q6K => kquant::<Q6K, $r>($row, $acts, $start, $out),
+        match ($format, $row) {
+            (QuantFormat::Q8_0, WeightRow::Interleaved { group, p }) => {
+                block32::<Q8_0, $r>(group.as_ptr(), p, $acts, $start, $out)
+            }
+            (QuantFormat::Q5_0, WeightRow::Interleaved { group, p }) => {
+                block32::<Q5_0, $r>(group.as_ptr(), p, $acts, $start, $out)
+            }
+            (QuantFormat::Q4K, WeightRow::Gguf(row)) => kquant::<Q4K, $r>(row, $acts, $start, $out),
+            (QuantFormat::Q6K, WeightRow::Gguf(row)) => kquant::<Q6K, $r>(row, $acts, $start, $out),
+            _ => unreachable!("{} rows in another layout", $format.name()),
         }
     };
 }
 
+/// `out[i * stride] = row . acts[first + i]` for `i < count`; 32-weight formats read the
+/// interleaved layout, K-quants GGUF's.
 pub(super) fn dot_rows(
     format: QuantFormat,
-    row: &[u8],
+    row: WeightRow<'_>,
     acts: &QuantizedRows,
     first: usize,
     count: usize,
@@ -74,8 +81,9 @@ pub(super) fn dot_rows(
         let mut values = [0f32; TILE];
         let tile = &mut values[..rows];
         // SAFETY: the caller (Kernel::detect) checked the features; `row` holds `k / CHUNK`
-        // whole chunks of `format` (QMatrix::new) and rows `start..start + rows` exist in
-        // `acts`, quantized with `format.activation_block()`.
+        // whole chunks of `format` (QMatrix::new; a whole row group for the interleaved
+        // layout) and rows `start..start + rows` exist in `acts`, quantized with
+        // `format.activation_block()`.
         unsafe {
             match rows {
                 TILE => tile!(format, 8, row, acts, start, tile),
@@ -92,17 +100,17 @@ pub(super) fn dot_rows(
 }
 
 /// Raw pointers to `R` activation rows, so the inner loops do no slicing.
-struct Rows<const R: usize> {
-    q: [*const i8; R],
-    scale: [*const f32; R],
-    sum16: [*const i32; R],
-    sum32: [*const i32; R],
+pub(super) struct Rows<const R: usize> {
+    pub(super) q: [*const i8; R],
+    pub(super) scale: [*const f32; R],
+    pub(super) sum16: [*const i32; R],
+    pub(super) sum32: [*const i32; R],
 }
 
 impl<const R: usize> Rows<R> {
     /// Rows `start..start + R`, which the caller guarantees exist. Plain pointer offsets: this
     /// runs once per weight row and tile, so slicing here showed up in prefill profiles.
-    fn new(acts: &QuantizedRows, start: usize) -> Self {
+    pub(super) fn new(acts: &QuantizedRows, start: usize) -> Self {
         debug_assert!((start + R) * acts.k <= acts.q.len());
         let k = acts.k;
         let offset = |r: usize, per_row: usize| (start + r) * per_row;
@@ -117,115 +125,16 @@ impl<const R: usize> Rows<R> {
     }
 }
 
-/// A 32-weight block format: chunk `c` (two blocks) as 64 unsigned bytes, `w = d * (u - z)`.
-trait Block32 {
-    const BYTES: usize;
-    /// The zero point `z`.
-    const ZERO: f32;
-    unsafe fn decode(row: *const u8, c: usize) -> __m512i;
-}
-
-/// Chunks in the group of (at most) 8 that starts at chunk `group`, and the mask of its blocks.
-#[inline]
-fn group_of(chunks: usize, group: usize) -> (usize, __mmask16) {
-    let group_chunks = 8.min(chunks - group);
-    let blocks = 2 * group_chunks;
-    let mask = if blocks == 16 {
-        0xFFFF
-    } else {
-        (1 << blocks) - 1
-    };
-    (group_chunks, mask)
-}
-
-/// The f16 scales of the 16 blocks from `first` (those in `mask`) as f32 lanes: one gather of
-/// the 32-bit words the scales start (the rest of each word is the block's own data), then
-/// their low halves. Built from 16 scalar loads and `vpinsrw`s this was ~15% of a one-row
-/// product's instructions, all on the shuffle port the kernels' permutes need.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn block_scales<F: Block32>(first: *const u8, mask: __mmask16) -> __m512 {
-    let offsets = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(F::BYTES as i32),
-    );
-    let words =
-        _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, offsets, first.cast());
-    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words))
-}
-
-/// Lane index vector `[a x 8, a + 1 x 8]` picking chunk `i`'s two block scales (`a = 2i`).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn pair_index(i: usize) -> __m512i {
-    let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    _mm512_add_epi32(base, _mm512_set1_epi32(2 * i as i32))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn block32<F: Block32, const R: usize>(
-    row: &[u8],
-    acts: &QuantizedRows,
-    start: usize,
-    out: &mut [f32],
-) {
-    let chunks = acts.k / CHUNK;
-    let row = row.as_ptr();
-    let x = Rows::<R>::new(acts, start);
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    let mut zero_terms = [_mm512_setzero_ps(); R];
-    let zero = _mm512_setzero_si512();
-    for group in (0..chunks).step_by(8) {
-        let (group_chunks, mask) = group_of(chunks, group);
-        let weight_scales = block_scales::<F>(row.add(2 * group * F::BYTES), mask);
-        let mut scales = [_mm512_setzero_ps(); R];
-        for r in 0..R {
-            let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[r].add(2 * group));
-            scales[r] = _mm512_mul_ps(weight_scales, x_scales);
-            let sums = _mm512_maskz_loadu_epi32(mask, x.sum32[r].add(2 * group));
-            zero_terms[r] = _mm512_fmadd_ps(scales[r], _mm512_cvtepi32_ps(sums), zero_terms[r]);
-        }
-        // With one row, two chunks per step into two accumulators, so consecutive FMAs do not
-        // wait on each other; with more rows, the rows give that independence and one
-        // accumulator each leaves registers for them.
-        for i in (0..group_chunks).step_by(2) {
-            for (slot, i) in [i, i + 1].into_iter().enumerate() {
-                let slot = if R == 1 { slot } else { 0 };
-                if i == group_chunks {
-                    break;
-                }
-                let c = group + i;
-                prefetch(row.wrapping_add(c * 2 * F::BYTES), 2 * F::BYTES);
-                let u = F::decode(row, c);
-                let index = pair_index(i);
-                for r in 0..R {
-                    let values = _mm512_loadu_si512(x.q[r].add(c * CHUNK).cast());
-                    let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
-                    let scale = _mm512_permutexvar_ps(index, scales[r]);
-                    acc[r][slot] = _mm512_fmadd_ps(scale, dot, acc[r][slot]);
-                }
-            }
-        }
-    }
-    let zero_point = _mm512_set1_ps(F::ZERO);
-    for r in 0..R {
-        let total = _mm512_add_ps(acc[r][0], acc[r][1]);
-        out[r] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(zero_point, zero_terms[r], total));
-    }
-}
-
 /// Weight rows per call of [`dot_weight_rows`].
 pub(super) const WEIGHT_ROWS: usize = 4;
 
-/// `out[p] = rows[p] . acts[act]`: `WEIGHT_ROWS` weight rows against one activation row (a
-/// decode step). One weight row at a time, the horizontal sum at its end (a chain of dependent
-/// shuffles and adds) and the activation loads were a fifth of a short row's time (k = 640 or
-/// 896: 10-14 chunks); here the 32-weight formats load each activation chunk once for four
-/// rows, and all formats reduce the four sums together. In cache, one thread, 128 rows
-/// (`QN=128 RAYON_NUM_THREADS=1 cargo bench -p grove-model --bench kernels -- "_128x.*/grove/1$"`):
-/// Q8_0 10.3 -> 6.7 us, Q5_0 12.1 -> 8.0, Q6_K 8.1 -> 6.8, Q4_K unchanged (its scale
-/// unpacking, not the sums, bounds it).
+/// `out[p] = rows[p] . acts[act]`: `WEIGHT_ROWS` K-quant weight rows against one activation
+/// row (a decode step). One weight row at a time, the horizontal sum at its end (a chain of
+/// dependent shuffles and adds) and the activation loads were a fifth of a short row's time
+/// (k = 640 or 896: 10-14 chunks); four rows reduce their sums together. In cache, one
+/// thread, 128 rows (`QN=128 RAYON_NUM_THREADS=1 cargo bench -p grove-model --bench kernels
+/// -- "_128x.*/grove/1$"`): Q6_K 8.1 -> 6.8 us, Q4_K unchanged (its scale unpacking, not the
+/// sums, bounds it).
 pub(super) fn dot_weight_rows(
     format: QuantFormat,
     rows: [&[u8]; WEIGHT_ROWS],
@@ -240,70 +149,43 @@ pub(super) fn dot_weight_rows(
     // with `format.activation_block()`, and `out` holds WEIGHT_ROWS values (asserted).
     unsafe {
         match format {
-            QuantFormat::Q8_0 => block32_weight_rows::<Q8_0>(rows, acts, act, out.as_mut_ptr()),
-            QuantFormat::Q5_0 => block32_weight_rows::<Q5_0>(rows, acts, act, out.as_mut_ptr()),
+            QuantFormat::Q8_0 | QuantFormat::Q5_0 => unreachable!("interleaved: dot_group"),
             QuantFormat::Q4K => kquant_weight_rows::<Q4K>(rows, acts, act, out.as_mut_ptr()),
             QuantFormat::Q6K => kquant_weight_rows::<Q6K>(rows, acts, act, out.as_mut_ptr()),
         }
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn block32_weight_rows<F: Block32>(
-    rows: [*const u8; WEIGHT_ROWS],
+/// `out[p] = row p of the row group . acts[act]` for the four rows of an interleaved row group
+/// of a 32-weight format (a decode step).
+pub(super) fn dot_group(
+    format: QuantFormat,
+    group: &[u8],
     acts: &QuantizedRows,
     act: usize,
-    out: *mut f32,
+    out: &mut [f32],
 ) {
-    const P: usize = WEIGHT_ROWS;
-    let chunks = acts.k / CHUNK;
-    let x = Rows::<1>::new(acts, act);
-    // The rows are consecutive in memory, so [`PREFETCH`] bytes past a row's chunk is mostly
-    // inside the rows being read now; ask instead for the same chunk of the rows a whole
-    // number of groups on (at least `PREFETCH` bytes ahead). Qwen2.5-Coder-0.5B's Q8_0 head
-    // in a decode step: 20.8 -> 22.5 GB/s.
-    let group_bytes = P * chunks * 2 * F::BYTES;
-    let ahead = group_bytes * PREFETCH.div_ceil(group_bytes);
-    let mut acc = [_mm512_setzero_ps(); P];
-    let mut zero_terms = [_mm512_setzero_ps(); P];
-    let zero = _mm512_setzero_si512();
-    for group in (0..chunks).step_by(8) {
-        let (group_chunks, mask) = group_of(chunks, group);
-        let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[0].add(2 * group));
-        let x_sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, x.sum32[0].add(2 * group)));
-        let mut scales = [_mm512_setzero_ps(); P];
-        for p in 0..P {
-            let weight_scales = block_scales::<F>(rows[p].add(2 * group * F::BYTES), mask);
-            scales[p] = _mm512_mul_ps(weight_scales, x_scales);
-            zero_terms[p] = _mm512_fmadd_ps(scales[p], x_sums, zero_terms[p]);
-        }
-        for i in 0..group_chunks {
-            let c = group + i;
-            let values = _mm512_loadu_si512(x.q[0].add(c * CHUNK).cast());
-            let index = pair_index(i);
-            for p in 0..P {
-                // One line per chunk: a Q8_0 chunk is 68 bytes, and asking for both lines it
-                // touches requested most lines twice.
-                prefetch_at(rows[p].wrapping_add(c * 2 * F::BYTES + ahead), 1);
-                let u = F::decode(rows[p], c);
-                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
-                let scale = _mm512_permutexvar_ps(index, scales[p]);
-                acc[p] = _mm512_fmadd_ps(scale, dot, acc[p]);
-            }
+    let row_bytes = format.row_bytes(acts.k).expect("whole chunks");
+    assert!(out.len() >= GROUP_ROWS && act < acts.q.len() / acts.k);
+    assert_eq!(group.len(), GROUP_ROWS * row_bytes, "a whole row group");
+    let (group, out) = (group.as_ptr(), out.as_mut_ptr());
+    // SAFETY: the caller (Kernel::detect) checked the features; `group` is a whole row group
+    // (asserted), row `act` exists in `acts` (asserted), quantized with 32-value blocks, and
+    // `out` holds GROUP_ROWS values (asserted).
+    unsafe {
+        match format {
+            QuantFormat::Q8_0 => block32_group::<Q8_0>(group, acts, act, out),
+            QuantFormat::Q5_0 => block32_group::<Q5_0>(group, acts, act, out),
+            QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("K-quants: dot_weight_rows"),
         }
     }
-    let zero_point = _mm512_set1_ps(F::ZERO);
-    let t: [__m512; P] =
-        std::array::from_fn(|p| _mm512_fnmadd_ps(zero_point, zero_terms[p], acc[p]));
-    _mm_storeu_ps(out, reduce4(t));
 }
 
 /// The horizontal sums of four vectors, as the four lanes of one: halves folded pairwise
 /// across the vectors, then within 128-bit lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn reduce4(v: [__m512; 4]) -> __m128 {
+pub(super) unsafe fn reduce4(v: [__m512; 4]) -> __m128 {
     // [v0 q0+q2, v0 q1+q3, v1 q0+q2, v1 q1+q3] (quarters of 4 lanes), and the same for v2, v3.
     let fold = |a: __m512, b: __m512| {
         _mm512_add_ps(
@@ -558,7 +440,7 @@ unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
 /// few blocks on).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn prefetch(bytes: *const u8, len: usize) {
+pub(super) unsafe fn prefetch(bytes: *const u8, len: usize) {
     prefetch_at(bytes.wrapping_add(PREFETCH), len);
 }
 
@@ -586,56 +468,4 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
 unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
-}
-
-struct Q8_0;
-struct Q5_0;
-
-impl Block32 for Q8_0 {
-    const BYTES: usize = 34;
-    const ZERO: f32 = 128.0;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-    unsafe fn decode(row: *const u8, c: usize) -> __m512i {
-        let (b0, b1) = (row.add(68 * c), row.add(68 * c + 34));
-        let q = join(
-            _mm256_loadu_si256(b0.add(2).cast()),
-            _mm256_loadu_si256(b1.add(2).cast()),
-        );
-        // i8 -> u8 by adding 128 (flipping the sign bit); the zero point takes it back out.
-        _mm512_xor_si512(q, _mm512_set1_epi8(-128))
-    }
-}
-
-impl Block32 for Q5_0 {
-    const BYTES: usize = 22;
-    const ZERO: f32 = 16.0;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-    unsafe fn decode(row: *const u8, c: usize) -> __m512i {
-        let (b0, b1) = (row.add(44 * c), row.add(44 * c + 22));
-        // Each block's 16 nibble bytes in two quarters, [b0, b0, b1, b1] (two broadcast
-        // loads and one insert), the second quarter of each pair shifted by 4, then the low
-        // nibbles: weights 0-15 and 16-31 of b0, then of b1, in order. One shuffle-port op
-        // where a `vinserti128` and a `vpermt2q` were (256 x 896 in cache, one thread:
-        // 13.7 -> 12.9 us).
-        let both = _mm512_mask_broadcast_i32x4(
-            _mm512_broadcast_i32x4(_mm_loadu_si128(b0.add(6).cast())),
-            0xFF00,
-            _mm_loadu_si128(b1.add(6).cast()),
-        );
-        const HIGH: i64 = 0x0004_0004_0004_0004;
-        let shifts = _mm512_set_epi64(HIGH, HIGH, 0, 0, HIGH, HIGH, 0, 0);
-        let nibbles = _mm512_and_si512(_mm512_srlv_epi16(both, shifts), _mm512_set1_epi8(0x0F));
-        let high0 = u64::from(b0.add(2).cast::<u32>().read_unaligned());
-        let high1 = u64::from(b1.add(2).cast::<u32>().read_unaligned());
-        _mm512_mask_add_epi8(
-            nibbles,
-            high0 | (high1 << 32),
-            nibbles,
-            _mm512_set1_epi8(16),
-        )
-    }
 }

@@ -38,7 +38,7 @@ fn dequantize_matches_candle() {
         let ours = matrix.dequantize();
         let candle = qtensor_from_ggml(
             ggml_dtype(format),
-            matrix.bytes.as_slice(),
+            &matrix.to_bytes(),
             vec![n, k],
             &Device::Cpu,
         )
@@ -66,7 +66,7 @@ fn kernels_match_dequantize_then_matmul() {
     } else {
         eprintln!("no AVX-512 VNNI on this CPU: only the scalar kernel is tested");
     }
-    for format in FORMATS {
+    for (format, layout) in layouts() {
         // One activation row (the multi-weight-row kernel, with a leftover row and a partial
         // group of chunks), a single last row after full tiles, several tiles.
         for &(n, k, rows) in &[
@@ -76,7 +76,7 @@ fn kernels_match_dequantize_then_matmul() {
             (70, 768, 9),
             (40, 256, 70),
         ] {
-            let matrix = QMatrix::random(format, n, k, n as u64);
+            let matrix = in_layout(&QMatrix::random(format, n, k, n as u64), layout);
             let weights = matrix.dequantize();
             let x = random_input(rows, k, rows as u64);
             for &kernel in &kernels {
@@ -98,8 +98,8 @@ fn kernels_match_dequantize_then_matmul() {
                         let got = y[r * n + j];
                         assert!(
                             (got - exact).abs() <= bound * 1.001 + 1e-3,
-                            "{} {kernel:?} [{n}, {k}] x {rows} rows: row {r} col {j}: {got} vs \
-                             {exact} (bound {bound})",
+                            "{} {layout:?} {kernel:?} [{n}, {k}] x {rows} rows: row {r} col \
+                             {j}: {got} vs {exact} (bound {bound})",
                             format.name()
                         );
                     }
@@ -107,6 +107,76 @@ fn kernels_match_dequantize_then_matmul() {
             }
         }
     }
+}
+
+/// Every format in every layout it can have.
+fn layouts() -> Vec<(QuantFormat, Layout)> {
+    FORMATS
+        .into_iter()
+        .flat_map(|format| {
+            let interleaved = (format.block_weights() == 32).then_some(Layout::Interleaved);
+            [Some(Layout::Gguf), interleaved]
+                .into_iter()
+                .flatten()
+                .map(move |layout| (format, layout))
+        })
+        .collect()
+}
+
+fn in_layout(matrix: &QMatrix, layout: Layout) -> QMatrix {
+    let (n, k) = matrix.dims();
+    let bytes = Bytes::Owned(Arc::new(matrix.to_bytes()));
+    QMatrix::with_layout(matrix.format(), n, k, bytes, layout).expect("a valid matrix")
+}
+
+#[test]
+fn interleaving_keeps_every_block() {
+    // Row counts around the 4-row groups, chunk counts around the 8-chunk groups.
+    for format in [QuantFormat::Q8_0, QuantFormat::Q5_0] {
+        for n in [1, 3, 4, 5, 9] {
+            for k in [64, 448, 512, 576, 1088] {
+                let gguf = QMatrix::random(format, n, k, (n * k) as u64);
+                let gguf = in_layout(&gguf, Layout::Gguf);
+                let interleaved = in_layout(&gguf, Layout::Interleaved);
+                assert_eq!(interleaved.layout(), Layout::Interleaved);
+                assert_eq!(
+                    interleaved.to_bytes(),
+                    gguf.to_bytes(),
+                    "{} [{n}, {k}]",
+                    format.name()
+                );
+                assert_eq!(interleaved.dequantize(), gguf.dequantize());
+            }
+        }
+    }
+    let bytes = Bytes::Owned(Arc::new(vec![0; 144]));
+    let error = QMatrix::with_layout(QuantFormat::Q4K, 1, 256, bytes, Layout::Interleaved);
+    assert!(error.unwrap_err().contains("not kept interleaved"));
+}
+
+#[test]
+fn a_mapped_source_released_while_copied_still_reads_the_same() {
+    // Large enough for several slabs and whole pages to release.
+    let (n, k) = (8195, 2048);
+    let source = QMatrix::random(QuantFormat::Q8_0, n, k, 3).to_bytes();
+    assert!(source.len() > 2 * INTERLEAVE_SLAB);
+    let path = std::env::temp_dir().join(format!("grove-release-{}.bin", std::process::id()));
+    std::fs::write(&path, &source).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    // SAFETY: a private temporary file nobody else writes.
+    #[allow(unsafe_code)]
+    let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.unwrap());
+    let bytes = Bytes::Mapped {
+        map: map.clone(),
+        start: 0,
+        len: source.len(),
+    };
+    let matrix = QMatrix::with_layout(QuantFormat::Q8_0, n, k, bytes, Layout::Interleaved);
+    let matrix = matrix.unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(matrix.to_bytes(), source);
+    // The released pages read back from the file.
+    assert!(map[..] == source[..]);
 }
 
 #[test]
@@ -119,6 +189,7 @@ fn simd_and_scalar_agree_closely() {
     for (format, rows) in FORMATS.into_iter().flat_map(|f| [(f, 1), (f, 6)]) {
         let (n, k) = (300, 1024);
         let matrix = QMatrix::random(format, n, k, 7);
+        assert_eq!(matrix.layout(), Layout::for_kernel(format, simd));
         let x = random_input(rows, k, 8);
         let a = matrix.matmul_with(Kernel::Scalar, &x, rows);
         let b = matrix.matmul_with(simd, &x, rows);
