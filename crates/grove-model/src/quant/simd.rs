@@ -23,7 +23,10 @@
 use std::arch::x86_64::*;
 
 use super::interleave::GROUP_ROWS;
-use super::simd32::{block32, block32_group, pair_index, Q5_0, Q8_0};
+use super::simd32::{
+    block32, block32_gfni, block32_group, block32_group_gfni, gfni, pair_index, Q5_0Gfni, Q5_0,
+    Q8_0,
+};
 use super::{QuantFormat, QuantizedRows, WeightRow};
 
 /// Activation rows per pass over a weight row.
@@ -50,7 +53,11 @@ macro_rules! tile {
                 block32::<Q8_0, $r>(group.as_ptr(), p, $acts, $start, $out)
             }
             (QuantFormat::Q5_0, WeightRow::Interleaved { group, p }) => {
-                block32::<Q5_0, $r>(group.as_ptr(), p, $acts, $start, $out)
+                if gfni() {
+                    block32_gfni::<Q5_0Gfni, $r>(group.as_ptr(), p, $acts, $start, $out)
+                } else {
+                    block32::<Q5_0, $r>(group.as_ptr(), p, $acts, $start, $out)
+                }
             }
             (QuantFormat::Q4K, WeightRow::Gguf(row)) => kquant::<Q4K, $r>(row, $acts, $start, $out),
             (QuantFormat::Q6K, WeightRow::Gguf(row)) => kquant::<Q6K, $r>(row, $acts, $start, $out),
@@ -175,6 +182,7 @@ pub(super) fn dot_group(
     unsafe {
         match format {
             QuantFormat::Q8_0 => block32_group::<Q8_0>(group, acts, act, out),
+            QuantFormat::Q5_0 if gfni() => block32_group_gfni::<Q5_0Gfni>(group, acts, act, out),
             QuantFormat::Q5_0 => block32_group::<Q5_0>(group, acts, act, out),
             QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("K-quants: dot_weight_rows"),
         }

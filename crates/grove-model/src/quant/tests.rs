@@ -179,6 +179,26 @@ fn a_mapped_source_released_while_copied_still_reads_the_same() {
     assert!(map[..] == source[..]);
 }
 
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q5_0_kernels_with_and_without_gfni_give_the_same_bits() {
+    if Kernel::detect() == Kernel::Scalar || !std::arch::is_x86_feature_detected!("gfni") {
+        eprintln!("skipped: no AVX-512 VNNI and GFNI on this CPU");
+        return;
+    }
+    // Decode rows and tiles, a partial chunk group, a row group past the last row.
+    let (n, k) = (37, 1280);
+    let matrix = QMatrix::random(QuantFormat::Q5_0, n, k, 5);
+    for rows in [1, 3, 9] {
+        let x = random_input(rows, k, rows as u64);
+        let with = matrix.matmul(&x, rows);
+        super::simd32::set_gfni_allowed(false);
+        let without = matrix.matmul(&x, rows);
+        super::simd32::set_gfni_allowed(true);
+        assert_eq!(with, without, "{rows} rows");
+    }
+}
+
 #[test]
 fn simd_and_scalar_agree_closely() {
     let simd = Kernel::detect();
