@@ -32,7 +32,7 @@ impl Decoder {
         if crate::gguf::is_gguf(directory) {
             let file = crate::gguf::GgufFile::open(directory)?;
             let config = file.config()?;
-            let weights = Weights::gguf(file, directory, device);
+            let weights = Weights::gguf(file.without_tokenizer(), directory, device);
             return Self::from_weights(config, &weights, device);
         }
         let config_path = directory.join("config.json");
