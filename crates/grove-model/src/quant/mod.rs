@@ -664,6 +664,9 @@ pub struct QuantizedRows {
     sum16: Vec<i32>,
     /// `[rows, k / 32]`: sums of 32 consecutive values.
     sum32: Vec<i32>,
+    /// `[rows, k / 32]` with 256-value blocks (else empty): each 32-value sum times its
+    /// block's scale, the activations' side of a K-quant's min terms.
+    scaled_sum32: Vec<f32>,
 }
 
 impl QuantizedRows {
@@ -679,8 +682,15 @@ impl QuantizedRows {
             scale: vec![0f32; rows * k / block],
             sum16: vec![0i32; rows * k / 16],
             sum32: vec![0i32; rows * k / 32],
+            scaled_sum32: Vec::new(),
         };
         quantize(x, &mut quantized);
+        if block == 256 {
+            let QuantizedRows { scale, sum32, .. } = &quantized;
+            quantized.scaled_sum32 = (sum32.iter().enumerate())
+                .map(|(i, &sum)| scale[i / 8] * sum as f32)
+                .collect();
+        }
         quantized
     }
 

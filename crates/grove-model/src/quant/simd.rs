@@ -112,6 +112,7 @@ pub(super) struct Rows<const R: usize> {
     pub(super) scale: [*const f32; R],
     pub(super) sum16: [*const i32; R],
     pub(super) sum32: [*const i32; R],
+    pub(super) scaled_sum32: [*const f32; R],
 }
 
 impl<const R: usize> Rows<R> {
@@ -128,6 +129,9 @@ impl<const R: usize> Rows<R> {
             }),
             sum16: std::array::from_fn(|r| acts.sum16.as_ptr().wrapping_add(offset(r, k / 16))),
             sum32: std::array::from_fn(|r| acts.sum32.as_ptr().wrapping_add(offset(r, k / 32))),
+            scaled_sum32: std::array::from_fn(|r| {
+                acts.scaled_sum32.as_ptr().wrapping_add(offset(r, k / 32))
+            }),
         }
     }
 }
@@ -298,7 +302,11 @@ impl SuperBlock for Q4K {
         // Each scale in both 16-bit halves of its lane, for `vpdpwssd`.
         let scales = unpack(scales_low, scales_high);
         let scales = _mm512_or_si512(scales, _mm512_slli_epi32::<16>(scales));
-        let mins = _mm512_cvtepi32_ps(unpack(mins_low, mins_high));
+        // dmin * min_j for the eight sub-blocks, shared by the rows.
+        let mins = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(unpack(mins_low, mins_high)),
+            _mm512_set1_ps(dmin),
+        );
         // Per row, sum over lanes of scale * (integer dot): pairs of byte products as i16
         // (`vpmaddubsw`: at most 2 * 15 * 127), times the scale and summed into i32 lanes
         // (`vpdpwssd`) — two instructions per row and chunk.
@@ -316,14 +324,18 @@ impl SuperBlock for Q4K {
                 sums[r] = _mm512_dpwssd_epi32(sums[r], pairs, lane_scales);
             }
         }
+        // Per row: d * dx * sums, then minus (dmin * min_j) * (dx * sum of sub-block j's
+        // activations), all eight at once. Everything that does not depend on the row is
+        // done once above, and dx enters as a broadcast from memory: three vector ops per row
+        // where there were eight with scalar products and broadcasts (the 8-row prefill tiles
+        // spent as much on this as on the products).
+        let d = _mm512_set1_ps(d);
         for r in 0..R {
-            let dx = *x.scale[r].add(s);
-            let sums = _mm512_cvtepi32_ps(sums[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), sums, acc[r]);
-            // Minus dmin * min_j * (sum of sub-block j's activations), all eight at once.
-            let x_sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(0xFF, x.sum32[r].add(8 * s)));
-            let min_terms = _mm512_mul_ps(mins, x_sums);
-            acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * dx), min_terms, acc[r]);
+            let dx = _mm512_set1_ps(*x.scale[r].add(s));
+            let sums = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[r]), d);
+            acc[r] = _mm512_fmadd_ps(sums, dx, acc[r]);
+            let x_sums = _mm512_maskz_loadu_ps(0xFF, x.scaled_sum32[r].add(8 * s));
+            acc[r] = _mm512_fnmadd_ps(mins, x_sums, acc[r]);
         }
     }
 }

@@ -300,6 +300,7 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 scale: vec![0f32; n / block],
                 sum16: vec![0i32; n / 16],
                 sum32: vec![0i32; n / 32],
+                scaled_sum32: Vec::new(),
             };
             if vector {
                 super::simd::quantize(&x, &mut rows);
