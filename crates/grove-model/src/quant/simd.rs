@@ -351,11 +351,12 @@ impl SuperBlock for Q6K {
         let two_bits = _mm512_set1_epi8(3);
         let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         let d = f16_at(block.add(208));
-        // The 16 scales (one per 16 weights) as f32 lanes, sums in f32 as Q4_K's mins (each
-        // product is exact; a sum can pass 2^24 and round at 6e-8 of itself, far below the
-        // activations' 8-bit rounding).
+        // The 16 scales (one per 16 weights) times d as f32 lanes, sums in f32 (rounding at
+        // 6e-8 of each term, far below the activations' 8-bit rounding); d applied here once
+        // for all rows leaves one op per row at the end (dx broadcast from memory).
         let scales =
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(192).cast())));
+        let scales = _mm512_mul_ps(scales, _mm512_set1_ps(d));
         let minus_32_scales = _mm512_mul_ps(scales, _mm512_set1_ps(-32.0));
         let mut sums = [_mm512_setzero_ps(); R];
         for r in 0..R {
@@ -389,8 +390,7 @@ impl SuperBlock for Q6K {
             }
         }
         for r in 0..R {
-            let dx = *x.scale[r].add(s);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), sums[r], acc[r]);
+            acc[r] = _mm512_fmadd_ps(sums[r], _mm512_set1_ps(*x.scale[r].add(s)), acc[r]);
         }
     }
 }
