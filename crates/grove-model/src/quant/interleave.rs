@@ -79,13 +79,13 @@ pub fn row_groups(n: usize) -> usize {
 }
 
 /// Writes row group `g` of the GGUF rows `source` (`n` rows of `row_bytes`) into `out`
-/// (`GROUP_ROWS * row_bytes` bytes).
+/// (`GROUP_ROWS * row_bytes` bytes, zeros: fresh memory, so rows past `n` stay zero without
+/// writing every byte twice).
 pub fn interleave_group(format: QuantFormat, k: usize, source: &[u8], g: usize, out: &mut [u8]) {
     let row_bytes = format.row_bytes(k).expect("checked by QMatrix::new");
     let n = source.len() / row_bytes;
     let chunks = k / CHUNK;
     let payload = payload_bytes(format);
-    out.fill(0);
     for p in 0..GROUP_ROWS {
         let j = g * GROUP_ROWS + p;
         if j >= n {
