@@ -1,7 +1,8 @@
 //! GGUF files (llama.cpp's format): metadata -> the same `DecoderConfig` as HF checkpoints,
 //! tensors under llama.cpp's names served under HF names, and the tokenizer rebuilt from
 //! `tokenizer.ggml.*` metadata. The file is memory-mapped: matrices in a format with a kernel
-//! (`quant`) stay quantized in the mapping and are never copied; everything else (norms,
+//! (`quant`) stay quantized (K-quants in the mapping; Q8_0 and Q5_0 copied into the AVX-512
+//! kernels' layout where they run, their mapped pages released); everything else (norms,
 //! biases, other formats) is dequantized to f32. The decoder, the forward contract and
 //! speculation run on GGUF targets unchanged.
 //!

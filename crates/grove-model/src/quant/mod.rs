@@ -5,7 +5,8 @@
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
 //! activation row is quantized to 8 bits per 32 values (per 256 for the K-quants; as llama.cpp
 //! does) and the product is an integer dot (AVX-512 VNNI `vpdpbusd`) per 64 weights, scaled in
-//! f32 (`simd.rs`).
+//! f32 (`simd.rs`, `simd32.rs`). On those CPUs the 32-weight formats live in an interleaved
+//! layout made at load ([`Layout`], `interleave.rs`).
 //!
 //! The reference (`scalar.rs`, also the fallback on other CPUs) describes every format the same
 //! way: a row is a sequence of 64-weight *chunks*, and a chunk decodes to 64 unsigned integers

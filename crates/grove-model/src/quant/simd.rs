@@ -250,8 +250,8 @@ unsafe fn kquant<F: SuperBlock, const R: usize>(
     }
 }
 
-/// [`block32_weight_rows`] for the K-quants: the four rows' super-blocks in turn, one
-/// reduction for all four at the end (a 1536-weight row is only 6 super-blocks).
+/// Four K-quant weight rows against one activation row: the four rows' super-blocks in turn,
+/// one reduction for all four at the end (a 1536-weight row is only 6 super-blocks).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
 unsafe fn kquant_weight_rows<F: SuperBlock>(
