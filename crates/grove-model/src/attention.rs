@@ -148,22 +148,24 @@ pub fn attend(
     // Long rows in pieces (each parallel inside). Shorter rows keep the normalize-then-sum
     // form below rather than one piece (sum, then divide): that rounds differently, and these
     // are the rows the golden references and every short-context result were computed with.
-    for ((out_row, query_row), slots) in output
-        .chunks_mut(row_width)
-        .zip(queries.chunks(row_width))
-        .zip(&key_slots)
-    {
-        if slots.len() > KEY_PIECE {
-            let context = PieceContext {
-                layout,
-                scale,
-                query_row,
-                keys,
-                values,
-                slots,
-            };
-            context.attend_in_pieces(out_row);
-        }
+    // Long rows in parallel with each other too (a long prompt's rows), not only within.
+    if key_slots.iter().any(|slots| slots.len() > KEY_PIECE) {
+        output
+            .par_chunks_mut(row_width)
+            .zip(queries.par_chunks(row_width))
+            .zip(key_slots.par_iter())
+            .filter(|(_, slots)| slots.len() > KEY_PIECE)
+            .for_each(|((out_row, query_row), slots)| {
+                let context = PieceContext {
+                    layout,
+                    scale,
+                    query_row,
+                    keys,
+                    values,
+                    slots,
+                };
+                context.attend_in_pieces(out_row);
+            });
     }
     // The short rows, one task per (row, query head): a decode step's single row has as many
     // tasks as heads, so both threads share it (on one thread its attention was a tenth of a
