@@ -125,6 +125,14 @@ impl Bytes {
     /// again). A matrix copied into another layout at load releases its source this way, so
     /// the file and its copy are not both resident.
     fn release(&self, range: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        self.release_pages(range);
+        #[cfg(not(unix))]
+        let _ = range;
+    }
+
+    #[cfg(unix)]
+    fn release_pages(&self, range: std::ops::Range<usize>) {
         const PAGE: usize = 4096;
         let Self::Mapped { map, start, .. } = self else {
             return;
