@@ -145,10 +145,10 @@ pub fn attend(
                 .collect()
         })
         .collect();
-    // Long rows in pieces (each parallel inside). Shorter rows keep the normalize-then-sum
-    // form below rather than one piece (sum, then divide): that rounds differently, and these
-    // are the rows the golden references and every short-context result were computed with.
-    // Long rows in parallel with each other too (a long prompt's rows), not only within.
+    // Long rows in pieces, in parallel with each other (a long prompt's rows) and within.
+    // Shorter rows keep the normalize-then-sum form below rather than one piece (sum, then
+    // divide): that rounds differently, and these are the rows the golden references and
+    // every short-context result were computed with.
     if key_slots.iter().any(|slots| slots.len() > KEY_PIECE) {
         output
             .par_chunks_mut(row_width)
@@ -183,14 +183,15 @@ pub fn attend(
         scores.clear();
         scores.extend(slots.iter().map(|&slot| dot(query, key(slot)) * scale));
         softmax_in_place(scores);
-        for (&weight, &slot) in scores.iter().zip(slots) {
-            let value = &values[slot * kv_width + kv_offset..][..head_dim];
-            weighted_add(out, weight, value);
-        }
+        let values = slots
+            .iter()
+            .map(|&slot| &values[slot * kv_width + kv_offset..][..head_dim]);
+        weighted_sum(out, scores, values);
     };
     let work: usize = key_slots
         .iter()
-        .map(|slots| slots.len().min(KEY_PIECE + 1))
+        .map(Vec::len)
+        .filter(|&keys| keys <= KEY_PIECE)
         .sum::<usize>()
         * row_width;
     if work >= PARALLEL_MIN_WORK {
@@ -208,29 +209,40 @@ pub fn attend(
     output
 }
 
-/// `out += weight * value`, element by element (so the same bits on every build), in 512-bit
-/// vectors where the CPU has them.
-fn weighted_add(out: &mut [f32], weight: f32, value: &[f32]) {
+/// `out += weights[i] * values[i]` for each value in order, element by element (so the same
+/// bits on every build), in 512-bit vectors where the CPU has them (checked once per head,
+/// not once per key).
+fn weighted_sum<'a>(out: &mut [f32], weights: &[f32], values: impl Iterator<Item = &'a [f32]>) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature `weighted_add_avx512` is compiled for was just detected.
+        // SAFETY: the feature `weighted_sum_avx512` is compiled for was just detected.
         #[allow(unsafe_code)]
-        return unsafe { weighted_add_avx512(out, weight, value) };
+        return unsafe { weighted_sum_avx512(out, weights, values) };
     }
-    weighted_add_portable(out, weight, value)
+    weighted_sum_portable(out, weights, values)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx512f")]
-unsafe fn weighted_add_avx512(out: &mut [f32], weight: f32, value: &[f32]) {
-    weighted_add_portable(out, weight, value)
+unsafe fn weighted_sum_avx512<'a>(
+    out: &mut [f32],
+    weights: &[f32],
+    values: impl Iterator<Item = &'a [f32]>,
+) {
+    weighted_sum_portable(out, weights, values)
 }
 
 #[inline(always)]
-fn weighted_add_portable(out: &mut [f32], weight: f32, value: &[f32]) {
-    for (o, v) in out.iter_mut().zip(value) {
-        *o += weight * v;
+fn weighted_sum_portable<'a>(
+    out: &mut [f32],
+    weights: &[f32],
+    values: impl Iterator<Item = &'a [f32]>,
+) {
+    for (&weight, value) in weights.iter().zip(values) {
+        for (o, v) in out.iter_mut().zip(value) {
+            *o += weight * v;
+        }
     }
 }
 
@@ -486,6 +498,14 @@ mod tests {
         (ours, exact)
     }
 
+    fn on_threads<T: Send>(threads: usize, run: impl FnOnce() -> T + Send) -> T {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(run)
+    }
+
     #[test]
     fn long_rows_in_pieces_equal_the_formula_and_do_not_depend_on_threads() {
         for context in [255, 256, 700] {
@@ -493,13 +513,7 @@ mod tests {
             for (a, b) in ours.iter().zip(&exact) {
                 assert!((a - b).abs() < 1e-5, "context {context}: {a} vs {b}");
             }
-            let on = |threads: usize| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap()
-                    .install(|| long_row(context).0)
-            };
+            let on = |threads| on_threads(threads, || long_row(context).0);
             assert_eq!(on(1), on(3), "context {context}");
         }
     }
@@ -518,13 +532,7 @@ mod tests {
         for (a, b) in ours.iter().zip(&exact) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
-        let on = |threads: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap()
-                .install(|| one_row(context, layout).0)
-        };
+        let on = |threads| on_threads(threads, || one_row(context, layout).0);
         assert_eq!(on(1), on(3));
     }
 

@@ -48,15 +48,22 @@ impl Block32 for Q5_0 {
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
     unsafe fn decode(payload: *const u8) -> __m512i {
         // The 32 nibble bytes in both halves (a broadcast load), the upper half shifted by 4,
-        // then the low nibbles: weights 0-31, then 32-63; 16 added where the fifth bit is set
-        // (the 64 bits are one mask register).
+        // then the low nibbles: weights 0-31, then 32-63.
         let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(payload.cast()));
         const HIGH: i64 = 0x0004_0004_0004_0004;
         let shifts = _mm512_set_epi64(HIGH, HIGH, HIGH, HIGH, 0, 0, 0, 0);
         let nibbles = _mm512_and_si512(_mm512_srlv_epi16(both, shifts), _mm512_set1_epi8(0x0F));
-        let fifth: __mmask64 = payload.add(32).cast::<u64>().read_unaligned();
-        _mm512_mask_add_epi8(nibbles, fifth, nibbles, _mm512_set1_epi8(16))
+        with_fifth_bits(nibbles, payload)
     }
+}
+
+/// `nibbles` plus 16 where a Q5_0 payload's fifth bit is set (its 64 bits, after the 32
+/// nibble bytes, are one mask register).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn with_fifth_bits(nibbles: __m512i, payload: *const u8) -> __m512i {
+    let fifth: __mmask64 = payload.add(32).cast::<u64>().read_unaligned();
+    _mm512_mask_add_epi8(nibbles, fifth, nibbles, _mm512_set1_epi8(16))
 }
 
 /// [`Q5_0`] with the nibbles split by one `vgf2p8affineqb` (a bit matrix per 64-bit lane:
@@ -77,9 +84,7 @@ impl Block32 for Q5_0Gfni {
         const HIGH: i64 = 0x1020_4080_0000_0000;
         let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(payload.cast()));
         let matrix = _mm512_set_epi64(HIGH, HIGH, HIGH, HIGH, LOW, LOW, LOW, LOW);
-        let nibbles = _mm512_gf2p8affine_epi64_epi8::<0>(both, matrix);
-        let fifth: __mmask64 = payload.add(32).cast::<u64>().read_unaligned();
-        _mm512_mask_add_epi8(nibbles, fifth, nibbles, _mm512_set1_epi8(16))
+        with_fifth_bits(_mm512_gf2p8affine_epi64_epi8::<0>(both, matrix), payload)
     }
 }
 
