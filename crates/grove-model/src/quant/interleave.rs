@@ -15,7 +15,17 @@
 //!     payload of chunk 0: row 0 | row 1 | row 2 | row 3, then chunk 1, ... chunk c - 1
 //! ```
 //!
-//! A chunk's *payload* is its 64 weights as the kernel wants them:
+//! Inside a chunk group the weights are *lane-blocked*: the kernel's `vpdpbusd` sums each
+//! 32-bit lane's four products, and here every lane of every chunk holds weights of one block
+//! only, the same block in that lane for the whole group. So a row's integer sums accumulate
+//! across the group's chunks and are scaled once per group (one conversion and one FMA per 16
+//! blocks), instead of once per chunk (a conversion, a permute of the two blocks' scales and
+//! an FMA per 64 weights). With `c` chunks (`2c` blocks; `c` is 8 or, for the rest of a row,
+//! a power of two), chunk `i`'s lane `l` holds weights `4 (m c + i) .. + 4` of block
+//! `l mod 2c`, where `m = l div 2c` ([`lane_offset`]). The activations are quantized in the
+//! same order (`QuantizedRows::lanes`).
+//!
+//! A chunk's *payload* is its 64 weights, in that order, as the kernel wants them:
 //! - Q8_0: 64 bytes `q + 128` (the kernel's unsigned operand, no flip at run time);
 //! - Q5_0: 32 bytes whose low nibbles are the low 4 bits of weights 0-31 and whose high
 //!   nibbles those of weights 32-63, then 8 bytes whose bit `j` is weight `j`'s fifth bit (a
@@ -24,7 +34,7 @@
 //! A row group is `4 * row_bytes` long (rows past `n` are zeros), so row group `g` starts at
 //! `4 * g * row_bytes` and four rows are one forward stream for the prefetcher.
 
-use super::{QuantFormat, CHUNK};
+use super::{QuantFormat, CHUNK, LANES};
 
 /// Rows stored together.
 pub const GROUP_ROWS: usize = 4;
@@ -42,21 +52,24 @@ pub const fn payload_bytes(format: QuantFormat) -> usize {
 }
 
 /// Where the pieces of chunk group `q` sit in a row group of `chunks`-chunk rows: its offset
-/// in the row group, its chunk count, and the offset of its payloads from its start.
+/// in the row group, its first chunk, its chunk count, and the offset of its payloads from its
+/// start. Groups of [`GROUP_CHUNKS`] first, then the rest of the row in powers of two,
+/// largest first (a lane-blocked group needs a power of two: [`lane_offset`]).
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkGroup {
     pub start: usize,
+    pub first: usize,
     pub chunks: usize,
     pub payloads: usize,
 }
 
 impl ChunkGroup {
     pub fn new(format: QuantFormat, chunks: usize, q: usize) -> Self {
+        let (first, count) = group_span(chunks, q);
         let chunk_bytes = 2 * format.block_bytes();
-        let first = q * GROUP_CHUNKS;
-        let count = GROUP_CHUNKS.min(chunks - first);
         Self {
             start: GROUP_ROWS * first * chunk_bytes,
+            first,
             chunks: count,
             payloads: GROUP_ROWS * 2 * count * 2,
         }
@@ -73,6 +86,64 @@ impl ChunkGroup {
     }
 }
 
+/// The first chunk and the chunk count of group `q` of a `chunks`-chunk row ([`ChunkGroup`]).
+pub fn group_span(chunks: usize, q: usize) -> (usize, usize) {
+    let full = chunks / GROUP_CHUNKS;
+    if q < full {
+        return (q * GROUP_CHUNKS, GROUP_CHUNKS);
+    }
+    // The rest's set bits, largest first: the one after `q - full` of them.
+    let rest = chunks % GROUP_CHUNKS;
+    let mut bits = (0..GROUP_CHUNKS.trailing_zeros())
+        .rev()
+        .map(|b| 1 << b)
+        .filter(|bit| rest & bit != 0);
+    let first = full * GROUP_CHUNKS + bits.by_ref().take(q - full).sum::<usize>();
+    (first, bits.next().expect("q < group_count(chunks)"))
+}
+
+/// Chunk groups of a `chunks`-chunk row.
+pub fn group_count(chunks: usize) -> usize {
+    chunks / GROUP_CHUNKS + (chunks % GROUP_CHUNKS).count_ones() as usize
+}
+
+/// Where weights `4 d .. 4 d + 4` of block `b` of a `chunks`-chunk group sit in the group's
+/// chunks laid end to end (chunk `i` at `64 i`): chunk `d mod chunks`, lane
+/// `b + 2 chunks (d div chunks)`.
+pub fn lane_offset(chunks: usize, b: usize, d: usize) -> usize {
+    debug_assert!(chunks.is_power_of_two() && chunks <= GROUP_CHUNKS && b < 2 * chunks && d < 8);
+    let (m, i) = (d >> chunks.trailing_zeros(), d & (chunks - 1));
+    CHUNK * i + 4 * (b + 2 * chunks * m)
+}
+
+/// Activation rows `q` (`[rows, k]`) in the lane-blocked order the kernels read them in, and
+/// the sum of each 32-bit lane's values over each chunk group (`[rows, groups, 16]`: a lane's
+/// share of the zero point's term).
+pub fn lane_blocked(q: &[i8], k: usize) -> (Vec<i8>, Vec<i32>) {
+    let chunks = k / CHUNK;
+    let groups = group_count(chunks);
+    let mut lanes = vec![0i8; q.len()];
+    let mut lane_sums = vec![0i32; q.len() / k * groups * LANES];
+    let rows = lanes
+        .chunks_exact_mut(k)
+        .zip(lane_sums.chunks_exact_mut(groups * LANES));
+    for (q, (lanes, sums)) in q.chunks_exact(k).zip(rows) {
+        for (g, sums) in sums.chunks_exact_mut(LANES).enumerate() {
+            let (first, count) = group_span(chunks, g);
+            let q = &q[first * CHUNK..(first + count) * CHUNK];
+            let lanes = &mut lanes[first * CHUNK..(first + count) * CHUNK];
+            for (b, block) in q.chunks_exact(32).enumerate() {
+                for (d, word) in block.chunks_exact(4).enumerate() {
+                    let at = lane_offset(count, b, d);
+                    lanes[at..at + 4].copy_from_slice(word);
+                    sums[at % CHUNK / 4] += word.iter().map(|&v| i32::from(v)).sum::<i32>();
+                }
+            }
+        }
+    }
+    (lanes, lane_sums)
+}
+
 /// Row groups needed for `n` rows.
 pub fn row_groups(n: usize) -> usize {
     n.div_ceil(GROUP_ROWS)
@@ -85,6 +156,7 @@ pub fn interleave_group(format: QuantFormat, k: usize, source: &[u8], g: usize, 
     let row_bytes = format.row_bytes(k).expect("checked by QMatrix::new");
     let n = source.len() / row_bytes;
     let chunks = k / CHUNK;
+    let size = format.block_bytes();
     let payload = payload_bytes(format);
     for p in 0..GROUP_ROWS {
         let j = g * GROUP_ROWS + p;
@@ -92,19 +164,23 @@ pub fn interleave_group(format: QuantFormat, k: usize, source: &[u8], g: usize, 
             break;
         }
         let row = &source[j * row_bytes..(j + 1) * row_bytes];
-        for c in 0..chunks {
-            let group = ChunkGroup::new(format, chunks, c / GROUP_CHUNKS);
-            let i = c % GROUP_CHUNKS;
-            let blocks = [0, 1].map(|b| {
-                let size = format.block_bytes();
-                &row[(2 * c + b) * size..(2 * c + b + 1) * size]
-            });
-            for (b, block) in blocks.iter().enumerate() {
-                let at = group.scales(p) + 2 * (2 * i + b);
+        for q in 0..group_count(chunks) {
+            let group = ChunkGroup::new(format, chunks, q);
+            let blocks = &row[2 * group.first * size..2 * (group.first + group.chunks) * size];
+            let mut chunks = [0u8; CHUNK * GROUP_CHUNKS];
+            for (b, block) in blocks.chunks_exact(size).enumerate() {
+                let at = group.scales(p) + 2 * b;
                 out[at..at + 2].copy_from_slice(&block[..2]);
+                for (d, word) in block_values(format, block).chunks_exact(4).enumerate() {
+                    let at = lane_offset(group.chunks, b, d);
+                    chunks[at..at + 4].copy_from_slice(word);
+                }
             }
-            let at = group.payload(format, i, p);
-            encode_payload(format, blocks, &mut out[at..at + payload]);
+            for (i, chunk) in chunks.chunks_exact(CHUNK).take(group.chunks).enumerate() {
+                let at = group.payload(format, i, p);
+                let chunk = chunk.try_into().expect("a chunk");
+                encode_payload(format, chunk, &mut out[at..at + payload]);
+            }
         }
     }
 }
@@ -113,73 +189,90 @@ pub fn interleave_group(format: QuantFormat, k: usize, source: &[u8], g: usize, 
 pub fn gguf_row(format: QuantFormat, k: usize, group: &[u8], p: usize, row: &mut [u8]) {
     let chunks = k / CHUNK;
     let size = format.block_bytes();
-    for c in 0..chunks {
-        let chunk_group = ChunkGroup::new(format, chunks, c / GROUP_CHUNKS);
-        let i = c % GROUP_CHUNKS;
-        let at = chunk_group.payload(format, i, p);
-        let payload = &group[at..at + payload_bytes(format)];
-        let (first, second) = row[2 * c * size..(2 * c + 2) * size].split_at_mut(size);
-        let mut blocks = [first, second];
-        for (b, block) in blocks.iter_mut().enumerate() {
-            let at = chunk_group.scales(p) + 2 * (2 * i + b);
-            block[..2].copy_from_slice(&group[at..at + 2]);
+    for q in 0..group_count(chunks) {
+        let chunk_group = ChunkGroup::new(format, chunks, q);
+        let mut chunks = [0u8; CHUNK * GROUP_CHUNKS];
+        for i in 0..chunk_group.chunks {
+            let at = chunk_group.payload(format, i, p);
+            let chunk = decode_payload(format, &group[at..at + payload_bytes(format)]);
+            chunks[CHUNK * i..CHUNK * (i + 1)].copy_from_slice(&chunk);
         }
-        decode_payload(format, payload, blocks);
+        let first = 2 * chunk_group.first * size;
+        let blocks = &mut row[first..first + 2 * chunk_group.chunks * size];
+        for (b, block) in blocks.chunks_exact_mut(size).enumerate() {
+            let at = chunk_group.scales(p) + 2 * b;
+            block[..2].copy_from_slice(&group[at..at + 2]);
+            let mut values = [0u8; 32];
+            for (d, word) in values.chunks_exact_mut(4).enumerate() {
+                let at = lane_offset(chunk_group.chunks, b, d);
+                word.copy_from_slice(&chunks[at..at + 4]);
+            }
+            write_block_values(format, &values, block);
+        }
     }
 }
 
-/// The 5-bit values of a Q5_0 block (`qh` bit `j` is weight `j`'s fifth bit; `qs[j % 16]`
-/// holds its low bits, in the low nibble for `j < 16`).
-fn q5_values(block: &[u8]) -> [u8; 32] {
-    let qh = u32::from_le_bytes(block[2..6].try_into().expect("4 bytes"));
-    std::array::from_fn(|j| {
-        let low = (block[6 + j % 16] >> (4 * (j / 16))) & 0x0F;
-        low | ((((qh >> j) & 1) as u8) << 4)
-    })
-}
-
-fn encode_payload(format: QuantFormat, blocks: [&[u8]; 2], out: &mut [u8]) {
+/// A GGUF block's 32 weights as the kernels' unsigned values: `q + 128` (Q8_0), or the 5-bit
+/// values (Q5_0: `qh` bit `j` is weight `j`'s fifth bit; `qs[j % 16]` holds its low bits, in
+/// the low nibble for `j < 16`).
+fn block_values(format: QuantFormat, block: &[u8]) -> [u8; 32] {
     match format {
-        QuantFormat::Q8_0 => {
-            for (b, block) in blocks.iter().enumerate() {
-                for (o, &q) in out[32 * b..32 * (b + 1)].iter_mut().zip(&block[2..34]) {
-                    *o = q ^ 0x80;
-                }
-            }
-        }
+        QuantFormat::Q8_0 => std::array::from_fn(|j| block[2 + j] ^ 0x80),
         QuantFormat::Q5_0 => {
-            let [low, high] = blocks.map(q5_values);
-            for j in 0..32 {
-                out[j] = (low[j] & 0x0F) | ((high[j] & 0x0F) << 4);
-            }
-            let bits = |values: &[u8; 32]| {
-                (0..32).fold(0u32, |bits, j| bits | (u32::from(values[j] >> 4) << j))
-            };
-            out[32..36].copy_from_slice(&bits(&low).to_le_bytes());
-            out[36..40].copy_from_slice(&bits(&high).to_le_bytes());
+            let qh = u32::from_le_bytes(block[2..6].try_into().expect("4 bytes"));
+            std::array::from_fn(|j| {
+                let low = (block[6 + j % 16] >> (4 * (j / 16))) & 0x0F;
+                low | ((((qh >> j) & 1) as u8) << 4)
+            })
         }
         QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("K-quants are not interleaved"),
     }
 }
 
-fn decode_payload(format: QuantFormat, payload: &[u8], mut blocks: [&mut [u8]; 2]) {
+/// The inverse of [`block_values`] (the scale bytes left as they are).
+fn write_block_values(format: QuantFormat, values: &[u8; 32], block: &mut [u8]) {
     match format {
         QuantFormat::Q8_0 => {
-            for (b, block) in blocks.iter_mut().enumerate() {
-                for (q, &u) in block[2..34].iter_mut().zip(&payload[32 * b..32 * (b + 1)]) {
-                    *q = u ^ 0x80;
-                }
+            for (q, &u) in block[2..34].iter_mut().zip(values) {
+                *q = u ^ 0x80;
             }
         }
         QuantFormat::Q5_0 => {
-            for (b, block) in blocks.iter_mut().enumerate() {
-                let bits = &payload[32 + 4 * b..36 + 4 * b];
-                block[2..6].copy_from_slice(bits);
-                for j in 0..16 {
-                    let value = |w: usize| (payload[w] >> (4 * b)) & 0x0F;
-                    block[6 + j] = value(j) | (value(j + 16) << 4);
-                }
+            let qh = (0..32).fold(0u32, |bits, j| bits | (u32::from(values[j] >> 4) << j));
+            block[2..6].copy_from_slice(&qh.to_le_bytes());
+            for j in 0..16 {
+                block[6 + j] = (values[j] & 0x0F) | ((values[j + 16] & 0x0F) << 4);
             }
+        }
+        QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("K-quants are not interleaved"),
+    }
+}
+
+/// A chunk's 64 unsigned values in the payload format.
+fn encode_payload(format: QuantFormat, values: &[u8; CHUNK], out: &mut [u8]) {
+    match format {
+        QuantFormat::Q8_0 => out.copy_from_slice(values),
+        QuantFormat::Q5_0 => {
+            for j in 0..32 {
+                out[j] = (values[j] & 0x0F) | ((values[j + 32] & 0x0F) << 4);
+            }
+            let bits = (0..CHUNK).fold(0u64, |bits, j| bits | (u64::from(values[j] >> 4) << j));
+            out[32..40].copy_from_slice(&bits.to_le_bytes());
+        }
+        QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("K-quants are not interleaved"),
+    }
+}
+
+/// The inverse of [`encode_payload`].
+fn decode_payload(format: QuantFormat, payload: &[u8]) -> [u8; CHUNK] {
+    match format {
+        QuantFormat::Q8_0 => payload.try_into().expect("a Q8_0 payload is 64 bytes"),
+        QuantFormat::Q5_0 => {
+            let bits = u64::from_le_bytes(payload[32..40].try_into().expect("8 bytes"));
+            std::array::from_fn(|j| {
+                let low = (payload[j % 32] >> (4 * (j / 32))) & 0x0F;
+                low | ((((bits >> j) & 1) as u8) << 4)
+            })
         }
         QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("K-quants are not interleaved"),
     }

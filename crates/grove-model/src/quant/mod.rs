@@ -676,6 +676,12 @@ pub struct QuantizedRows {
     /// `[rows, k / 32]` with 256-value blocks (else empty): each 32-value sum times its
     /// block's scale, the activations' side of a K-quant's min terms.
     scaled_sum32: Vec<f32>,
+    /// `[rows, k]` with 32-value blocks (else empty): `q` in the lane-blocked order of the
+    /// interleaved layout (`interleave.rs`).
+    lanes: Vec<i8>,
+    /// `[rows, chunk groups, 16]` with 32-value blocks (else empty): the sum of each 32-bit
+    /// lane's values over a chunk group of `lanes` (a lane's share of the zero point's term).
+    lane_sums: Vec<i32>,
 }
 
 impl QuantizedRows {
@@ -692,6 +698,8 @@ impl QuantizedRows {
             sum16: vec![0i32; rows * k / 16],
             sum32: vec![0i32; rows * k / 32],
             scaled_sum32: Vec::new(),
+            lanes: Vec::new(),
+            lane_sums: Vec::new(),
         };
         quantize(x, &mut quantized);
         if block == 256 {
@@ -699,6 +707,8 @@ impl QuantizedRows {
             quantized.scaled_sum32 = (sum32.iter().enumerate())
                 .map(|(i, &sum)| scale[i / 8] * sum as f32)
                 .collect();
+        } else {
+            (quantized.lanes, quantized.lane_sums) = interleave::lane_blocked(&quantized.q, k);
         }
         quantized
     }

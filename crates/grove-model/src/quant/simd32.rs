@@ -1,8 +1,9 @@
 //! The AVX-512 kernels of the 32-weight formats (Q8_0, Q5_0), reading the interleaved layout
-//! (`interleave.rs`). Per chunk group (16 blocks) the weights' f16 scales are one load and
-//! one conversion, multiplied with the activations' block scales; each chunk then costs one
-//! permute (its two blocks' scales), one `vpdpbusd`, a conversion and one FMA per row. The
-//! zero point (128 or 16) is one FMA per chunk group with the activations' block sums.
+//! (`interleave.rs`). Its chunks are lane-blocked, so within a chunk group (16 blocks) a row's
+//! `vpdpbusd` sums accumulate as integers, one per chunk; the group then costs one load and
+//! conversion of the weights' f16 scales, a multiply with the activations' block scales, one
+//! conversion of the sums and one FMA per row. The zero point (128 or 16) enters the integer
+//! sums at the start of each group, from the activations' lane sums.
 // SAFETY (all of the module): the functions are compiled for the features `simd::available`
 // checks and reached only after it did (the `_gfni` ones also for GFNI, reached only when
 // `gfni()` found it); every pointer is inside a row group that
@@ -14,14 +15,15 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::interleave::{payload_bytes, ChunkGroup, GROUP_CHUNKS, GROUP_ROWS};
+use super::interleave::{group_count, payload_bytes, ChunkGroup, GROUP_CHUNKS, GROUP_ROWS};
 use super::simd::{prefetch, reduce4, Rows};
-use super::{QuantFormat, QuantizedRows, CHUNK};
+use super::{QuantFormat, QuantizedRows, CHUNK, LANES};
 
-/// A 32-weight format's payload decoded to 64 unsigned bytes `u`, with `w = d * (u - ZERO)`.
+/// A 32-weight format's payload decoded to 64 unsigned bytes `u`, with
+/// `w = d * (u - 2^ZERO_SHIFT)`.
 pub(super) trait Block32 {
     const FORMAT: QuantFormat;
-    const ZERO: f32;
+    const ZERO_SHIFT: i32;
     unsafe fn decode(payload: *const u8) -> __m512i;
 }
 
@@ -30,7 +32,7 @@ pub(super) struct Q5_0;
 
 impl Block32 for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
-    const ZERO: f32 = 128.0;
+    const ZERO_SHIFT: i32 = 7;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
@@ -42,7 +44,7 @@ impl Block32 for Q8_0 {
 
 impl Block32 for Q5_0 {
     const FORMAT: QuantFormat = QuantFormat::Q5_0;
-    const ZERO: f32 = 16.0;
+    const ZERO_SHIFT: i32 = 4;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
@@ -74,7 +76,7 @@ pub(super) struct Q5_0Gfni;
 
 impl Block32 for Q5_0Gfni {
     const FORMAT: QuantFormat = QuantFormat::Q5_0;
-    const ZERO: f32 = 16.0;
+    const ZERO_SHIFT: i32 = 4;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,gfni")]
@@ -119,7 +121,33 @@ unsafe fn weight_scales(rows: *const u8, group: &ChunkGroup, p: usize, mask: __m
     _mm512_cvtph_ps(_mm512_castsi512_si256(halves))
 }
 
-/// Lane index vector `[a x 8, a + 1 x 8]` picking chunk `i`'s two block scales (`a = 2i`).
+/// Per-block values of a group of `chunks` chunks (lanes past its blocks zero) where the
+/// lane-blocked layout has the blocks: lane `l` gets block `l mod 2 chunks`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn spread(blocks: __m512, chunks: usize) -> __m512 {
+    if chunks == GROUP_CHUNKS {
+        return blocks;
+    }
+    let lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    let index = _mm512_and_si512(lanes, _mm512_set1_epi32(2 * chunks as i32 - 1));
+    _mm512_permutexvar_ps(index, blocks)
+}
+
+/// Where a row's integer sums start in a chunk group: minus the zero point times the sum of
+/// each lane's activations (`lane_sums`), so that they end as sums of `(u - zero) * x`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn zero_point_start(lane_sums: *const i32, shift: i32) -> __m512i {
+    let sums = _mm512_loadu_si512(lane_sums.cast());
+    _mm512_sub_epi32(
+        _mm512_setzero_si512(),
+        _mm512_sll_epi32(sums, _mm_cvtsi32_si128(shift)),
+    )
+}
+
+/// Lane index vector `[a x 8, a + 1 x 8]` picking chunk `i`'s two block scales (`a = 2i`):
+/// the GGUF-layout kernels' scales (`simd.rs`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
 pub(super) unsafe fn pair_index(i: usize) -> __m512i {
@@ -144,43 +172,42 @@ macro_rules! block32_kernels {
         ) {
             let chunks = acts.k / CHUNK;
             let x = Rows::<R>::new(acts, start);
-            let mut acc = [[_mm512_setzero_ps(); 2]; R];
-            let mut zero_terms = [_mm512_setzero_ps(); R];
-            let zero = _mm512_setzero_si512();
-            for q in 0..chunks.div_ceil(GROUP_CHUNKS) {
-                let group = ChunkGroup::new(F::FORMAT, chunks, q);
-                let first = q * GROUP_CHUNKS;
-                let mask = block_mask(group.chunks);
-                let weight_scales = weight_scales(rows, &group, p, mask);
-                let mut scales = [_mm512_setzero_ps(); R];
+            let mut acc = [_mm512_setzero_ps(); R];
+            // Chunk `i` of a group into each row's integer sums.
+            let add = |group: &ChunkGroup, i: usize, sums: &mut [__m512i; R]| {
+                let payload = rows.add(group.payload(F::FORMAT, i, p));
+                prefetch(payload, payload_bytes(F::FORMAT));
+                let u = F::decode(payload);
                 for r in 0..R {
-                    let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[r].add(2 * first));
-                    scales[r] = _mm512_mul_ps(weight_scales, x_scales);
-                    let sums = _mm512_maskz_loadu_epi32(mask, x.sum32[r].add(2 * first));
-                    zero_terms[r] =
-                        _mm512_fmadd_ps(scales[r], _mm512_cvtepi32_ps(sums), zero_terms[r]);
+                    let values = x.lanes[r].add((group.first + i) * CHUNK);
+                    sums[r] = _mm512_dpbusd_epi32(sums[r], u, _mm512_loadu_si512(values.cast()));
                 }
-                // With one row, two chunks per step into two accumulators, so consecutive FMAs do not
-                // wait on each other; with more rows, the rows give that independence and one
-                // accumulator each leaves registers for them.
-                for i in 0..group.chunks {
-                    let slot = if R == 1 { i % 2 } else { 0 };
-                    let payload = rows.add(group.payload(F::FORMAT, i, p));
-                    prefetch(payload, payload_bytes(F::FORMAT));
-                    let u = F::decode(payload);
-                    let index = pair_index(i);
-                    for r in 0..R {
-                        let values = _mm512_loadu_si512(x.q[r].add((first + i) * CHUNK).cast());
-                        let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
-                        let scale = _mm512_permutexvar_ps(index, scales[r]);
-                        acc[r][slot] = _mm512_fmadd_ps(scale, dot, acc[r][slot]);
+            };
+            for q in 0..group_count(chunks) {
+                let group = ChunkGroup::new(F::FORMAT, chunks, q);
+                let mut sums: [__m512i; R] = std::array::from_fn(|r| {
+                    zero_point_start(x.lane_sums[r].add(q * LANES), F::ZERO_SHIFT)
+                });
+                // With one row, odd chunks go to other sums, so consecutive `vpdpbusd`s do not
+                // wait on each other; with more rows, the rows give that independence.
+                let mut odd = [_mm512_setzero_si512(); R];
+                for i in (0..group.chunks).step_by(2) {
+                    add(&group, i, &mut sums);
+                    if i + 1 < group.chunks {
+                        add(&group, i + 1, if R == 1 { &mut odd } else { &mut sums });
                     }
                 }
+                let mask = block_mask(group.chunks);
+                let weight_scales = weight_scales(rows, &group, p, mask);
+                for r in 0..R {
+                    let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[r].add(2 * group.first));
+                    let scales = spread(_mm512_mul_ps(weight_scales, x_scales), group.chunks);
+                    let total = _mm512_cvtepi32_ps(_mm512_add_epi32(sums[r], odd[r]));
+                    acc[r] = _mm512_fmadd_ps(scales, total, acc[r]);
+                }
             }
-            let zero_point = _mm512_set1_ps(F::ZERO);
             for r in 0..R {
-                let total = _mm512_add_ps(acc[r][0], acc[r][1]);
-                out[r] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(zero_point, zero_terms[r], total));
+                out[r] = _mm512_reduce_add_ps(acc[r]);
             }
         }
 
@@ -199,38 +226,38 @@ macro_rules! block32_kernels {
             let chunks = acts.k / CHUNK;
             let x = Rows::<1>::new(acts, act);
             let mut acc = [_mm512_setzero_ps(); P];
-            let mut zero_terms = [_mm512_setzero_ps(); P];
-            let zero = _mm512_setzero_si512();
-            for q in 0..chunks.div_ceil(GROUP_CHUNKS) {
-                let group = ChunkGroup::new(F::FORMAT, chunks, q);
-                let first = q * GROUP_CHUNKS;
-                let mask = block_mask(group.chunks);
-                prefetch(rows.add(group.start), group.payloads);
-                let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[0].add(2 * first));
-                let x_sums =
-                    _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, x.sum32[0].add(2 * first)));
-                let mut scales = [_mm512_setzero_ps(); P];
+            // Chunk `i` of a group into the four rows' integer sums.
+            let add = |group: &ChunkGroup, i: usize, sums: &mut [__m512i; P]| {
+                let values = _mm512_loadu_si512(x.lanes[0].add((group.first + i) * CHUNK).cast());
+                let payloads = rows.add(group.payload(F::FORMAT, i, 0));
+                prefetch(payloads, P * payload_bytes(F::FORMAT));
                 for p in 0..P {
-                    scales[p] = _mm512_mul_ps(weight_scales(rows, &group, p, mask), x_scales);
-                    zero_terms[p] = _mm512_fmadd_ps(scales[p], x_sums, zero_terms[p]);
+                    let u = F::decode(payloads.add(p * payload_bytes(F::FORMAT)));
+                    sums[p] = _mm512_dpbusd_epi32(sums[p], u, values);
                 }
-                for i in 0..group.chunks {
-                    let values = _mm512_loadu_si512(x.q[0].add((first + i) * CHUNK).cast());
-                    let index = pair_index(i);
-                    let payloads = rows.add(group.payload(F::FORMAT, i, 0));
-                    prefetch(payloads, P * payload_bytes(F::FORMAT));
-                    for p in 0..P {
-                        let u = F::decode(payloads.add(p * payload_bytes(F::FORMAT)));
-                        let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
-                        let scale = _mm512_permutexvar_ps(index, scales[p]);
-                        acc[p] = _mm512_fmadd_ps(scale, dot, acc[p]);
+            };
+            for q in 0..group_count(chunks) {
+                let group = ChunkGroup::new(F::FORMAT, chunks, q);
+                prefetch(rows.add(group.start), group.payloads);
+                // Odd chunks into other sums: Q8_0's `vpdpbusd`s would otherwise wait on each
+                // other.
+                let start = zero_point_start(x.lane_sums[0].add(q * LANES), F::ZERO_SHIFT);
+                let (mut even, mut odd) = ([start; P], [_mm512_setzero_si512(); P]);
+                for i in (0..group.chunks).step_by(2) {
+                    add(&group, i, &mut even);
+                    if i + 1 < group.chunks {
+                        add(&group, i + 1, &mut odd);
                     }
                 }
+                let mask = block_mask(group.chunks);
+                let x_scales = _mm512_maskz_loadu_ps(mask, x.scale[0].add(2 * group.first));
+                for p in 0..P {
+                    let scales = _mm512_mul_ps(weight_scales(rows, &group, p, mask), x_scales);
+                    let total = _mm512_cvtepi32_ps(_mm512_add_epi32(even[p], odd[p]));
+                    acc[p] = _mm512_fmadd_ps(spread(scales, group.chunks), total, acc[p]);
+                }
             }
-            let zero_point = _mm512_set1_ps(F::ZERO);
-            let t: [__m512; P] =
-                std::array::from_fn(|p| _mm512_fnmadd_ps(zero_point, zero_terms[p], acc[p]));
-            _mm_storeu_ps(out, reduce4(t));
+            _mm_storeu_ps(out, reduce4(acc));
         }
     };
 }

@@ -67,15 +67,22 @@ fn kernels_match_dequantize_then_matmul() {
         eprintln!("no AVX-512 VNNI on this CPU: only the scalar kernel is tested");
     }
     for (format, layout) in layouts() {
-        // One activation row (the multi-weight-row kernel, with a leftover row and a partial
-        // group of chunks), a single last row after full tiles, several tiles.
+        // One activation row (the multi-weight-row kernel, with a leftover row and partial
+        // groups of chunks), a single last row after full tiles, several tiles.
         for &(n, k, rows) in &[
             (5, 256, 1),
             (38, 1280, 1),
             (37, 512, 3),
+            (13, 960, 1),
+            (9, 448, 5),
             (70, 768, 9),
             (40, 256, 70),
         ] {
+            // 960 and 448 (every power of two of chunks after the full groups) are for the
+            // 32-weight formats only.
+            if !usize::is_multiple_of(k, format.block_weights()) {
+                continue;
+            }
             let matrix = in_layout(&QMatrix::random(format, n, k, n as u64), layout);
             let weights = matrix.dequantize();
             let x = random_input(rows, k, rows as u64);
@@ -127,6 +134,31 @@ fn in_layout(matrix: &QMatrix, layout: Layout) -> QMatrix {
     let (n, k) = matrix.dims();
     let bytes = Bytes::Owned(Arc::new(matrix.to_bytes()));
     QMatrix::with_layout(matrix.format(), n, k, bytes, layout).expect("a valid matrix")
+}
+
+#[test]
+fn lane_blocking_places_every_word_once_in_its_blocks_lanes() {
+    for chunks in [1, 2, 4, 8] {
+        let mut seen = vec![false; chunks * CHUNK / 4];
+        for b in 0..2 * chunks {
+            for d in 0..8 {
+                let at = interleave::lane_offset(chunks, b, d);
+                assert_eq!(at % 4, 0);
+                assert!(
+                    !std::mem::replace(&mut seen[at / 4], true),
+                    "{chunks}: {b} {d}"
+                );
+                // Every lane holds one block: the one the kernels' spread scales give it.
+                assert_eq!((at % CHUNK / 4) % (2 * chunks), b);
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+    // Rows of 15 chunks: groups of 8, 4, 2 and 1, one after another.
+    let spans: Vec<_> = (0..interleave::group_count(15))
+        .map(|q| interleave::group_span(15, q))
+        .collect();
+    assert_eq!(spans, [(0, 8), (8, 4), (12, 2), (14, 1)]);
 }
 
 #[test]
@@ -301,6 +333,8 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 sum16: vec![0i32; n / 16],
                 sum32: vec![0i32; n / 32],
                 scaled_sum32: Vec::new(),
+                lanes: Vec::new(),
+                lane_sums: Vec::new(),
             };
             if vector {
                 super::simd::quantize(&x, &mut rows);
