@@ -676,10 +676,10 @@ pub struct QuantizedRows {
     /// `[rows, k / 32]` with 256-value blocks (else empty): each 32-value sum times its
     /// block's scale, the activations' side of a K-quant's min terms.
     scaled_sum32: Vec<f32>,
-    /// `[rows, k]` with 32-value blocks (else empty): `q` in the lane-blocked order of the
-    /// interleaved layout (`interleave.rs`).
+    /// `[rows, k]` with 32-value blocks on AVX-512 CPUs (else empty): `q` in the lane-blocked
+    /// order of the interleaved layout (`interleave.rs`).
     lanes: Vec<i8>,
-    /// `[rows, chunk groups, 16]` with 32-value blocks (else empty): the sum of each 32-bit
+    /// `[rows, chunk groups, 16]` alongside `lanes` (else empty): the sum of each 32-bit
     /// lane's values over a chunk group of `lanes` (a lane's share of the zero point's term).
     lane_sums: Vec<i32>,
 }
@@ -707,7 +707,8 @@ impl QuantizedRows {
             quantized.scaled_sum32 = (sum32.iter().enumerate())
                 .map(|(i, &sum)| scale[i / 8] * sum as f32)
                 .collect();
-        } else {
+        } else if Kernel::detect() == Kernel::Avx512Vnni {
+            // Only the AVX-512 kernels read the lane-blocked copy.
             (quantized.lanes, quantized.lane_sums) = interleave::lane_blocked(&quantized.q, k);
         }
         quantized

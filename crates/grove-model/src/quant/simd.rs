@@ -24,8 +24,7 @@ use std::arch::x86_64::*;
 
 use super::interleave::{self, GROUP_ROWS};
 use super::simd32::{
-    block32, block32_gfni, block32_group, block32_group_gfni, gfni, pair_index, Q5_0Gfni, Q5_0,
-    Q8_0,
+    block32, block32_gfni, block32_group, block32_group_gfni, gfni, Q5_0Gfni, Q5_0, Q8_0,
 };
 use super::{QuantFormat, QuantizedRows, WeightRow, CHUNK, LANES};
 
@@ -130,6 +129,7 @@ impl<const R: usize> Rows<R> {
         debug_assert!((start + R) * acts.k <= acts.q.len());
         let k = acts.k;
         let offset = |r: usize, per_row: usize| (start + r) * per_row;
+        let lane_sums = interleave::group_count(k / CHUNK) * LANES;
         Self {
             q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(offset(r, k))),
             scale: std::array::from_fn(|r| {
@@ -141,10 +141,7 @@ impl<const R: usize> Rows<R> {
             }),
             lanes: std::array::from_fn(|r| acts.lanes.as_ptr().wrapping_add(offset(r, k))),
             lane_sums: std::array::from_fn(|r| {
-                let groups = interleave::group_count(k / CHUNK);
-                acts.lane_sums
-                    .as_ptr()
-                    .wrapping_add(offset(r, groups * LANES))
+                acts.lane_sums.as_ptr().wrapping_add(offset(r, lane_sums))
             }),
         }
     }
@@ -470,6 +467,14 @@ unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
         acc = _mm512_add_epi64(acc, _mm512_loadu_si512(line.as_ptr().cast()));
     }
     (_mm512_reduce_add_epi64(acc) as u64).wrapping_add(tail)
+}
+
+/// Lane index vector `[a x 8, a + 1 x 8]` picking chunk `i`'s two block scales (`a = 2i`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+unsafe fn pair_index(i: usize) -> __m512i {
+    let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_add_epi32(base, _mm512_set1_epi32(2 * i as i32))
 }
 
 /// Asks for the cache lines [`PREFETCH`] bytes past `bytes..bytes + len` (the weights a

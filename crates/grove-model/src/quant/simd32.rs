@@ -146,15 +146,6 @@ unsafe fn zero_point_start(lane_sums: *const i32, shift: i32) -> __m512i {
     )
 }
 
-/// Lane index vector `[a x 8, a + 1 x 8]` picking chunk `i`'s two block scales (`a = 2i`):
-/// the GGUF-layout kernels' scales (`simd.rs`).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-pub(super) unsafe fn pair_index(i: usize) -> __m512i {
-    let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    _mm512_add_epi32(base, _mm512_set1_epi32(2 * i as i32))
-}
-
 /// The two kernels, compiled once for AVX-512 and once more with GFNI (for [`Q5_0Gfni`]):
 /// the decode is inlined into them only where their features include its own.
 macro_rules! block32_kernels {
