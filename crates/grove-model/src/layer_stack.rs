@@ -6,15 +6,17 @@
 //! `h += o(attend(q, visible keys)); h += mlp(post_norm(h))`.
 //! Gemma 3 adds a norm on each branch's output (`h += norm(o(..))`, `h += norm(mlp(..))`),
 //! and its sliding layers see only the last `window` positions, rotated with their own base.
-//! Matmuls run on candle tensors; RoPE, the KV writes and attention run on host slices.
+//! Everything runs on host f32 rows (candle's gemm only for dense weights with many rows): a
+//! decode step is hundreds of short operations, and a candle op's allocation and dispatch
+//! cost about as much as the work of one.
 
-use candle_core::{Device, Module, Tensor};
+use candle_core::{Device, Tensor};
 use grove_kv::KvStore;
 
 use crate::attention::{attend, HeadLayout, KeyPlan};
 use crate::config::DecoderConfig;
 use crate::forward::ForwardBatch;
-use crate::layers::{Activation, Linear, Mlp, RmsNorm};
+use crate::layers::{host_values, Activation, Linear, Mlp, RmsNorm};
 use crate::rope::Rope;
 use crate::weights::Weights;
 use crate::ModelError;
@@ -101,22 +103,20 @@ impl DecoderLayer {
     }
 }
 
-/// A projection's output `y: [rows, heads * head_dim]`, optionally normed per head, as host
-/// floats.
-fn per_head(
-    y: Tensor,
-    norm: Option<&RmsNorm>,
-    heads: usize,
-    head_dim: usize,
-) -> candle_core::Result<Vec<f32>> {
-    let y = match norm {
-        Some(norm) => {
-            let rows = y.dim(0)?;
-            norm.forward(&y.reshape((rows, heads, head_dim))?)?
-        }
-        None => y,
-    };
-    y.flatten_all()?.to_vec1()
+/// A projection's output `[rows, heads * head_dim]`, normed per head where the model has
+/// q/k norms.
+fn norm_heads(mut y: Vec<f32>, norm: Option<&RmsNorm>) -> candle_core::Result<Vec<f32>> {
+    if let Some(norm) = norm {
+        norm.forward_host(&mut y)?;
+    }
+    Ok(y)
+}
+
+/// `hidden += branch`, element by element.
+fn add_into(hidden: &mut [f32], branch: &[f32]) {
+    for (h, b) in hidden.iter_mut().zip(branch) {
+        *h += b;
+    }
 }
 
 /// Writes row `i` of `keys`/`values` (`[rows, kv_width]`) into `slots[i]` of `layer`.
@@ -175,7 +175,7 @@ impl LayerStack {
     /// order of `batch.taps`.
     pub fn forward(
         &self,
-        mut hidden: Tensor,
+        hidden: Tensor,
         batch: &ForwardBatch,
         kv: &mut KvStore,
     ) -> Result<(Tensor, Vec<Tensor>), ModelError> {
@@ -200,24 +200,29 @@ impl LayerStack {
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
         };
+        let width = c.hidden_size;
         let mut taps: Vec<Option<Tensor>> = vec![None; batch.taps.len()];
+        // The layers run on host floats: a decode step of a small model is hundreds of short
+        // operations, and each candle op's allocation and dispatch cost as much as the work.
+        let mut h = host_values(&hidden)?;
         for (layer_index, layer) in self.layers.iter().enumerate() {
             let window = c.sliding_window(layer_index);
             let (cos, sin) = match (&local_tables, window) {
                 (Some(local), Some(_)) => (&local.0, &local.1),
                 _ => (&global_tables.0, &global_tables.1),
             };
-            let x = layer.input_norm.forward(&hidden)?;
+            let mut x = h.clone();
+            layer.input_norm.forward_host(&mut x)?;
             let attention = &layer.attention;
             let projections = [&attention.q_proj, &attention.k_proj, &attention.v_proj];
-            let [q, k, v] = <[Tensor; 3]>::try_from(Linear::forward_many(&projections, &x)?)
-                .expect("three linears, three outputs");
-            let mut queries = per_head(q, attention.q_norm.as_ref(), c.num_heads, c.head_dim)?;
-            let mut keys = per_head(k, attention.k_norm.as_ref(), c.num_kv_heads, c.head_dim)?;
-            let values = per_head(v, None, c.num_kv_heads, c.head_dim)?;
+            let [q, k, v] =
+                <[Vec<f32>; 3]>::try_from(Linear::forward_many_host(&projections, &x, num_rows)?)
+                    .expect("three linears, three outputs");
+            let mut queries = norm_heads(q, attention.q_norm.as_ref())?;
+            let mut keys = norm_heads(k, attention.k_norm.as_ref())?;
             self.rope.rotate(&mut queries, c.num_heads, cos, sin);
             self.rope.rotate(&mut keys, c.num_kv_heads, cos, sin);
-            write_rows(kv, layer_index, &slots, &keys, &values);
+            write_rows(kv, layer_index, &slots, &keys, &v);
             let (layer_keys, layer_values) = kv.layer(layer_index);
             let attended = attend(
                 &plan,
@@ -228,27 +233,28 @@ impl LayerStack {
                 layer_keys,
                 layer_values,
             );
-            let attended =
-                Tensor::from_vec(attended, (num_rows, c.num_heads * c.head_dim), &self.device)?;
-            let mut attention_out = attention.o_proj.forward(&attended)?;
+            let mut attention_out = attention.o_proj.forward_host(&attended, num_rows)?;
             if let Some(norm) = &layer.attention_out_norm {
-                attention_out = norm.forward(&attention_out)?;
+                norm.forward_host(&mut attention_out)?;
             }
-            hidden = (hidden + attention_out)?;
-            let mut mlp_out = layer.mlp.forward(&layer.pre_mlp_norm.forward(&hidden)?)?;
+            add_into(&mut h, &attention_out);
+            let mut x = h.clone();
+            layer.pre_mlp_norm.forward_host(&mut x)?;
+            let mut mlp_out = layer.mlp.forward_host(&x, num_rows)?;
             if let Some(norm) = &layer.mlp_out_norm {
-                mlp_out = norm.forward(&mlp_out)?;
+                norm.forward_host(&mut mlp_out)?;
             }
-            hidden = (hidden + mlp_out)?;
+            add_into(&mut h, &mlp_out);
             for (tap, _) in batch
                 .taps
                 .iter()
                 .enumerate()
                 .filter(|(_, &l)| l == layer_index)
             {
-                taps[tap] = Some(hidden.clone());
+                taps[tap] = Some(Tensor::from_slice(&h, (num_rows, width), &self.device)?);
             }
         }
+        let hidden = Tensor::from_vec(h, (num_rows, width), &self.device)?;
         let taps = taps
             .into_iter()
             .map(|t| t.expect("tap layers are checked against the depth"))
@@ -268,13 +274,18 @@ impl LayerStack {
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let (cos, sin) = self.rope.tables(positions);
+        let rows = positions.len();
+        let features = host_values(features)?;
         for (layer_index, layer) in self.layers.iter().enumerate() {
             let attention = &layer.attention;
             let projections = [&attention.k_proj, &attention.v_proj];
-            let [k, v] = <[Tensor; 2]>::try_from(Linear::forward_many(&projections, features)?)
-                .expect("two linears, two outputs");
-            let mut keys = per_head(k, attention.k_norm.as_ref(), c.num_kv_heads, c.head_dim)?;
-            let values = per_head(v, None, c.num_kv_heads, c.head_dim)?;
+            let [k, values] = <[Vec<f32>; 2]>::try_from(Linear::forward_many_host(
+                &projections,
+                &features,
+                rows,
+            )?)
+            .expect("two linears, two outputs");
+            let mut keys = norm_heads(k, attention.k_norm.as_ref())?;
             self.rope.rotate(&mut keys, c.num_kv_heads, &cos, &sin);
             write_rows(kv, layer_index, slots, &keys, &values);
         }

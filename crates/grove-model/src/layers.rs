@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Module, Storage, Tensor};
+use rayon::prelude::*;
 
 use crate::activation;
 use crate::kernels::{matmul_transposed, MAX_STREAMING_ROWS};
@@ -21,13 +22,26 @@ pub enum Matrix {
 }
 
 impl Matrix {
-    /// `x W^T` for `x: [rows, in]`.
-    fn matmul_transposed(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// The number of outputs (rows of the weight).
+    fn out_dim(&self) -> candle_core::Result<usize> {
         match self {
-            Self::Dense(weight) => x.matmul(&weight.t()?),
-            Self::Quantized(matrix) => {
-                let mut outputs = quantized_matmuls(&[matrix], x)?;
-                Ok(outputs.pop().expect("one matrix, one output"))
+            Self::Dense(weight) => Ok(weight.dims2()?.0),
+            Self::Quantized(matrix) => Ok(matrix.dims().0),
+        }
+    }
+
+    /// `x W^T` as `[rows, out]` for host rows `x: [rows, in]`.
+    fn matmul_host(&self, x: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
+        match self {
+            Self::Quantized(matrix) => Ok(matrix.matmul(x, rows)),
+            Self::Dense(weight) => {
+                let (n, k) = weight.dims2()?;
+                if rows <= MAX_STREAMING_ROWS {
+                    return with_host_values(weight, |w| matmul_transposed(x, rows, w, n, k));
+                }
+                // Many rows: candle's blocked gemm.
+                let x = Tensor::from_slice(x, (rows, k), weight.device())?;
+                host_values(&x.matmul(&weight.t()?)?)
             }
         }
     }
@@ -55,19 +69,27 @@ impl Matrix {
 }
 
 /// `x W^T` for each of `matrices`, in one parallel pass (`quant::matmul_many`).
-fn quantized_matmuls(matrices: &[&Arc<QMatrix>], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
-    let Some(first) = matrices.first() else {
-        return Ok(Vec::new());
-    };
-    let k = first.dims().1;
-    let rows = x.elem_count() / k;
-    let input = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+fn quantized_matmuls(matrices: &[&Arc<QMatrix>], x: &[f32], rows: usize) -> Vec<Vec<f32>> {
     let matrices: Vec<&QMatrix> = matrices.iter().map(|m| m.as_ref()).collect();
-    quant::matmul_many(&matrices, &input, rows)
-        .into_iter()
-        .zip(&matrices)
-        .map(|(output, matrix)| Tensor::from_vec(output, (rows, matrix.dims().0), x.device()))
-        .collect()
+    quant::matmul_many(&matrices, x, rows)
+}
+
+/// `f` of `t`'s values as host floats: read in place for a contiguous f32 tensor on the CPU
+/// (weights, biases and norm scales, without a copy per call), else from a copy.
+fn with_host_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    if t.dtype() == DType::F32 && t.is_contiguous() && t.device().is_cpu() {
+        let (storage, layout) = t.storage_and_layout();
+        if let Storage::Cpu(cpu) = &*storage {
+            let start = layout.start_offset();
+            return Ok(f(&cpu.as_slice::<f32>()?[start..start + t.elem_count()]));
+        }
+    }
+    Ok(f(&host_values(t)?))
+}
+
+/// `t` as host f32 values (a copy).
+pub(crate) fn host_values(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()
 }
 
 /// `y = x W^T + b` for `x: [rows, in]`.
@@ -107,9 +129,14 @@ impl Linear {
         &self.weight
     }
 
-    /// Each of `linears` applied to the same `x`. When all are quantized, their products run
-    /// as one parallel pass (q, k and v; gate and up), which saves thread hand-offs in decoding.
-    pub fn forward_many(linears: &[&Linear], x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+    /// Each of `linears` applied to the same host rows `x: [rows, in]`. When all are
+    /// quantized, their products run as one parallel pass (q, k and v; gate and up), which
+    /// saves thread hand-offs in decoding.
+    pub fn forward_many_host(
+        linears: &[&Linear],
+        x: &[f32],
+        rows: usize,
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
         let quantized: Option<Vec<&Arc<QMatrix>>> = linears
             .iter()
             .map(|linear| match &linear.weight {
@@ -118,64 +145,65 @@ impl Linear {
             })
             .collect();
         let Some(matrices) = quantized else {
-            return linears.iter().map(|linear| linear.forward(x)).collect();
+            return linears
+                .iter()
+                .map(|linear| linear.forward_host(x, rows))
+                .collect();
         };
-        quantized_matmuls(&matrices, x)?
+        quantized_matmuls(&matrices, x, rows)
             .into_iter()
             .zip(linears)
-            .map(|(y, linear)| linear.add_bias(y))
+            .map(|(mut y, linear)| {
+                linear.add_bias_host(&mut y)?;
+                Ok(y)
+            })
             .collect()
     }
 
-    fn add_bias(&self, y: Tensor) -> candle_core::Result<Tensor> {
-        match &self.bias {
-            Some(bias) => y.broadcast_add(bias),
-            None => Ok(y),
-        }
+    /// `x W^T + b` for host rows `x: [rows, in]`.
+    pub fn forward_host(&self, x: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
+        let mut y = self.weight.matmul_host(x, rows)?;
+        self.add_bias_host(&mut y)?;
+        Ok(y)
     }
-}
 
-impl Linear {
-    /// `x W^T` through the streaming kernel when `x` has few rows and everything is host f32.
-    fn streaming_forward(&self, x: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let &[rows, k] = x.dims() else {
-            return Ok(None);
+    fn add_bias_host(&self, y: &mut [f32]) -> candle_core::Result<()> {
+        let Some(bias) = &self.bias else {
+            return Ok(());
         };
-        let Matrix::Dense(weight) = &self.weight else {
-            return Ok(None);
+        let add = |b: &[f32]| {
+            for row in y.chunks_exact_mut(b.len()) {
+                for (v, b) in row.iter_mut().zip(b) {
+                    *v += b;
+                }
+            }
         };
-        let &[n, weight_k] = weight.dims() else {
-            return Ok(None);
-        };
-        let eligible = rows <= MAX_STREAMING_ROWS
-            && k == weight_k
-            && x.dtype() == DType::F32
-            && weight.dtype() == DType::F32
-            && weight.is_contiguous()
-            && x.device().is_cpu();
-        if !eligible {
-            return Ok(None);
-        }
-        let input = x.flatten_all()?.to_vec1::<f32>()?;
-        let (storage, layout) = weight.storage_and_layout();
-        let Storage::Cpu(cpu) = &*storage else {
-            return Ok(None);
-        };
-        let start = layout.start_offset();
-        let weight = &cpu.as_slice::<f32>()?[start..start + n * k];
-        let output = matmul_transposed(&input, rows, weight, n, k);
-        Ok(Some(Tensor::from_vec(output, (rows, n), x.device())?))
+        with_host_values(bias, add)
     }
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = match self.streaming_forward(x)? {
-            Some(y) => y,
-            None => self.weight.matmul_transposed(x)?,
-        };
-        self.add_bias(y)
+        on_host_rows(x, self.weight.out_dim()?, |x, rows| {
+            self.forward_host(x, rows)
+        })
     }
+}
+
+/// `f(rows of x as host floats, number of rows)` as a tensor shaped like `x` with `out` values
+/// per row.
+fn on_host_rows(
+    x: &Tensor,
+    out: usize,
+    f: impl FnOnce(&[f32], usize) -> candle_core::Result<Vec<f32>>,
+) -> candle_core::Result<Tensor> {
+    let mut shape = x.dims().to_vec();
+    let Some(last) = shape.last_mut() else {
+        candle_core::bail!("a linear layer's input needs at least one dimension");
+    };
+    let rows = x.elem_count() / (*last).max(1);
+    *last = out;
+    Tensor::from_vec(f(&host_values(x)?, rows)?, shape, x.device())
 }
 
 /// RMSNorm over the last dimension, computed in f32: `x / sqrt(mean(x^2) + eps) * w`.
@@ -206,6 +234,30 @@ impl RmsNorm {
             weight,
             eps: eps as f32,
         })
+    }
+}
+
+impl RmsNorm {
+    /// The norm of each `dim`-value row of host values `x`, in place; the same arithmetic
+    /// in the same order as candle's `rms_norm` (a sequential sum of squares, then
+    /// `x / rms * w`), so the bits equal its.
+    pub fn forward_host(&self, x: &mut [f32]) -> candle_core::Result<()> {
+        let eps = self.eps;
+        let norm_rows = |weight: &[f32]| {
+            let row = |x: &mut [f32]| {
+                let sum2: f32 = x.iter().map(|&v| v * v).sum();
+                let rms = (sum2 / weight.len() as f32 + eps).sqrt();
+                for (v, w) in x.iter_mut().zip(weight) {
+                    *v = *v / rms * w;
+                }
+            };
+            if x.len() / weight.len() > 32 {
+                x.par_chunks_exact_mut(weight.len()).for_each(row);
+            } else {
+                x.chunks_exact_mut(weight.len()).for_each(row);
+            }
+        };
+        with_host_values(&self.weight, norm_rows)
     }
 }
 
@@ -279,26 +331,13 @@ impl Mlp {
     }
 }
 
-impl Module for Mlp {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let [gate, up] = <[Tensor; 2]>::try_from(Linear::forward_many(&[&self.gate, &self.up], x)?)
-            .expect("two linears, two outputs");
-        let hidden = if gate.device().is_cpu() && gate.dtype() == DType::F32 {
-            let shape = gate.shape().clone();
-            let gate = gate.flatten_all()?.to_vec1::<f32>()?;
-            let up = up.flatten_all()?.to_vec1::<f32>()?;
-            Tensor::from_vec(
-                activation::gated(self.activation, &gate, &up),
-                shape,
-                x.device(),
-            )?
-        } else {
-            let gate = match self.activation {
-                Activation::Silu => candle_nn::ops::silu(&gate)?,
-                Activation::GeluTanh => gate.gelu()?,
-            };
-            (gate * up)?
-        };
-        self.down.forward(&hidden)
+impl Mlp {
+    /// `down(act(gate(x)) * up(x))` for host rows `x: [rows, hidden]`.
+    pub fn forward_host(&self, x: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
+        let [gate, up] =
+            <[Vec<f32>; 2]>::try_from(Linear::forward_many_host(&[&self.gate, &self.up], x, rows)?)
+                .expect("two linears, two outputs");
+        self.down
+            .forward_host(&activation::gated(self.activation, &gate, &up), rows)
     }
 }

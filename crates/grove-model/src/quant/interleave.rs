@@ -64,6 +64,7 @@ pub struct ChunkGroup {
 }
 
 impl ChunkGroup {
+    #[inline]
     pub fn new(format: QuantFormat, chunks: usize, q: usize) -> Self {
         let (first, count) = group_span(chunks, q);
         let chunk_bytes = 2 * format.block_bytes();
@@ -76,33 +77,50 @@ impl ChunkGroup {
     }
 
     /// Offset of row `p`'s `2 * chunks` f16 scales.
+    #[inline]
     pub fn scales(&self, p: usize) -> usize {
         self.start + p * 2 * self.chunks * 2
     }
 
     /// Offset of row `p`'s payload of chunk `i` (within the group).
+    #[inline]
     pub fn payload(&self, format: QuantFormat, i: usize, p: usize) -> usize {
         self.start + self.payloads + (i * GROUP_ROWS + p) * payload_bytes(format)
     }
 }
 
 /// The first chunk and the chunk count of group `q` of a `chunks`-chunk row ([`ChunkGroup`]).
+/// Bit arithmetic, inlined: the decode kernels ask once per group of every row group (as an
+/// out-of-line iterator chain it was 1.7% of a Qwen2.5-0.5B decode's samples).
+#[inline]
 pub fn group_span(chunks: usize, q: usize) -> (usize, usize) {
     let full = chunks / GROUP_CHUNKS;
     if q < full {
         return (q * GROUP_CHUNKS, GROUP_CHUNKS);
     }
-    // The rest's set bits, largest first: the one after `q - full` of them.
+    // The rest's set bits, largest first: drop the `q - full` largest, take the next.
     let rest = chunks % GROUP_CHUNKS;
-    let mut bits = (0..GROUP_CHUNKS.trailing_zeros())
-        .rev()
-        .map(|b| 1 << b)
-        .filter(|bit| rest & bit != 0);
-    let first = full * GROUP_CHUNKS + bits.by_ref().take(q - full).sum::<usize>();
-    (first, bits.next().expect("q < group_count(chunks)"))
+    let mut left = rest;
+    for _ in full..q {
+        left &= !highest_bit(left);
+    }
+    let count = highest_bit(left);
+    debug_assert!(count > 0, "q < group_count(chunks)");
+    (full * GROUP_CHUNKS + rest - left, count)
+}
+
+/// The highest set bit of `v` (0 for 0).
+#[inline]
+fn highest_bit(v: usize) -> usize {
+    if v == 0 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - v.leading_zeros())
+    }
 }
 
 /// Chunk groups of a `chunks`-chunk row.
+#[inline]
 pub fn group_count(chunks: usize) -> usize {
     chunks / GROUP_CHUNKS + (chunks % GROUP_CHUNKS).count_ones() as usize
 }

@@ -159,6 +159,18 @@ fn lane_blocking_places_every_word_once_in_its_blocks_lanes() {
         .map(|q| interleave::group_span(15, q))
         .collect();
     assert_eq!(spans, [(0, 8), (8, 4), (12, 2), (14, 1)]);
+    // Any row: the groups tile it in order, in powers of two no larger than 8, shrinking.
+    for chunks in 1..=70 {
+        let mut next = 0;
+        let mut last = usize::MAX;
+        for q in 0..interleave::group_count(chunks) {
+            let (first, count) = interleave::group_span(chunks, q);
+            assert_eq!(first, next, "{chunks} chunks, group {q}");
+            assert!(count.is_power_of_two() && count <= 8 && count <= last);
+            (next, last) = (first + count, count);
+        }
+        assert_eq!(next, chunks, "{chunks} chunks");
+    }
 }
 
 #[test]
