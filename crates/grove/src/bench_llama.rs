@@ -2,10 +2,13 @@
 //! thread count, in one run. Repetitions alternate (grove, then llama.cpp in a fresh process)
 //! so both see the same machine state; the first pair warms up and is not counted.
 //!
-//! Also measured here: this machine's memory read bandwidth (a parallel sum over 1 GiB, before
-//! and after the verify curve, the better of the two), and from it the decode floor:
+//! Also measured here: this machine's memory read bandwidth (a parallel sum over 1 GiB, once in
+//! every repetition, between grove's run and llama.cpp's), and from it the decode floor:
 //! bandwidth / bytes of weights a step reads. Decoding a small model is a stream over its
-//! weights, so tokens/s over that floor says how much of the memory system a kernel uses.
+//! weights, so tokens/s over that floor says how much of the memory system a kernel uses. Each
+//! run is set against the bandwidth measured beside it: on a shared machine both move with the
+//! neighbors' load (20% from one minute to the next here), and a floor from another moment
+//! would mostly measure that.
 
 use std::io::Write;
 use std::path::Path;
@@ -48,12 +51,18 @@ struct Comparison {
     grove_kv_bytes: u64,
     /// Grove's peak RSS / (file + KV pool).
     grove_rss_over_file_and_kv: f64,
+    /// Median of the tests, one per repetition.
     memory_read_gb_per_s: f64,
+    /// The best test.
+    memory_read_gb_per_s_max: f64,
     weight_bytes_per_token: u64,
-    /// Bandwidth / weight bytes per token.
+    /// Median bandwidth / weight bytes per token.
     decode_floor_tokens_per_s: f64,
+    /// Median over repetitions of decode tokens/s over the floor of the test beside the run.
     grove_fraction_of_floor: f64,
     llama_cpp_fraction_of_floor: f64,
+    /// Median decode tokens/s over the floor of the best test (the most demanding reading).
+    grove_fraction_of_best_floor: f64,
     verify_context: usize,
     verify_cost: Vec<VerifyPoint>,
 }
@@ -90,8 +99,19 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
     let repetitions = args.repetitions.max(1);
     let (mut ours, mut theirs) = (Samples::default(), Samples::default());
     let mut llama_rss = 0;
+    let mut grove_rss = 0;
+    // One floor per repetition (tokens/s), and each side's decode over it.
+    let mut bandwidths = Vec::new();
+    let (mut grove_fractions, mut llama_fractions) = (Vec::new(), Vec::new());
+    let mut memory_test = None;
     for repetition in 0..repetitions + 1 {
         let stats = generator.generate(&request, |_| {})?.stats;
+        if repetition == 0 {
+            // The generation's peak, before the bandwidth test's 1 GiB buffer exists (the
+            // verify curve's longer context and 64-row logits are not counted either).
+            grove_rss = peak_rss_bytes()?;
+        }
+        let bandwidth = memory_test.get_or_insert_with(MemoryTest::new).gb_per_s();
         let answer = llama_cpp_bench(&path, &prompt, args.new_tokens, threads)?;
         llama_rss = llama_rss.max(answer["peak_rss_bytes"].as_u64().unwrap_or(0));
         if repetition == 0 {
@@ -101,28 +121,31 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
         ours.decode.push(stats.decode_tokens_per_s);
         theirs.prefill.push(first(&answer, "prefill_tokens_per_s")?);
         theirs.decode.push(first(&answer, "decode_tokens_per_s")?);
+        let floor = bandwidth * 1e9 / weight_bytes_per_token as f64;
+        let llama_decode = *theirs.decode.last().expect("pushed");
+        bandwidths.push(bandwidth);
+        grove_fractions.push(stats.decode_tokens_per_s / floor);
+        llama_fractions.push(llama_decode / floor);
         eprintln!(
-            "  repetition {repetition}: decode grove {:.1} / llama.cpp {:.1} tok/s",
+            "  repetition {repetition}: decode grove {:.1} / llama.cpp {:.1} tok/s; \
+             bandwidth {bandwidth:.1} GB/s: {:.0}% / {:.0}% of its floor",
             stats.decode_tokens_per_s,
-            theirs.decode.last().expect("pushed")
+            llama_decode,
+            100.0 * stats.decode_tokens_per_s / floor,
+            100.0 * llama_decode / floor,
         );
     }
-    // The generation runs' peak: before the verify curve (a longer context and 64-row logits)
-    // and the bandwidth test (a 1 GiB buffer).
-    let grove_rss = peak_rss_bytes()?;
-    // The bandwidth test twice, some seconds apart, keeping the better: on a shared machine
-    // one moment of a neighbor's traffic halved a single test (15 GB/s where 26-29 is usual),
-    // which would put the floor under the decode speed just measured.
-    let bandwidth = memory_read_bandwidth();
+    drop(memory_test);
     let verify_cost = verify_curve(model, args, repetitions, &mut random_tokens)?;
-    let bandwidth = bandwidth.max(memory_read_bandwidth());
 
     let grove = ours.side(grove_rss);
     let llama_cpp = theirs.side(llama_rss);
     let file_bytes = std::fs::metadata(&path)?.len();
     let kv_tokens = (args.prompt_tokens + args.new_tokens) as u64;
     let grove_kv_bytes = kv_tokens * config.num_layers as u64 * config.kv_width() as u64 * 2 * 4;
-    let floor = bandwidth * 1e9 / weight_bytes_per_token as f64;
+    let bandwidth = Spread::of(bandwidths);
+    let floor = bandwidth.median * 1e9 / weight_bytes_per_token as f64;
+    let best_floor = bandwidth.max * 1e9 / weight_bytes_per_token as f64;
     let report = Comparison {
         model: path.display().to_string(),
         file_bytes,
@@ -134,11 +157,13 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
         decode_ratio: grove.decode_tokens_per_s.median / llama_cpp.decode_tokens_per_s.median,
         grove_kv_bytes,
         grove_rss_over_file_and_kv: grove_rss as f64 / (file_bytes + grove_kv_bytes) as f64,
-        memory_read_gb_per_s: bandwidth,
+        memory_read_gb_per_s: bandwidth.median,
+        memory_read_gb_per_s_max: bandwidth.max,
         weight_bytes_per_token,
         decode_floor_tokens_per_s: floor,
-        grove_fraction_of_floor: grove.decode_tokens_per_s.median / floor,
-        llama_cpp_fraction_of_floor: llama_cpp.decode_tokens_per_s.median / floor,
+        grove_fraction_of_floor: Spread::of(grove_fractions).median,
+        llama_cpp_fraction_of_floor: Spread::of(llama_fractions).median,
+        grove_fraction_of_best_floor: grove.decode_tokens_per_s.median / best_floor,
         grove,
         llama_cpp,
         verify_context: args.context,
@@ -226,25 +251,38 @@ fn peak_rss_bytes() -> Result<u64> {
         .context("VmHWM in /proc/self/status")
 }
 
-/// GB/s of a parallel read over 1 GiB (best of 5, on the current rayon pool): far larger than
-/// the caches, so it measures DRAM. Read as the quantized kernels read (software prefetch
-/// ahead): on this machine a plain sum reached 18 GB/s and the prefetching one 20-22, which the
-/// kernels also reach on a large head, so the plain sum would understate the floor.
-fn memory_read_bandwidth() -> f64 {
-    let words = (1usize << 30) / 8;
-    let buffer: Vec<u64> = (0..words as u64).collect();
-    let mut best = 0f64;
-    for _ in 0..5 {
-        let start = Instant::now();
-        let sum: u64 = buffer
-            .par_chunks(1 << 16)
-            .map(grove_model::quant::streaming_sum)
-            .reduce(|| 0, u64::wrapping_add);
-        let seconds = start.elapsed().as_secs_f64();
-        std::hint::black_box(sum);
-        best = best.max((words * 8) as f64 / seconds / 1e9);
+/// A parallel read over 1 GiB (on the current rayon pool): far larger than the caches, so it
+/// measures DRAM. Read as the quantized kernels read (software prefetch ahead): on this
+/// machine a plain sum reached 18 GB/s and the prefetching one 20-22, which the kernels also
+/// reach on a large head, so the plain sum would understate the floor.
+struct MemoryTest {
+    buffer: Vec<u64>,
+}
+
+impl MemoryTest {
+    fn new() -> Self {
+        let words = (1usize << 30) / 8;
+        Self {
+            buffer: (0..words as u64).collect(),
+        }
     }
-    best
+
+    /// GB/s, the best of 5 reads (a fraction of a second).
+    fn gb_per_s(&self) -> f64 {
+        let mut best = 0f64;
+        for _ in 0..5 {
+            let start = Instant::now();
+            let sum: u64 = self
+                .buffer
+                .par_chunks(1 << 16)
+                .map(grove_model::quant::streaming_sum)
+                .reduce(|| 0, u64::wrapping_add);
+            let seconds = start.elapsed().as_secs_f64();
+            std::hint::black_box(sum);
+            best = best.max((self.buffer.len() * 8) as f64 / seconds / 1e9);
+        }
+        best
+    }
 }
 
 fn print(report: &Comparison) {
@@ -281,12 +319,17 @@ fn print(report: &Comparison) {
         report.grove_rss_over_file_and_kv
     );
     eprintln!(
-        "  bandwidth {:.1} GB/s, {:.0} MB of weights per token: floor {:.1} tok/s; grove {:.0}%, llama.cpp {:.0}% of it",
+        "  bandwidth {:.1} GB/s (median; best {:.1}), {:.0} MB of weights per token: floor {:.1} tok/s",
         report.memory_read_gb_per_s,
+        report.memory_read_gb_per_s_max,
         report.weight_bytes_per_token as f64 / 1e6,
         report.decode_floor_tokens_per_s,
+    );
+    eprintln!(
+        "  decode / the floor beside each run (median): grove {:.0}%, llama.cpp {:.0}%; grove / the best floor: {:.0}%",
         100.0 * report.grove_fraction_of_floor,
-        100.0 * report.llama_cpp_fraction_of_floor
+        100.0 * report.llama_cpp_fraction_of_floor,
+        100.0 * report.grove_fraction_of_best_floor,
     );
     print_verify_curve(
         report.verify_context,
