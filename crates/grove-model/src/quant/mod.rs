@@ -688,6 +688,10 @@ pub struct QuantizedRows {
     /// `[rows, chunk groups, 16]` alongside `lanes` (else empty): the sum of each 32-bit
     /// lane's values over a chunk group of `lanes` (a lane's share of the zero point's term).
     lane_sums: Vec<i32>,
+    /// `[rows, k]` with 256-value blocks on AVX-512 CPUs (else empty): `q` with each block's
+    /// 32-value sub-blocks in the order the Q4_K kernel pairs them with its nibbles
+    /// (`interleave::q4k_order`).
+    q4k: Vec<i8>,
 }
 
 impl QuantizedRows {
@@ -706,6 +710,7 @@ impl QuantizedRows {
             scaled_sum32: Vec::new(),
             lanes: Vec::new(),
             lane_sums: Vec::new(),
+            q4k: Vec::new(),
         };
         quantize(x, &mut quantized);
         if block == 256 {
@@ -713,6 +718,9 @@ impl QuantizedRows {
             quantized.scaled_sum32 = (sum32.iter().enumerate())
                 .map(|(i, &sum)| scale[i / 8] * sum as f32)
                 .collect();
+            if Kernel::detect() == Kernel::Avx512Vnni {
+                quantized.q4k = interleave::q4k_order(&quantized.q);
+            }
         } else if Kernel::detect() == Kernel::Avx512Vnni {
             // Only the AVX-512 kernels read the lane-blocked copy.
             (quantized.lanes, quantized.lane_sums) = interleave::lane_blocked(&quantized.q, k);

@@ -120,6 +120,7 @@ pub(super) struct Rows<const R: usize> {
     pub(super) scaled_sum32: [*const f32; R],
     pub(super) lanes: [*const i8; R],
     pub(super) lane_sums: [*const i32; R],
+    pub(super) q4k: [*const i8; R],
 }
 
 impl<const R: usize> Rows<R> {
@@ -143,6 +144,7 @@ impl<const R: usize> Rows<R> {
             lane_sums: std::array::from_fn(|r| {
                 acts.lane_sums.as_ptr().wrapping_add(offset(r, lane_sums))
             }),
+            q4k: std::array::from_fn(|r| acts.q4k.as_ptr().wrapping_add(offset(r, k))),
         }
     }
 }
@@ -295,7 +297,7 @@ impl SuperBlock for Q4K {
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
     unsafe fn add<const R: usize>(block: *const u8, s: usize, x: &Rows<R>, acc: &mut [__m512; R]) {
         let zero = _mm512_setzero_si512();
-        let mask = _mm256_set1_epi8(0x0F);
+        let mask = _mm512_set1_epi8(0x0F);
         let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
         // The eight 6-bit scales and mins (12 bytes at offset 4; the bit layout
         // `q4k_scale_min` reads one by one), unpacked together in one 128-bit register: words
@@ -325,26 +327,36 @@ impl SuperBlock for Q4K {
         );
         // Per row, sum over lanes of scale * (integer dot): pairs of byte products as i16
         // (`vpmaddubsw`: at most 2 * 15 * 127), times the scale and summed into i32 lanes
-        // (`vpdpwssd`) — two instructions per row and chunk.
-        // Odd chunks into other sums with few rows, so consecutive `vpdpwssd`s of a row do
+        // (`vpdpwssd`) — two instructions per row and 64 weights. Each 64-byte load of
+        // nibbles is two vectors, its low nibbles (sub-blocks 4i, 4i + 2) and its high ones
+        // (4i + 1, 4i + 3), against the activations in `q4k_order`: one load, mask and shift
+        // per 128 weights where 32-byte halves needed joining (a port-5 op per 64).
+        // The high nibbles' sums apart with few rows, so consecutive `vpdpwssd`s of a row do
         // not wait on each other.
         let (mut sums, mut odd) = ([zero; R], [zero; R]);
-        for j in 0..4 {
-            let q = _mm256_loadu_si256(block.add(16 + 32 * j).cast());
-            let u = join(
-                _mm256_and_si256(q, mask),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
-            );
-            let lane_scales = _mm512_permutexvar_epi32(pair_index(j), scales);
-            let sums = if j % 2 == 1 && R < 4 {
-                &mut odd
-            } else {
-                &mut sums
-            };
-            for r in 0..R {
-                let values = _mm512_loadu_si512(x.q[r].add(256 * s + 64 * j).cast());
-                let pairs = _mm512_maddubs_epi16(u, values);
-                sums[r] = _mm512_dpwssd_epi32(sums[r], pairs, lane_scales);
+        for i in 0..2 {
+            let q = _mm512_loadu_si512(block.add(16 + 64 * i).cast());
+            let low = _mm512_and_si512(q, mask);
+            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask);
+            for (half, u) in [low, high].into_iter().enumerate() {
+                // Lanes 0-7 sub-block 4i + half, lanes 8-15 sub-block 4i + half + 2.
+                let first = (4 * i + half) as i32;
+                let index = _mm512_add_epi32(
+                    _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
+                    _mm512_set1_epi32(first),
+                );
+                let lane_scales = _mm512_permutexvar_epi32(index, scales);
+                let sums = if half == 1 && R < 4 {
+                    &mut odd
+                } else {
+                    &mut sums
+                };
+                for r in 0..R {
+                    let values =
+                        _mm512_loadu_si512(x.q4k[r].add(256 * s + 128 * i + 64 * half).cast());
+                    let pairs = _mm512_maddubs_epi16(u, values);
+                    sums[r] = _mm512_dpwssd_epi32(sums[r], pairs, lane_scales);
+                }
             }
         }
         for r in 0..R {
@@ -480,14 +492,6 @@ unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
         acc = _mm512_add_epi64(acc, _mm512_loadu_si512(line.as_ptr().cast()));
     }
     (_mm512_reduce_add_epi64(acc) as u64).wrapping_add(tail)
-}
-
-/// Lane index vector `[a x 8, a + 1 x 8]` picking chunk `i`'s two block scales (`a = 2i`).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn pair_index(i: usize) -> __m512i {
-    let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    _mm512_add_epi32(base, _mm512_set1_epi32(2 * i as i32))
 }
 
 /// Asks for the cache lines [`PREFETCH`] bytes past `bytes..bytes + len` (the weights a

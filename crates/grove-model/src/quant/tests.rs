@@ -347,6 +347,7 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 scaled_sum32: Vec::new(),
                 lanes: Vec::new(),
                 lane_sums: Vec::new(),
+                q4k: Vec::new(),
             };
             if vector {
                 super::simd::quantize(&x, &mut rows);
