@@ -398,16 +398,20 @@ impl QMatrix {
         #[cfg(target_arch = "x86_64")]
         if kernel == Kernel::Avx512Vnni {
             const P: usize = simd::WEIGHT_ROWS;
+            if self.layout == Layout::Interleaved {
+                debug_assert!(first.is_multiple_of(GROUP_ROWS));
+                let (start, count) = (first / GROUP_ROWS, w / GROUP_ROWS);
+                let group_bytes = GROUP_ROWS * self.row_bytes;
+                let groups = &self.bytes.as_slice()[start * group_bytes..][..count * group_bytes];
+                simd::dot_groups(self.format, groups, acts, act, out);
+                return count * GROUP_ROWS;
+            }
             let mut done = 0;
             while done + P <= w {
                 let j = first + done;
                 let out = &mut out[done..];
                 match self.layout {
-                    Layout::Interleaved => {
-                        debug_assert!(j.is_multiple_of(GROUP_ROWS));
-                        let group = self.row_group(j / GROUP_ROWS);
-                        simd::dot_group(self.format, group, acts, act, out);
-                    }
+                    Layout::Interleaved => unreachable!("whole row groups above"),
                     Layout::Gguf => {
                         let rows = std::array::from_fn(|p| match self.row(j + p) {
                             WeightRow::Gguf(row) => row,

@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 
 use super::interleave::{self, GROUP_ROWS};
 use super::simd32::{
-    block32, block32_gfni, block32_group, block32_group_gfni, gfni, Q5_0Gfni, Q5_0, Q8_0,
+    block32, block32_gfni, block32_groups, block32_groups_gfni, gfni, Q5_0Gfni, Q5_0, Q8_0,
 };
 use super::{QuantFormat, QuantizedRows, WeightRow, CHUNK, LANES};
 
@@ -180,27 +180,31 @@ pub(super) fn dot_weight_rows(
     }
 }
 
-/// `out[p] = row p of the row group . acts[act]` for the four rows of an interleaved row group
-/// of a 32-weight format (a decode step).
-pub(super) fn dot_group(
+/// `out[4 g + p] = row p of row group g . acts[act]` for the interleaved row groups laid end to
+/// end in `groups` (a decode step's share of a 32-weight format's matrix). One call for all of
+/// them: the checks and the activation row's pointers once, not once per 4 rows.
+pub(super) fn dot_groups(
     format: QuantFormat,
-    group: &[u8],
+    groups: &[u8],
     acts: &QuantizedRows,
     act: usize,
     out: &mut [f32],
 ) {
-    let row_bytes = format.row_bytes(acts.k).expect("whole chunks");
-    assert!(out.len() >= GROUP_ROWS && act < acts.q.len() / acts.k);
-    assert_eq!(group.len(), GROUP_ROWS * row_bytes, "a whole row group");
-    let (group, out) = (group.as_ptr(), out.as_mut_ptr());
-    // SAFETY: the caller (Kernel::detect) checked the features; `group` is a whole row group
-    // (asserted), row `act` exists in `acts` (asserted), quantized with 32-value blocks, and
-    // `out` holds GROUP_ROWS values (asserted).
+    let group_bytes = GROUP_ROWS * format.row_bytes(acts.k).expect("whole chunks");
+    let count = groups.len() / group_bytes;
+    assert_eq!(groups.len(), count * group_bytes, "whole row groups");
+    assert!(out.len() >= count * GROUP_ROWS && act < acts.q.len() / acts.k);
+    let (groups, out) = (groups.as_ptr(), out.as_mut_ptr());
+    // SAFETY: the caller (Kernel::detect) checked the features; `groups` holds `count` whole
+    // row groups (asserted), row `act` exists in `acts` (asserted), quantized with 32-value
+    // blocks, and `out` holds GROUP_ROWS values per row group (asserted).
     unsafe {
         match format {
-            QuantFormat::Q8_0 => block32_group::<Q8_0>(group, acts, act, out),
-            QuantFormat::Q5_0 if gfni() => block32_group_gfni::<Q5_0Gfni>(group, acts, act, out),
-            QuantFormat::Q5_0 => block32_group::<Q5_0>(group, acts, act, out),
+            QuantFormat::Q8_0 => block32_groups::<Q8_0>(groups, group_bytes, count, acts, act, out),
+            QuantFormat::Q5_0 if gfni() => {
+                block32_groups_gfni::<Q5_0Gfni>(groups, group_bytes, count, acts, act, out)
+            }
+            QuantFormat::Q5_0 => block32_groups::<Q5_0>(groups, group_bytes, count, acts, act, out),
             QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("K-quants: dot_weight_rows"),
         }
     }

@@ -149,7 +149,7 @@ unsafe fn zero_point_start(lane_sums: *const i32, shift: i32) -> __m512i {
 /// The two kernels, compiled once for AVX-512 and once more with GFNI (for [`Q5_0Gfni`]):
 /// the decode is inlined into them only where their features include its own.
 macro_rules! block32_kernels {
-    ($features:literal, $tile:ident, $group:ident) => {
+    ($features:literal, $tile:ident, $group:ident, $groups:ident) => {
         /// Row `p` of the row group at `rows` dotted with `R` activation rows from `start` (a tile
         /// of a prefill or verify).
         #[inline]
@@ -250,16 +250,39 @@ macro_rules! block32_kernels {
             }
             _mm_storeu_ps(out, reduce4(acc));
         }
+
+        /// [`$group`] for `count` row groups of `group_bytes` laid end to end at `groups`,
+        /// four outputs each.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $groups<F: Block32>(
+            groups: *const u8,
+            group_bytes: usize,
+            count: usize,
+            acts: &QuantizedRows,
+            act: usize,
+            out: *mut f32,
+        ) {
+            for g in 0..count {
+                $group::<F>(
+                    groups.add(g * group_bytes),
+                    acts,
+                    act,
+                    out.add(g * GROUP_ROWS),
+                );
+            }
+        }
     };
 }
 
 block32_kernels!(
     "avx512f,avx512bw,avx512dq,avx512vnni,f16c",
     block32,
-    block32_group
+    block32_group,
+    block32_groups
 );
 block32_kernels!(
     "avx512f,avx512bw,avx512dq,avx512vnni,f16c,gfni",
     block32_gfni,
-    block32_group_gfni
+    block32_group_gfni,
+    block32_groups_gfni
 );
