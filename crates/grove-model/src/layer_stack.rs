@@ -202,8 +202,6 @@ impl LayerStack {
         };
         let width = c.hidden_size;
         let mut taps: Vec<Option<Tensor>> = vec![None; batch.taps.len()];
-        // The layers run on host floats: a decode step of a small model is hundreds of short
-        // operations, and each candle op's allocation and dispatch cost as much as the work.
         let mut h = host_values(&hidden)?;
         for (layer_index, layer) in self.layers.iter().enumerate() {
             let window = c.sliding_window(layer_index);

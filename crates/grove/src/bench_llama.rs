@@ -110,13 +110,17 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
             // The generation's peak, before the bandwidth test's 1 GiB buffer exists (the
             // verify curve's longer context and 64-row logits are not counted either).
             grove_rss = peak_rss_bytes()?;
-        }
-        let bandwidth = memory_test.get_or_insert_with(MemoryTest::new).gb_per_s();
-        let answer = llama_cpp_bench(&path, &prompt, args.new_tokens, threads)?;
-        llama_rss = llama_rss.max(answer["peak_rss_bytes"].as_u64().unwrap_or(0));
-        if repetition == 0 {
+            let answer = llama_cpp_bench(&path, &prompt, args.new_tokens, threads)?;
+            llama_rss = answer["peak_rss_bytes"].as_u64().unwrap_or(0);
+            memory_test = Some(MemoryTest::new());
             continue; // warm-up
         }
+        let bandwidth = memory_test
+            .as_ref()
+            .expect("made in the warm-up")
+            .gb_per_s();
+        let answer = llama_cpp_bench(&path, &prompt, args.new_tokens, threads)?;
+        llama_rss = llama_rss.max(answer["peak_rss_bytes"].as_u64().unwrap_or(0));
         ours.prefill.push(stats.prefill_tokens_per_s);
         ours.decode.push(stats.decode_tokens_per_s);
         theirs.prefill.push(first(&answer, "prefill_tokens_per_s")?);

@@ -409,17 +409,11 @@ impl QMatrix {
             let mut done = 0;
             while done + P <= w {
                 let j = first + done;
-                let out = &mut out[done..];
-                match self.layout {
-                    Layout::Interleaved => unreachable!("whole row groups above"),
-                    Layout::Gguf => {
-                        let rows = std::array::from_fn(|p| match self.row(j + p) {
-                            WeightRow::Gguf(row) => row,
-                            WeightRow::Interleaved { .. } => unreachable!("GGUF layout"),
-                        });
-                        simd::dot_weight_rows(self.format, rows, acts, act, out);
-                    }
-                }
+                let rows = std::array::from_fn(|p| match self.row(j + p) {
+                    WeightRow::Gguf(row) => row,
+                    WeightRow::Interleaved { .. } => unreachable!("whole row groups above"),
+                });
+                simd::dot_weight_rows(self.format, rows, acts, act, &mut out[done..]);
                 done += P;
             }
             return done;
