@@ -87,7 +87,8 @@ fn exp(x: f32) -> f32 {
     // Adding 1.5 * 2^23 rounds to an integer (ties to even).
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2_E + ROUND) - ROUND;
+    let rounded = x * LOG2_E + ROUND;
+    let n = rounded - ROUND;
     let r = (x - n * LN2_HIGH) - n * LN2_LOW;
     let p = 1.0
         + r * (1.0
@@ -95,7 +96,12 @@ fn exp(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // `n` as an integer: the low bits of `rounded`, whose exponent is that of `ROUND` (`n`
+    // is within +-2^22). `n as i32` is a saturating conversion the compiler does not
+    // vectorize: one lane at a time, it was most of the activation's time (4864 values: 10
+    // -> 3 us).
+    let n_bits = rounded.to_bits().wrapping_sub(ROUND.to_bits());
+    p * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 #[cfg(test)]

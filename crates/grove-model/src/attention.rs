@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use crate::forward::{ForwardBatch, Visibility};
-use crate::kernels::dot;
+use crate::kernels::scaled_dots;
 
 /// Below this many multiply-adds attention runs on the calling thread: handing tiny work to
 /// the pool costs a wake-up and a context switch per layer.
@@ -180,13 +180,12 @@ pub fn attend(
         let kv_offset = head / group * head_dim;
         let query = &queries[row * row_width + head * head_dim..][..head_dim];
         let key = |slot: usize| &keys[slot * kv_width + kv_offset..][..head_dim];
+        let value = |slot: usize| &values[slot * kv_width + kv_offset..][..head_dim];
         scores.clear();
-        scores.extend(slots.iter().map(|&slot| dot(query, key(slot)) * scale));
+        scores.resize(slots.len(), 0.0);
+        scaled_dots(query, |i| key(slots[i]), scale, scores);
         softmax_in_place(scores);
-        let values = slots
-            .iter()
-            .map(|&slot| &values[slot * kv_width + kv_offset..][..head_dim]);
-        weighted_sum(out, scores, values);
+        weighted_sum(out, scores, |i| value(slots[i]));
     };
     let work: usize = key_slots
         .iter()
@@ -198,9 +197,9 @@ pub fn attend(
         output
             .par_chunks_mut(head_dim)
             .enumerate()
-            .for_each_init(Vec::new, attend_head);
+            .for_each_init(|| Vec::with_capacity(KEY_PIECE), attend_head);
     } else {
-        let mut scores = Vec::new();
+        let mut scores = Vec::with_capacity(KEY_PIECE);
         output
             .chunks_mut(head_dim)
             .enumerate()
@@ -209,17 +208,19 @@ pub fn attend(
     output
 }
 
-/// `out += weights[i] * values[i]` for each value in order, element by element (so the same
-/// bits on every build), in 512-bit vectors where the CPU has them (checked once per head,
-/// not once per key).
-fn weighted_sum<'a>(out: &mut [f32], weights: &[f32], values: impl Iterator<Item = &'a [f32]>) {
+/// `out += weights[i] * value(i)` for each value in order, element by element (so the same
+/// bits on every build). In 512-bit vectors where the CPU has them, with a few vectors of
+/// `out` kept in registers across all the values: added into `out` in memory, value after
+/// value, each add waited on the store before it (64-value rows in L1 here: 7.5-11.3 -> 6.4
+/// ns a row).
+fn weighted_sum<'a>(out: &mut [f32], weights: &[f32], value: impl Fn(usize) -> &'a [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if out.len().is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the feature `weighted_sum_avx512` is compiled for was just detected.
         #[allow(unsafe_code)]
-        return unsafe { weighted_sum_avx512(out, weights, values) };
+        return unsafe { weighted_sum_avx512(out, weights, &value) };
     }
-    weighted_sum_portable(out, weights, values)
+    weighted_sum_portable(out, weights, (0..weights.len()).map(value))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -228,9 +229,37 @@ fn weighted_sum<'a>(out: &mut [f32], weights: &[f32], values: impl Iterator<Item
 unsafe fn weighted_sum_avx512<'a>(
     out: &mut [f32],
     weights: &[f32],
-    values: impl Iterator<Item = &'a [f32]>,
+    value: &impl Fn(usize) -> &'a [f32],
 ) {
-    weighted_sum_portable(out, weights, values)
+    use std::arch::x86_64::*;
+    /// Vectors of `out` per pass over the values.
+    const TILE: usize = 4;
+    let vectors = out.len() / 16;
+    for first in (0..vectors).step_by(TILE) {
+        let count = TILE.min(vectors - first);
+        let at = |t: usize| 16 * (first + t);
+        // SAFETY (the loads and stores): `at(t) + 16 <= out.len()` for `t < count`, and every
+        // value is as long as `out` (checked).
+        let mut acc: [__m512; TILE] = std::array::from_fn(|t| {
+            if t < count {
+                unsafe { _mm512_loadu_ps(out.as_ptr().add(at(t))) }
+            } else {
+                _mm512_setzero_ps()
+            }
+        });
+        for (i, &weight) in weights.iter().enumerate() {
+            let value = value(i);
+            assert_eq!(value.len(), out.len(), "value and output differ in length");
+            let weight = _mm512_set1_ps(weight);
+            for (t, acc) in acc.iter_mut().enumerate().take(count) {
+                let v = unsafe { _mm512_loadu_ps(value.as_ptr().add(at(t))) };
+                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(weight, v));
+            }
+        }
+        for (t, acc) in acc.iter().enumerate().take(count) {
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(at(t)), *acc) };
+        }
+    }
 }
 
 #[inline(always)]
@@ -333,12 +362,10 @@ impl PieceContext<'_> {
         let slots = &self.slots[index * KEY_PIECE..((index + 1) * KEY_PIECE).min(self.slots.len())];
         let n = slots.len();
         let mut scores = vec![0f32; group * n];
-        for (key_index, &slot) in slots.iter().enumerate() {
-            let key = &self.keys[slot * kv_width + kv_offset..][..head_dim];
-            for g in 0..group {
-                let query = &self.query_row[(kv_head * group + g) * head_dim..][..head_dim];
-                scores[g * n + key_index] = dot(query, key) * self.scale;
-            }
+        let key = |i: usize| &self.keys[slots[i] * kv_width + kv_offset..][..head_dim];
+        for (g, scores) in scores.chunks_exact_mut(n).enumerate() {
+            let query = &self.query_row[(kv_head * group + g) * head_dim..][..head_dim];
+            scaled_dots(query, key, self.scale, scores);
         }
         let mut max = vec![f32::NEG_INFINITY; group];
         let mut sum = vec![0f32; group];
@@ -351,14 +378,9 @@ impl PieceContext<'_> {
             }
         }
         let mut out = vec![0f32; group * head_dim];
-        for (key_index, &slot) in slots.iter().enumerate() {
-            let value = &self.values[slot * kv_width + kv_offset..][..head_dim];
-            for g in 0..group {
-                let weight = scores[g * n + key_index];
-                for (o, v) in out[g * head_dim..][..head_dim].iter_mut().zip(value) {
-                    *o += weight * v;
-                }
-            }
+        let value = |i: usize| &self.values[slots[i] * kv_width + kv_offset..][..head_dim];
+        for (out, scores) in out.chunks_exact_mut(head_dim).zip(scores.chunks_exact(n)) {
+            weighted_sum(out, scores, value);
         }
         Piece { max, sum, out }
     }
@@ -534,6 +556,28 @@ mod tests {
         }
         let on = |threads| on_threads(threads, || one_row(context, layout).0);
         assert_eq!(on(1), on(3));
+    }
+
+    #[test]
+    fn weighted_sums_equal_the_portable_loop_bit_for_bit() {
+        // Value widths of whole vectors (one pass, several, a partial tile) and one that is
+        // not (the portable loop itself).
+        for width in [16, 64, 80, 128, 256, 24] {
+            for count in [0, 1, 7, 300] {
+                let weights: Vec<f32> = (0..count).map(|i| (i as f32 * 0.77).sin()).collect();
+                let values: Vec<f32> = (0..count * width)
+                    .map(|i| (i as f32 * 0.31).cos() * 3.0)
+                    .collect();
+                let value = |i: usize| &values[i * width..(i + 1) * width];
+                let start: Vec<f32> = (0..width).map(|e| e as f32 * 0.1).collect();
+                let mut ours = start.clone();
+                weighted_sum(&mut ours, &weights, value);
+                let mut portable = start;
+                weighted_sum_portable(&mut portable, &weights, (0..count).map(value));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&ours), bits(&portable), "width {width}, count {count}");
+            }
+        }
     }
 
     #[test]

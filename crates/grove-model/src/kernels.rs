@@ -63,6 +63,126 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 const LANES: usize = 16;
 
+/// `out[i] = dot(query, key(i)) * scale` for `i < out.len()`, bit for bit as [`dot`] computes
+/// each (attention's scores). On AVX-512 CPUs sixteen keys at a time: their lane sums are
+/// transposed so that one vector add per lane does sixteen keys' sequential sums at once,
+/// where a `dot` per key waits on its sixteen dependent adds (and makes a call and a feature
+/// check).
+pub fn scaled_dots<'a>(
+    query: &[f32],
+    key: impl Fn(usize) -> &'a [f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if query.len().is_multiple_of(LANES)
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the feature `scaled_dots_avx512` is compiled for was just detected (with FMA,
+        // which `dot` uses where it is, so the bits are the same).
+        #[allow(unsafe_code)]
+        return unsafe { scaled_dots_avx512(query, &key, scale, out) };
+    }
+    for (i, out) in out.iter_mut().enumerate() {
+        *out = dot(query, key(i)) * scale;
+    }
+}
+
+/// [`scaled_dots`] for a query of whole 16-lane chunks. For each key the same fused
+/// multiply-adds per lane as [`dot_lanes`], then `((empty + lane 0) + lane 1) + ... + lane 15`
+/// and the empty tail added, as `dot` sums them.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn scaled_dots_avx512<'a>(
+    query: &[f32],
+    key: &impl Fn(usize) -> &'a [f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let chunks = query.len() / LANES;
+    let n = out.len();
+    // What `dot` starts its lane sum from and adds for its (here empty) tail.
+    let empty = _mm512_set1_ps([0f32; 0].iter().sum::<f32>());
+    let scale = _mm512_set1_ps(scale);
+    let mut block = 0;
+    while block + LANES <= n {
+        let sums: [__m512; LANES] = std::array::from_fn(|k| {
+            let key = key(block + k);
+            assert_eq!(key.len(), query.len(), "key and query differ in length");
+            let mut acc = _mm512_setzero_ps();
+            for c in 0..chunks {
+                // SAFETY: `c * LANES + LANES <= len` for both slices.
+                let (q, k) = unsafe {
+                    (
+                        _mm512_loadu_ps(query.as_ptr().add(c * LANES)),
+                        _mm512_loadu_ps(key.as_ptr().add(c * LANES)),
+                    )
+                };
+                acc = _mm512_fmadd_ps(q, k, acc);
+            }
+            acc
+        });
+        let lanes = transpose16(sums);
+        let mut total = empty;
+        for lane in lanes {
+            total = _mm512_add_ps(total, lane);
+        }
+        total = _mm512_mul_ps(_mm512_add_ps(total, empty), scale);
+        // SAFETY: `block + LANES <= n`.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(block), total) };
+        block += LANES;
+    }
+    for (i, out) in out.iter_mut().enumerate().skip(block) {
+        *out = dot(query, key(i)) * _mm512_cvtss_f32(scale);
+    }
+}
+
+/// `rows` transposed: lane `k` of output `l` is lane `l` of row `k`. Pairs of 32-bit lanes,
+/// then 64-bit pairs (each 128-bit lane now holds a 4 x 4 block transposed), then the 128-bit
+/// lanes of four vectors at a time.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx512f")]
+fn transpose16(rows: [std::arch::x86_64::__m512; LANES]) -> [std::arch::x86_64::__m512; LANES] {
+    use std::arch::x86_64::*;
+    let pairs: [__m512; LANES] = std::array::from_fn(|i| {
+        let (a, b) = (rows[i & !1], rows[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    // Entry `4 i + m`, 128-bit lane `j`: lane `4 j + m` of rows `4 i .. 4 i + 4`.
+    let quads: [__m512; LANES] = std::array::from_fn(|index| {
+        let (i, m) = (index / 4, index % 4);
+        let (a, b) = (
+            _mm512_castps_pd(pairs[4 * i + m / 2]),
+            _mm512_castps_pd(pairs[4 * i + 2 + m / 2]),
+        );
+        _mm512_castpd_ps(if m % 2 == 0 {
+            _mm512_unpacklo_pd(a, b)
+        } else {
+            _mm512_unpackhi_pd(a, b)
+        })
+    });
+    let mut out = [_mm512_setzero_ps(); LANES];
+    for m in 0..4 {
+        let low_01 = _mm512_shuffle_f32x4::<0x44>(quads[m], quads[4 + m]);
+        let high_01 = _mm512_shuffle_f32x4::<0xEE>(quads[m], quads[4 + m]);
+        let low_23 = _mm512_shuffle_f32x4::<0x44>(quads[8 + m], quads[12 + m]);
+        let high_23 = _mm512_shuffle_f32x4::<0xEE>(quads[8 + m], quads[12 + m]);
+        out[m] = _mm512_shuffle_f32x4::<0x88>(low_01, low_23);
+        out[4 + m] = _mm512_shuffle_f32x4::<0xDD>(low_01, low_23);
+        out[8 + m] = _mm512_shuffle_f32x4::<0x88>(high_01, high_23);
+        out[12 + m] = _mm512_shuffle_f32x4::<0xDD>(high_01, high_23);
+    }
+    out
+}
+
 fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     dot_lanes(a, b, |x, y, acc| acc + x * y)
 }
@@ -126,6 +246,27 @@ mod tests {
                     (a - b).abs() < 1e-4 * (1.0 + b.abs()),
                     "rows {rows}: {a} vs {b}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn scaled_dots_equal_dot_bit_for_bit() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        // Head sizes of whole chunks (the 16-key path) and one that is not (the per-key one);
+        // key counts below, at and past a block of 16.
+        for d in [16, 64, 128, 256, 72] {
+            for n in [0, 1, 15, 16, 17, 40, 300] {
+                let query: Vec<f32> = (0..d).map(|_| rng.random_range(-2.0..2.0)).collect();
+                let keys: Vec<f32> = (0..n * d).map(|_| rng.random_range(-2.0..2.0)).collect();
+                let key = |i: usize| &keys[i * d..(i + 1) * d];
+                let mut ours = vec![f32::NAN; n];
+                scaled_dots(&query, key, 0.125, &mut ours);
+                for (i, &value) in ours.iter().enumerate() {
+                    let expected = dot(&query, key(i)) * 0.125;
+                    assert_eq!(value.to_bits(), expected.to_bits(), "d {d}, n {n}, key {i}");
+                }
             }
         }
     }
