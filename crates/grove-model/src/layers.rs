@@ -334,10 +334,33 @@ impl Mlp {
 impl Mlp {
     /// `down(act(gate(x)) * up(x))` for host rows `x: [rows, hidden]`.
     pub fn forward_host(&self, x: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
-        let [gate, up] =
-            <[Vec<f32>; 2]>::try_from(Linear::forward_many_host(&[&self.gate, &self.up], x, rows)?)
+        let gated = match (&self.gate, &self.up) {
+            // Quantized without biases: the products and the activation in one pass.
+            (
+                Linear {
+                    weight: Matrix::Quantized(gate),
+                    bias: None,
+                },
+                Linear {
+                    weight: Matrix::Quantized(up),
+                    bias: None,
+                },
+            ) if gate.dims() == up.dims() => {
+                let activation = self.activation;
+                quant::matmul_gated(gate, up, x, rows, |gate, up, out| {
+                    activation::gated_into(activation, gate, up, out)
+                })
+            }
+            _ => {
+                let [gate, up] = <[Vec<f32>; 2]>::try_from(Linear::forward_many_host(
+                    &[&self.gate, &self.up],
+                    x,
+                    rows,
+                )?)
                 .expect("two linears, two outputs");
-        self.down
-            .forward_host(&activation::gated(self.activation, &gate, &up), rows)
+                activation::gated(self.activation, &gate, &up)
+            }
+        };
+        self.down.forward_host(&gated, rows)
     }
 }

@@ -15,6 +15,7 @@
 //! `sum_lanes(dx * (s * dot4(u, q) - m * sum4(q)))`.
 
 mod interleave;
+mod products;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -22,10 +23,10 @@ mod simd;
 mod simd32;
 
 use std::borrow::Cow;
-use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use interleave::GROUP_ROWS;
+pub use products::{matmul_gated, matmul_gated_with, matmul_many, matmul_many_with};
 
 use rayon::prelude::*;
 
@@ -467,118 +468,6 @@ impl QMatrix {
     }
 }
 
-/// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
-/// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
-/// once for q, k and v and once for gate and up, instead of once per matrix (each hand-off
-/// and each wait for the slowest thread costs about as much as a small matrix's product).
-pub fn matmul_many(matrices: &[&QMatrix], x: &[f32], rows: usize) -> Vec<Vec<f32>> {
-    matmul_many_with(Kernel::detect(), matrices, x, rows)
-}
-
-/// [`matmul_many`] on a chosen kernel.
-pub fn matmul_many_with(
-    kernel: Kernel,
-    matrices: &[&QMatrix],
-    x: &[f32],
-    rows: usize,
-) -> Vec<Vec<f32>> {
-    let Some(k) = matrices.first().map(|m| m.k) else {
-        return Vec::new();
-    };
-    assert!(
-        matrices.iter().all(|m| m.k == k),
-        "matrices of different widths"
-    );
-    assert_eq!(x.len(), rows * k, "input is not [rows, k]");
-    // The SIMD kernels are only sound on a CPU that has their features.
-    assert!(
-        kernel == Kernel::Scalar || kernel == Kernel::detect(),
-        "{kernel:?} kernel on a CPU without it"
-    );
-    // The input quantized once per activation block size the formats need (32 and/or 256).
-    let mut quantized: Vec<QuantizedRows> = Vec::new();
-    for matrix in matrices {
-        let block = matrix.format.activation_block();
-        if !quantized.iter().any(|acts| acts.block == block) {
-            quantized.push(QuantizedRows::new(x, rows, k, block));
-        }
-    }
-    // Each task writes one contiguous block, `[rows, w]` for its `w` weight rows, into
-    // outputs that nothing writes before it: zeroing a head's 600 KB of logits up front, in
-    // memory the weights' stream had pushed out of the caches, and listing its 4748 tasks made
-    // its product's preparation 70-90 us (now 4; Qwen2.5-0.5B, all products: 0.5 -> 0.26 ms a
-    // step).
-    let mut outputs: Vec<Vec<f32>> = matrices
-        .iter()
-        .map(|m| Vec::with_capacity(m.n * rows))
-        .collect();
-    let task_len = WEIGHT_ROWS_PER_TASK * rows;
-    let mut work: Vec<(&QMatrix, &QuantizedRows, &mut [MaybeUninit<f32>])> = matrices
-        .iter()
-        .zip(outputs.iter_mut())
-        .map(|(matrix, output)| {
-            let block = matrix.format.activation_block();
-            let acts = quantized
-                .iter()
-                .find(|acts| acts.block == block)
-                .expect("quantized above");
-            (
-                *matrix,
-                acts,
-                &mut output.spare_capacity_mut()[..matrix.n * rows],
-            )
-        })
-        .collect();
-    let run = |matrix: &QMatrix, acts: &QuantizedRows, index: usize, chunk: &mut [_]| {
-        let chunk = zeroed(chunk);
-        matrix.task(kernel, acts, rows, index * WEIGHT_ROWS_PER_TASK, chunk)
-    };
-    let size: usize = matrices.iter().map(|m| m.n * k * rows).sum();
-    if size >= PARALLEL_MIN_WORK {
-        work.par_iter_mut()
-            .flat_map(|(matrix, acts, output)| {
-                let (matrix, acts) = (*matrix, *acts);
-                output
-                    .par_chunks_mut(task_len)
-                    .enumerate()
-                    .map(move |(index, chunk)| (matrix, acts, index, chunk))
-            })
-            .for_each(|(matrix, acts, index, chunk)| run(matrix, acts, index, chunk));
-    } else {
-        for (matrix, acts, output) in &mut work {
-            for (index, chunk) in output.chunks_mut(task_len).enumerate() {
-                run(matrix, acts, index, chunk);
-            }
-        }
-    }
-    drop(work);
-    for (output, matrix) in outputs.iter_mut().zip(matrices) {
-        // SAFETY: the tasks above initialized all of `..n * rows` (each its own chunk, first
-        // to zero); a task that panicked never gets here.
-        #[allow(unsafe_code)]
-        unsafe {
-            output.set_len(matrix.n * rows)
-        };
-    }
-    outputs
-        .into_iter()
-        .zip(matrices)
-        .map(|(output, matrix)| assemble(output, matrix.n, rows))
-        .collect()
-}
-
-/// `values` set to zero, as the floats they now are.
-fn zeroed(values: &mut [MaybeUninit<f32>]) -> &mut [f32] {
-    for value in values.iter_mut() {
-        value.write(0.0);
-    }
-    // SAFETY: every value was just initialized, and `MaybeUninit<f32>` has the layout of f32.
-    #[allow(unsafe_code)]
-    unsafe {
-        &mut *(std::ptr::from_mut(values) as *mut [f32])
-    }
-}
-
 /// The wrapping sum of `words`, read the way the kernels read weights (with the same software
 /// prefetch where the SIMD kernels run): a memory read test whose speed decoding can reach.
 pub fn streaming_sum(words: &[u64]) -> u64 {
@@ -587,30 +476,6 @@ pub fn streaming_sum(words: &[u64]) -> u64 {
         return simd::streaming_sum(words);
     }
     words.iter().fold(0, |a, &b| a.wrapping_add(b))
-}
-
-/// The tasks' blocks (`[rows, w]` each, weight rows in order) -> `[rows, n]`: a copy of
-/// `WEIGHT_ROWS_PER_TASK`-value runs, parallel over output rows for large products.
-fn assemble(blocks: Vec<f32>, n: usize, rows: usize) -> Vec<f32> {
-    if rows == 1 {
-        // One row: the blocks are already in order.
-        return blocks;
-    }
-    let mut output = vec![0f32; rows * n];
-    let fill = |(i, out): (usize, &mut [f32])| {
-        for (task, run) in out.chunks_mut(WEIGHT_ROWS_PER_TASK).enumerate() {
-            let block = task * WEIGHT_ROWS_PER_TASK * rows;
-            let w = run.len();
-            run.copy_from_slice(&blocks[block + i * w..block + (i + 1) * w]);
-        }
-    };
-    // A copy moves a value where a product does `k` multiply-adds: parallel from 16k values.
-    if rows * n >= PARALLEL_MIN_WORK / 16 {
-        output.par_chunks_mut(n).enumerate().for_each(fill);
-    } else {
-        output.chunks_mut(n).enumerate().for_each(fill);
-    }
-    output
 }
 
 /// Which implementation runs the dot products.

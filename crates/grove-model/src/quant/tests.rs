@@ -359,3 +359,41 @@ fn vector_quantizer_equals_the_reference_exactly() {
         assert_eq!(run(true), run(false), "block {block}");
     }
 }
+
+#[test]
+fn gated_products_equal_the_products_then_the_gate() {
+    let mut kernels = vec![Kernel::Scalar];
+    if Kernel::detect() != Kernel::Scalar {
+        kernels.push(Kernel::detect());
+    }
+    let gate = |g: &[f32], u: &[f32], out: &mut [f32]| {
+        crate::activation::gated_into(crate::activation::Activation::Silu, g, u, out)
+    };
+    for (format, layout) in layouts() {
+        // A ragged last task, several tasks in parallel, tiles of several rows.
+        for &(n, k, rows) in &[(37, 256, 1), (300, 1024, 1), (70, 512, 3), (45, 256, 9)] {
+            let gate_matrix = in_layout(&QMatrix::random(format, n, k, 1), layout);
+            let up_matrix = in_layout(&QMatrix::random(format, n, k, 2), layout);
+            let x = random_input(rows, k, 3);
+            for &kernel in &kernels {
+                let [g, u] = <[Vec<f32>; 2]>::try_from(matmul_many_with(
+                    kernel,
+                    &[&gate_matrix, &up_matrix],
+                    &x,
+                    rows,
+                ))
+                .unwrap();
+                let mut expected = vec![0f32; n * rows];
+                gate(&g, &u, &mut expected);
+                let ours = matmul_gated_with(kernel, &gate_matrix, &up_matrix, &x, rows, gate);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&ours),
+                    bits(&expected),
+                    "{} {layout:?} [{n}, {k}] x {rows} rows, {kernel:?}",
+                    format.name()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The products' drivers: the input quantized once, the weight rows cut into tasks for the
+//! threads, each task's outputs written in place.
+
+use std::mem::MaybeUninit;
+
+use rayon::prelude::*;
+
+use super::{Kernel, QMatrix, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
+
+/// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
+/// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
+/// once for q, k and v and once for gate and up, instead of once per matrix (each hand-off
+/// and each wait for the slowest thread costs about as much as a small matrix's product).
+pub fn matmul_many(matrices: &[&QMatrix], x: &[f32], rows: usize) -> Vec<Vec<f32>> {
+    matmul_many_with(Kernel::detect(), matrices, x, rows)
+}
+
+/// [`matmul_many`] on a chosen kernel.
+pub fn matmul_many_with(
+    kernel: Kernel,
+    matrices: &[&QMatrix],
+    x: &[f32],
+    rows: usize,
+) -> Vec<Vec<f32>> {
+    let Some(k) = matrices.first().map(|m| m.k) else {
+        return Vec::new();
+    };
+    assert!(
+        matrices.iter().all(|m| m.k == k),
+        "matrices of different widths"
+    );
+    assert_eq!(x.len(), rows * k, "input is not [rows, k]");
+    // The SIMD kernels are only sound on a CPU that has their features.
+    assert!(
+        kernel == Kernel::Scalar || kernel == Kernel::detect(),
+        "{kernel:?} kernel on a CPU without it"
+    );
+    let quantized = quantize_for(matrices, x, rows);
+    // Each task writes one contiguous block, `[rows, w]` for its `w` weight rows, into
+    // outputs that nothing writes before it: zeroing a head's 600 KB of logits up front, in
+    // memory the weights' stream had pushed out of the caches, and listing its 4748 tasks made
+    // its product's preparation 70-90 us (now 4; Qwen2.5-0.5B, all products: 0.5 -> 0.26 ms a
+    // step).
+    let mut outputs: Vec<Vec<f32>> = matrices
+        .iter()
+        .map(|m| Vec::with_capacity(m.n * rows))
+        .collect();
+    let task_len = WEIGHT_ROWS_PER_TASK * rows;
+    let mut work: Vec<(&QMatrix, &QuantizedRows, &mut [MaybeUninit<f32>])> = matrices
+        .iter()
+        .zip(outputs.iter_mut())
+        .map(|(matrix, output)| {
+            (
+                *matrix,
+                acts_for(&quantized, matrix),
+                &mut output.spare_capacity_mut()[..matrix.n * rows],
+            )
+        })
+        .collect();
+    let run = |matrix: &QMatrix, acts: &QuantizedRows, index: usize, chunk: &mut [_]| {
+        let chunk = zeroed(chunk);
+        matrix.task(kernel, acts, rows, index * WEIGHT_ROWS_PER_TASK, chunk)
+    };
+    let size: usize = matrices.iter().map(|m| m.n * k * rows).sum();
+    if size >= PARALLEL_MIN_WORK {
+        work.par_iter_mut()
+            .flat_map(|(matrix, acts, output)| {
+                let (matrix, acts) = (*matrix, *acts);
+                output
+                    .par_chunks_mut(task_len)
+                    .enumerate()
+                    .map(move |(index, chunk)| (matrix, acts, index, chunk))
+            })
+            .for_each(|(matrix, acts, index, chunk)| run(matrix, acts, index, chunk));
+    } else {
+        for (matrix, acts, output) in &mut work {
+            for (index, chunk) in output.chunks_mut(task_len).enumerate() {
+                run(matrix, acts, index, chunk);
+            }
+        }
+    }
+    drop(work);
+    for (output, matrix) in outputs.iter_mut().zip(matrices) {
+        // SAFETY: the tasks above initialized all of `..n * rows` (each its own chunk, first
+        // to zero); a task that panicked never gets here.
+        #[allow(unsafe_code)]
+        unsafe {
+            output.set_len(matrix.n * rows)
+        };
+    }
+    outputs
+        .into_iter()
+        .zip(matrices)
+        .map(|(output, matrix)| assemble(output, matrix.n, rows))
+        .collect()
+}
+
+/// `gate(x W_g^T, x W_u^T)` (both `[n, k]`) as `[rows, n]`: `gate` maps a block of the two
+/// products (equal shapes, `[rows, w]` each) to the same block of the output, as a gated MLP's
+/// activation does elementwise. One parallel pass where each task computes its rows of both
+/// products and gates them while they are in L1: the activation leaves the serial stretch
+/// between the products (it was 6 us a layer of a Qwen2.5-0.5B decode step, its inputs cold).
+pub fn matmul_gated(
+    gate_matrix: &QMatrix,
+    up_matrix: &QMatrix,
+    x: &[f32],
+    rows: usize,
+    gate: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+) -> Vec<f32> {
+    matmul_gated_with(Kernel::detect(), gate_matrix, up_matrix, x, rows, gate)
+}
+
+/// [`matmul_gated`] on a chosen kernel.
+pub fn matmul_gated_with(
+    kernel: Kernel,
+    gate_matrix: &QMatrix,
+    up_matrix: &QMatrix,
+    x: &[f32],
+    rows: usize,
+    gate: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let (n, k) = gate_matrix.dims();
+    assert_eq!(up_matrix.dims(), (n, k), "gate and up differ in shape");
+    assert_eq!(x.len(), rows * k, "input is not [rows, k]");
+    assert!(
+        kernel == Kernel::Scalar || kernel == Kernel::detect(),
+        "{kernel:?} kernel on a CPU without it"
+    );
+    let quantized = quantize_for(&[gate_matrix, up_matrix], x, rows);
+    let (gate_acts, up_acts) = (
+        acts_for(&quantized, gate_matrix),
+        acts_for(&quantized, up_matrix),
+    );
+    let mut output: Vec<f32> = Vec::with_capacity(n * rows);
+    let task_len = WEIGHT_ROWS_PER_TASK * rows;
+    let run = |(gated, up): &mut (Vec<f32>, Vec<f32>), (index, chunk): (usize, &mut [_])| {
+        let first = index * WEIGHT_ROWS_PER_TASK;
+        let len = chunk.len();
+        for (products, matrix, acts) in [
+            (&mut *gated, gate_matrix, gate_acts),
+            (&mut *up, up_matrix, up_acts),
+        ] {
+            products.clear();
+            products.resize(len, 0.0);
+            matrix.task(kernel, acts, rows, first, products);
+        }
+        gate(gated, up, zeroed(chunk));
+    };
+    let values = &mut output.spare_capacity_mut()[..n * rows];
+    let scratch = || (Vec::with_capacity(task_len), Vec::with_capacity(task_len));
+    if 2 * n * k * rows >= PARALLEL_MIN_WORK {
+        values
+            .par_chunks_mut(task_len)
+            .enumerate()
+            .for_each_init(scratch, run);
+    } else {
+        let mut buffers = scratch();
+        for item in values.chunks_mut(task_len).enumerate() {
+            run(&mut buffers, item);
+        }
+    }
+    // SAFETY: every chunk of `..n * rows` was initialized by its task (zeroed, then gated); a
+    // task that panicked never gets here.
+    #[allow(unsafe_code)]
+    unsafe {
+        output.set_len(n * rows)
+    };
+    assemble(output, n, rows)
+}
+
+/// `x` quantized once per activation block size the formats of `matrices` need (32 and/or
+/// 256).
+fn quantize_for(matrices: &[&QMatrix], x: &[f32], rows: usize) -> Vec<QuantizedRows> {
+    let mut quantized: Vec<QuantizedRows> = Vec::new();
+    for matrix in matrices {
+        let block = matrix.format.activation_block();
+        if !quantized.iter().any(|acts| acts.block == block) {
+            quantized.push(QuantizedRows::new(x, rows, matrix.k, block));
+        }
+    }
+    quantized
+}
+
+/// The quantized input `matrix`'s format reads, among those [`quantize_for`] made.
+fn acts_for<'a>(quantized: &'a [QuantizedRows], matrix: &QMatrix) -> &'a QuantizedRows {
+    let block = matrix.format.activation_block();
+    quantized
+        .iter()
+        .find(|acts| acts.block == block)
+        .expect("quantized for every matrix")
+}
+
+/// `values` set to zero, as the floats they now are.
+fn zeroed(values: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    for value in values.iter_mut() {
+        value.write(0.0);
+    }
+    // SAFETY: every value was just initialized, and `MaybeUninit<f32>` has the layout of f32.
+    #[allow(unsafe_code)]
+    unsafe {
+        &mut *(std::ptr::from_mut(values) as *mut [f32])
+    }
+}
+
+/// The tasks' blocks (`[rows, w]` each, weight rows in order) -> `[rows, n]`: a copy of
+/// `WEIGHT_ROWS_PER_TASK`-value runs, parallel over output rows for large products.
+fn assemble(blocks: Vec<f32>, n: usize, rows: usize) -> Vec<f32> {
+    if rows == 1 {
+        // One row: the blocks are already in order.
+        return blocks;
+    }
+    let mut output = vec![0f32; rows * n];
+    let fill = |(i, out): (usize, &mut [f32])| {
+        for (task, run) in out.chunks_mut(WEIGHT_ROWS_PER_TASK).enumerate() {
+            let block = task * WEIGHT_ROWS_PER_TASK * rows;
+            let w = run.len();
+            run.copy_from_slice(&blocks[block + i * w..block + (i + 1) * w]);
+        }
+    };
+    // A copy moves a value where a product does `k` multiply-adds: parallel from 16k values.
+    if rows * n >= PARALLEL_MIN_WORK / 16 {
+        output.par_chunks_mut(n).enumerate().for_each(fill);
+    } else {
+        output.chunks_mut(n).enumerate().for_each(fill);
+    }
+    output
+}
