@@ -5,6 +5,8 @@
 //! read straight from their slots: no gather, no materialized mask. Softmax runs in f32 with
 //! the max subtracted, like SDPA.
 
+use std::sync::{Arc, Mutex};
+
 use rayon::prelude::*;
 
 use crate::forward::{ForwardBatch, Visibility};
@@ -41,7 +43,13 @@ pub struct KeyPlan {
     /// Per segment, the position of each logical index (committed tokens sit at their index).
     positions: Vec<Vec<usize>>,
     rows: Vec<RowKeys>,
+    /// Each row's visible key slots, per window the layers have asked for (a model has one
+    /// or two): listed once per forward instead of once per layer.
+    key_slots: Mutex<Vec<(Option<usize>, Arc<RowSlots>)>>,
 }
+
+/// Per row, the slots of its visible keys in order.
+type RowSlots = Vec<Vec<usize>>;
 
 impl KeyPlan {
     pub fn new(batch: &ForwardBatch) -> Self {
@@ -96,7 +104,35 @@ impl KeyPlan {
             slots,
             positions,
             rows,
+            key_slots: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Each row's visible key slots, in order, that lie within `window` positions of it (all
+    /// of them when `None`).
+    fn key_slots(&self, window: Option<usize>) -> Arc<RowSlots> {
+        let mut cache = self.key_slots.lock().expect("no panic while listing keys");
+        if let Some((_, slots)) = cache.iter().find(|(w, _)| *w == window) {
+            return Arc::clone(slots);
+        }
+        let listed: RowSlots = self
+            .rows
+            .iter()
+            .map(|row| {
+                let slots = &self.slots[row.segment];
+                let positions = &self.positions[row.segment];
+                // Keys at positions `first..` are inside the window.
+                let first = window.map_or(0, |w| (row.position + 1).saturating_sub(w));
+                (0..row.prefix)
+                    .chain(row.extra.iter().copied())
+                    .filter(|&i| positions[i] >= first)
+                    .map(|i| slots[i])
+                    .collect()
+            })
+            .collect();
+        let listed = Arc::new(listed);
+        cache.push((window, Arc::clone(&listed)));
+        listed
     }
 }
 
@@ -130,21 +166,7 @@ pub fn attend(
     let kv_width = num_kv_heads * head_dim;
     let row_width = num_heads * head_dim;
     let mut output = vec![0f32; plan.rows.len() * row_width];
-    let key_slots: Vec<Vec<usize>> = plan
-        .rows
-        .iter()
-        .map(|row| {
-            let slots = &plan.slots[row.segment];
-            let positions = &plan.positions[row.segment];
-            // Keys at positions `first..` are inside the window.
-            let first = window.map_or(0, |w| (row.position + 1).saturating_sub(w));
-            (0..row.prefix)
-                .chain(row.extra.iter().copied())
-                .filter(|&i| positions[i] >= first)
-                .map(|i| slots[i])
-                .collect()
-        })
-        .collect();
+    let key_slots = plan.key_slots(window);
     // Long rows in pieces, in parallel with each other (a long prompt's rows) and within.
     // Shorter rows keep the normalize-then-sum form below rather than one piece (sum, then
     // divide): that rounds differently, and these are the rows the golden references and
