@@ -133,18 +133,19 @@ pub fn matmul_gated_with(
     );
     let mut output: Vec<f32> = Vec::with_capacity(n * rows);
     let task_len = WEIGHT_ROWS_PER_TASK * rows;
-    let run = |(gated, up): &mut (Vec<f32>, Vec<f32>), (index, chunk): (usize, &mut [_])| {
+    // A task's two products go through scratch buffers, one pair per rayon job.
+    let run = |(gates, ups): &mut (Vec<f32>, Vec<f32>), (index, chunk): (usize, &mut [_])| {
         let first = index * WEIGHT_ROWS_PER_TASK;
         let len = chunk.len();
         for (products, matrix, acts) in [
-            (&mut *gated, gate_matrix, gate_acts),
-            (&mut *up, up_matrix, up_acts),
+            (&mut *gates, gate_matrix, gate_acts),
+            (&mut *ups, up_matrix, up_acts),
         ] {
             products.clear();
             products.resize(len, 0.0);
             matrix.task(kernel, acts, rows, first, products);
         }
-        gate(gated, up, zeroed(chunk));
+        gate(gates, ups, zeroed(chunk));
     };
     let values = &mut output.spare_capacity_mut()[..n * rows];
     let scratch = || (Vec::with_capacity(task_len), Vec::with_capacity(task_len));
