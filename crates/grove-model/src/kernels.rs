@@ -106,7 +106,7 @@ unsafe fn scaled_dots_avx512<'a>(
     let n = out.len();
     // What `dot` starts its lane sum from and adds for its (here empty) tail.
     let empty = _mm512_set1_ps([0f32; 0].iter().sum::<f32>());
-    let scale = _mm512_set1_ps(scale);
+    let scales = _mm512_set1_ps(scale);
     let mut block = 0;
     while block + LANES <= n {
         let keys: [*const f32; LANES] = std::array::from_fn(|k| {
@@ -130,13 +130,13 @@ unsafe fn scaled_dots_avx512<'a>(
         for lane in lanes {
             total = _mm512_add_ps(total, lane);
         }
-        total = _mm512_mul_ps(_mm512_add_ps(total, empty), scale);
+        total = _mm512_mul_ps(_mm512_add_ps(total, empty), scales);
         // SAFETY: `block + LANES <= n`.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(block), total) };
         block += LANES;
     }
     for (i, out) in out.iter_mut().enumerate().skip(block) {
-        *out = dot(query, key(i)) * _mm512_cvtss_f32(scale);
+        *out = dot(query, key(i)) * scale;
     }
 }
 

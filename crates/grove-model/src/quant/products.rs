@@ -29,12 +29,7 @@ pub fn matmul_many_with(
         matrices.iter().all(|m| m.k == k),
         "matrices of different widths"
     );
-    assert_eq!(x.len(), rows * k, "input is not [rows, k]");
-    // The SIMD kernels are only sound on a CPU that has their features.
-    assert!(
-        kernel == Kernel::Scalar || kernel == Kernel::detect(),
-        "{kernel:?} kernel on a CPU without it"
-    );
+    check_inputs(kernel, x, rows, k);
     let quantized = quantize_for(matrices, x, rows);
     // Each task writes one contiguous block, `[rows, w]` for its `w` weight rows, into
     // outputs that nothing writes before it: zeroing a head's 600 KB of logits up front, in
@@ -121,11 +116,7 @@ pub fn matmul_gated_with(
 ) -> Vec<f32> {
     let (n, k) = gate_matrix.dims();
     assert_eq!(up_matrix.dims(), (n, k), "gate and up differ in shape");
-    assert_eq!(x.len(), rows * k, "input is not [rows, k]");
-    assert!(
-        kernel == Kernel::Scalar || kernel == Kernel::detect(),
-        "{kernel:?} kernel on a CPU without it"
-    );
+    check_inputs(kernel, x, rows, k);
     let quantized = quantize_for(&[gate_matrix, up_matrix], x, rows);
     let (gate_acts, up_acts) = (
         acts_for(&quantized, gate_matrix),
@@ -167,6 +158,16 @@ pub fn matmul_gated_with(
         output.set_len(n * rows)
     };
     assemble(output, n, rows)
+}
+
+/// Panics unless `x` is `[rows, k]` and `kernel` runs on this CPU (the SIMD kernels are only
+/// sound where it has their features).
+fn check_inputs(kernel: Kernel, x: &[f32], rows: usize, k: usize) {
+    assert_eq!(x.len(), rows * k, "input is not [rows, k]");
+    assert!(
+        kernel == Kernel::Scalar || kernel == Kernel::detect(),
+        "{kernel:?} kernel on a CPU without it"
+    );
 }
 
 /// `x` quantized once per activation block size the formats of `matrices` need (32 and/or
