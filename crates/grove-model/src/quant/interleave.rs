@@ -12,7 +12,7 @@
 //! row group = chunk group 0 | chunk group 1 | ...
 //! chunk group (c chunks, 2c blocks) =
 //!     scales: row 0's 2c f16 | row 1's | row 2's | row 3's
-//!     payload of chunk 0: row 0 | row 1 | row 2 | row 3, then chunk 1, ... chunk c - 1
+//!     payloads of chunk 0 (rows 0-3), then chunk 1, ... chunk c - 1
 //! ```
 //!
 //! Inside a chunk group the weights are *lane-blocked*: the kernel's `vpdpbusd` sums each
@@ -25,11 +25,14 @@
 //! `l mod 2c`, where `m = l div 2c` ([`lane_offset`]). The activations are quantized in the
 //! same order (`QuantizedRows::lanes`).
 //!
-//! A chunk's *payload* is its 64 weights, in that order, as the kernel wants them:
-//! - Q8_0: 64 bytes `q + 128` (the kernel's unsigned operand, no flip at run time);
+//! A row's *payload* of a chunk is its 64 weights, in that order, as the kernel wants them:
+//! - Q8_0: 64 bytes `q + 128` (the kernel's unsigned operand, no flip at run time), the four
+//!   rows' one after another;
 //! - Q5_0: 32 bytes whose low nibbles are the low 4 bits of weights 0-31 and whose high
-//!   nibbles those of weights 32-63, then 8 bytes whose bit `j` is weight `j`'s fifth bit (a
-//!   mask register: one load).
+//!   nibbles those of weights 32-63, and 8 bytes whose bit `j` is weight `j`'s fifth bit (a
+//!   mask register: one load); the four rows' nibbles first, then their fifth bits, so that
+//!   in a 32-byte aligned row group no load straddles two cache lines (with the 40 bytes of a
+//!   row together, three in eight of the nibble loads did).
 //!
 //! A row group is `4 * row_bytes` long (rows past `n` are zeros), so row group `g` starts at
 //! `4 * g * row_bytes` and four rows are one forward stream for the prefetcher.
@@ -82,10 +85,11 @@ impl ChunkGroup {
         self.start + p * 2 * self.chunks * 2
     }
 
-    /// Offset of row `p`'s payload of chunk `i` (within the group).
+    /// Offset of the four rows' payloads of chunk `i` (within the group): `GROUP_ROWS *
+    /// payload_bytes(format)` bytes, row `p`'s parts where [`encode_payload`] puts them.
     #[inline]
-    pub fn payload(&self, format: QuantFormat, i: usize, p: usize) -> usize {
-        self.start + self.payloads + (i * GROUP_ROWS + p) * payload_bytes(format)
+    pub fn chunk(&self, format: QuantFormat, i: usize) -> usize {
+        self.start + self.payloads + i * GROUP_ROWS * payload_bytes(format)
     }
 }
 
@@ -191,7 +195,7 @@ pub fn interleave_group(format: QuantFormat, k: usize, source: &[u8], g: usize, 
     let n = source.len() / row_bytes;
     let chunks = k / CHUNK;
     let size = format.block_bytes();
-    let payload = payload_bytes(format);
+    let chunk_bytes = GROUP_ROWS * payload_bytes(format);
     for p in 0..GROUP_ROWS {
         let j = g * GROUP_ROWS + p;
         if j >= n {
@@ -211,9 +215,9 @@ pub fn interleave_group(format: QuantFormat, k: usize, source: &[u8], g: usize, 
                 }
             }
             for (i, chunk) in chunks.chunks_exact(CHUNK).take(group.chunks).enumerate() {
-                let at = group.payload(format, i, p);
+                let at = group.chunk(format, i);
                 let chunk = chunk.try_into().expect("a chunk");
-                encode_payload(format, chunk, &mut out[at..at + payload]);
+                encode_payload(format, chunk, &mut out[at..at + chunk_bytes], p);
             }
         }
     }
@@ -227,8 +231,9 @@ pub fn gguf_row(format: QuantFormat, k: usize, group: &[u8], p: usize, row: &mut
         let chunk_group = ChunkGroup::new(format, chunks, q);
         let mut chunks = [0u8; CHUNK * GROUP_CHUNKS];
         for i in 0..chunk_group.chunks {
-            let at = chunk_group.payload(format, i, p);
-            let chunk = decode_payload(format, &group[at..at + payload_bytes(format)]);
+            let at = chunk_group.chunk(format, i);
+            let chunk = &group[at..at + GROUP_ROWS * payload_bytes(format)];
+            let chunk = decode_payload(format, chunk, p);
             chunks[CHUNK * i..CHUNK * (i + 1)].copy_from_slice(&chunk);
         }
         let first = 2 * chunk_group.first * size;
@@ -282,29 +287,44 @@ fn write_block_values(format: QuantFormat, values: &[u8; 32], block: &mut [u8]) 
     }
 }
 
-/// A chunk's 64 unsigned values in the payload format.
-fn encode_payload(format: QuantFormat, values: &[u8; CHUNK], out: &mut [u8]) {
+/// Where row `p`'s parts of a chunk's payloads are: its bytes (all of its Q8_0 payload, or
+/// its Q5_0 nibbles), and for Q5_0 its 8 bytes of fifth bits.
+pub const fn payload_parts(format: QuantFormat, p: usize) -> (usize, usize) {
     match format {
-        QuantFormat::Q8_0 => out.copy_from_slice(values),
+        QuantFormat::Q8_0 => (CHUNK * p, 0),
+        QuantFormat::Q5_0 => (32 * p, 32 * GROUP_ROWS + 8 * p),
+        // Not interleaved.
+        QuantFormat::Q4K | QuantFormat::Q6K => (0, 0),
+    }
+}
+
+/// A row's 64 unsigned values of a chunk written as row `p`'s parts of the chunk's four
+/// payloads `out`.
+fn encode_payload(format: QuantFormat, values: &[u8; CHUNK], out: &mut [u8], p: usize) {
+    let (at, bits_at) = payload_parts(format, p);
+    match format {
+        QuantFormat::Q8_0 => out[at..at + CHUNK].copy_from_slice(values),
         QuantFormat::Q5_0 => {
             for j in 0..32 {
-                out[j] = (values[j] & 0x0F) | ((values[j + 32] & 0x0F) << 4);
+                out[at + j] = (values[j] & 0x0F) | ((values[j + 32] & 0x0F) << 4);
             }
             let bits = (0..CHUNK).fold(0u64, |bits, j| bits | (u64::from(values[j] >> 4) << j));
-            out[32..40].copy_from_slice(&bits.to_le_bytes());
+            out[bits_at..bits_at + 8].copy_from_slice(&bits.to_le_bytes());
         }
         QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("K-quants are not interleaved"),
     }
 }
 
-/// The inverse of [`encode_payload`].
-fn decode_payload(format: QuantFormat, payload: &[u8]) -> [u8; CHUNK] {
+/// The inverse of [`encode_payload`]: row `p`'s values from a chunk's four payloads.
+fn decode_payload(format: QuantFormat, payloads: &[u8], p: usize) -> [u8; CHUNK] {
+    let (at, bits_at) = payload_parts(format, p);
     match format {
-        QuantFormat::Q8_0 => payload.try_into().expect("a Q8_0 payload is 64 bytes"),
+        QuantFormat::Q8_0 => payloads[at..at + CHUNK].try_into().expect("64 bytes"),
         QuantFormat::Q5_0 => {
-            let bits = u64::from_le_bytes(payload[32..40].try_into().expect("8 bytes"));
+            let bits =
+                u64::from_le_bytes(payloads[bits_at..bits_at + 8].try_into().expect("8 bytes"));
             std::array::from_fn(|j| {
-                let low = (payload[j % 32] >> (4 * (j / 32))) & 0x0F;
+                let low = (payloads[at + j % 32] >> (4 * (j / 32))) & 0x0F;
                 low | ((((bits >> j) & 1) as u8) << 4)
             })
         }

@@ -15,16 +15,18 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::interleave::{group_count, payload_bytes, ChunkGroup, GROUP_CHUNKS, GROUP_ROWS};
+use super::interleave::{
+    group_count, payload_bytes, payload_parts, ChunkGroup, GROUP_CHUNKS, GROUP_ROWS,
+};
 use super::simd::{prefetch, reduce4, Rows};
 use super::{QuantFormat, QuantizedRows, CHUNK, LANES};
 
-/// A 32-weight format's payload decoded to 64 unsigned bytes `u`, with
-/// `w = d * (u - 2^ZERO_SHIFT)`.
+/// Row `p`'s payload of a chunk (in the chunk's four at `chunk`: `payload_parts`) decoded to
+/// 64 unsigned bytes `u`, with `w = d * (u - 2^ZERO_SHIFT)`.
 pub(super) trait Block32 {
     const FORMAT: QuantFormat;
     const ZERO_SHIFT: i32;
-    unsafe fn decode(payload: *const u8) -> __m512i;
+    unsafe fn decode(chunk: *const u8, p: usize) -> __m512i;
 }
 
 pub(super) struct Q8_0;
@@ -36,9 +38,9 @@ impl Block32 for Q8_0 {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-    unsafe fn decode(payload: *const u8) -> __m512i {
+    unsafe fn decode(chunk: *const u8, p: usize) -> __m512i {
         // Stored as `q + 128` already.
-        _mm512_loadu_si512(payload.cast())
+        _mm512_loadu_si512(chunk.add(payload_parts(Self::FORMAT, p).0).cast())
     }
 }
 
@@ -48,23 +50,24 @@ impl Block32 for Q5_0 {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-    unsafe fn decode(payload: *const u8) -> __m512i {
+    unsafe fn decode(chunk: *const u8, p: usize) -> __m512i {
         // The 32 nibble bytes in both halves (a broadcast load), the upper half shifted by 4,
         // then the low nibbles: weights 0-31, then 32-63.
-        let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(payload.cast()));
+        let (at, bits_at) = payload_parts(Self::FORMAT, p);
+        let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(chunk.add(at).cast()));
         const HIGH: i64 = 0x0004_0004_0004_0004;
         let shifts = _mm512_set_epi64(HIGH, HIGH, HIGH, HIGH, 0, 0, 0, 0);
         let nibbles = _mm512_and_si512(_mm512_srlv_epi16(both, shifts), _mm512_set1_epi8(0x0F));
-        with_fifth_bits(nibbles, payload)
+        with_fifth_bits(nibbles, chunk.add(bits_at))
     }
 }
 
-/// `nibbles` plus 16 where a Q5_0 payload's fifth bit is set (its 64 bits, after the 32
-/// nibble bytes, are one mask register).
+/// `nibbles` plus 16 where a Q5_0 payload's fifth bit is set (its 64 bits at `bits` are one
+/// mask register).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn with_fifth_bits(nibbles: __m512i, payload: *const u8) -> __m512i {
-    let fifth: __mmask64 = payload.add(32).cast::<u64>().read_unaligned();
+unsafe fn with_fifth_bits(nibbles: __m512i, bits: *const u8) -> __m512i {
+    let fifth: __mmask64 = bits.cast::<u64>().read_unaligned();
     _mm512_mask_add_epi8(nibbles, fifth, nibbles, _mm512_set1_epi8(16))
 }
 
@@ -80,13 +83,15 @@ impl Block32 for Q5_0Gfni {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,gfni")]
-    unsafe fn decode(payload: *const u8) -> __m512i {
+    unsafe fn decode(chunk: *const u8, p: usize) -> __m512i {
         // Result bit b = parity(x & matrix byte 7 - b).
         const LOW: i64 = 0x0102_0408_0000_0000;
         const HIGH: i64 = 0x1020_4080_0000_0000;
-        let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(payload.cast()));
+        let (at, bits_at) = payload_parts(Self::FORMAT, p);
+        let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(chunk.add(at).cast()));
         let matrix = _mm512_set_epi64(HIGH, HIGH, HIGH, HIGH, LOW, LOW, LOW, LOW);
-        with_fifth_bits(_mm512_gf2p8affine_epi64_epi8::<0>(both, matrix), payload)
+        let nibbles = _mm512_gf2p8affine_epi64_epi8::<0>(both, matrix);
+        with_fifth_bits(nibbles, chunk.add(bits_at))
     }
 }
 
@@ -166,9 +171,13 @@ macro_rules! block32_kernels {
             let mut acc = [_mm512_setzero_ps(); R];
             // Chunk `i` of a group into each row's integer sums.
             let add = |group: &ChunkGroup, i: usize, sums: &mut [__m512i; R]| {
-                let payload = rows.add(group.payload(F::FORMAT, i, p));
-                prefetch(payload, payload_bytes(F::FORMAT));
-                let u = F::decode(payload);
+                let chunk = rows.add(group.chunk(F::FORMAT, i));
+                // The four rows run one after another over the row group: the first asks for
+                // all of it.
+                if p == 0 {
+                    prefetch(chunk, GROUP_ROWS * payload_bytes(F::FORMAT));
+                }
+                let u = F::decode(chunk, p);
                 for r in 0..R {
                     let values = x.lanes[r].add((group.first + i) * CHUNK);
                     sums[r] = _mm512_dpbusd_epi32(sums[r], u, _mm512_loadu_si512(values.cast()));
@@ -220,10 +229,10 @@ macro_rules! block32_kernels {
             // Chunk `i` of a group into the four rows' integer sums.
             let add = |group: &ChunkGroup, i: usize, sums: &mut [__m512i; P]| {
                 let values = _mm512_loadu_si512(x.lanes[0].add((group.first + i) * CHUNK).cast());
-                let payloads = rows.add(group.payload(F::FORMAT, i, 0));
-                prefetch(payloads, P * payload_bytes(F::FORMAT));
+                let chunk = rows.add(group.chunk(F::FORMAT, i));
+                prefetch(chunk, P * payload_bytes(F::FORMAT));
                 for p in 0..P {
-                    let u = F::decode(payloads.add(p * payload_bytes(F::FORMAT)));
+                    let u = F::decode(chunk, p);
                     sums[p] = _mm512_dpbusd_epi32(sums[p], u, values);
                 }
             };

@@ -174,6 +174,33 @@ fn lane_blocking_places_every_word_once_in_its_blocks_lanes() {
 }
 
 #[test]
+fn no_q5_0_load_straddles_two_cache_lines() {
+    // The kernels read a row's 32 nibble bytes and 8 bytes of fifth bits of each chunk. The
+    // interleaved copy starts on a page; with an even chunk count per row (widths that are
+    // multiples of 128, as every real model's are) each row group is a multiple of 32 bytes,
+    // and no load of any row group may cross a 64-byte line.
+    let format = QuantFormat::Q5_0;
+    for chunks in (2..=80).step_by(2) {
+        let k = chunks * CHUNK;
+        let group_bytes = interleave::GROUP_ROWS * format.row_bytes(k).unwrap();
+        for g in 0..2 {
+            for q in 0..interleave::group_count(chunks) {
+                let group = interleave::ChunkGroup::new(format, chunks, q);
+                for i in 0..group.chunks {
+                    for p in 0..interleave::GROUP_ROWS {
+                        let chunk = g * group_bytes + group.chunk(format, i);
+                        let (nibbles, bits) = interleave::payload_parts(format, p);
+                        for (at, len) in [(chunk + nibbles, 32), (chunk + bits, 8)] {
+                            assert_eq!(at / 64, (at + len - 1) / 64, "k {k}, group {g}, {i} {p}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn interleaving_keeps_every_block() {
     // Row counts around the 4-row groups, chunk counts around the 8-chunk groups.
     for format in [QuantFormat::Q8_0, QuantFormat::Q5_0] {
