@@ -68,6 +68,11 @@ impl GgufFile {
             path: path.to_owned(),
             source,
         })?;
+        // Mapped in 4 KiB pages: the file's page cache may hold 2 MiB folios (readahead makes
+        // them on recent kernels), and mapping one whole where a few embedding rows are
+        // looked up made it resident for each row.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::NoHugePage);
         for (name, info) in &content.tensor_infos {
             let end = content.tensor_data_offset as usize + info.offset as usize + data_bytes(info);
             if end > map.len() {
