@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use rayon::prelude::*;
 
 use crate::forward::{ForwardBatch, Visibility};
-use crate::kernels::scaled_dots;
+use crate::kernels::scaled_dots_many;
 
 /// Below this many multiply-adds attention runs on the calling thread: handing tiny work to
 /// the pool costs a wake-up and a context switch per layer.
@@ -189,25 +189,38 @@ pub fn attend(
                 context.attend_in_pieces(out_row);
             });
     }
-    // The short rows, one task per (row, query head): a decode step's single row has as many
-    // tasks as heads, so both threads share it (on one thread its attention was a tenth of a
-    // Qwen2.5-0.5B step after 200 tokens). A head's arithmetic is the same in any grouping,
-    // so the bits do not depend on the threads.
-    let attend_head = |scores: &mut Vec<f32>, (index, out): (usize, &mut [f32])| {
-        let (row, head) = (index / num_heads, index % num_heads);
+    // The short rows, one task per (row, KV head, part of its query heads): the query heads
+    // that share a KV head read its keys and values together, once. A decode step's single
+    // row is cut into enough parts for every thread (on one thread its attention was a tenth
+    // of a Qwen2.5-0.5B step after 200 tokens). A head's arithmetic is the same in any
+    // grouping, so the bits depend neither on the parts nor on the threads.
+    let rows = plan.rows.len();
+    let parts = group
+        .min(rayon::current_num_threads().div_ceil(rows * num_kv_heads))
+        .max(1);
+    let part_len = group.div_ceil(parts);
+    let attend_part = |scores: &mut Vec<f32>, (row_kv, part, out): (usize, usize, &mut [f32])| {
+        let (row, kv_head) = (row_kv / num_kv_heads, row_kv % num_kv_heads);
         let slots = &key_slots[row];
         if slots.len() > KEY_PIECE {
             return;
         }
-        let kv_offset = head / group * head_dim;
-        let query = &queries[row * row_width + head * head_dim..][..head_dim];
+        let first = kv_head * group + part * part_len;
+        let heads = first..first + out.len() / head_dim;
+        let queries: Vec<&[f32]> = heads
+            .map(|head| &queries[row * row_width + head * head_dim..][..head_dim])
+            .collect();
+        let kv_offset = kv_head * head_dim;
         let key = |slot: usize| &keys[slot * kv_width + kv_offset..][..head_dim];
         let value = |slot: usize| &values[slot * kv_width + kv_offset..][..head_dim];
+        let n = slots.len();
         scores.clear();
-        scores.resize(slots.len(), 0.0);
-        scaled_dots(query, |i| key(slots[i]), scale, scores);
-        softmax_in_place(scores);
-        weighted_sum(out, scores, |i| value(slots[i]));
+        scores.resize(queries.len() * n, 0.0);
+        scaled_dots_many(&queries, |i| key(slots[i]), scale, scores);
+        for scores in scores.chunks_exact_mut(n.max(1)) {
+            softmax_in_place(scores);
+        }
+        weighted_sums(out, head_dim, scores, |i| value(slots[i]));
     };
     let work: usize = key_slots
         .iter()
@@ -215,17 +228,24 @@ pub fn attend(
         .filter(|&keys| keys <= KEY_PIECE)
         .sum::<usize>()
         * row_width;
+    let (kv_group_width, part_width) = (group * head_dim, part_len * head_dim);
     if work >= PARALLEL_MIN_WORK {
         output
-            .par_chunks_mut(head_dim)
+            .par_chunks_mut(kv_group_width)
             .enumerate()
-            .for_each_init(|| Vec::with_capacity(KEY_PIECE), attend_head);
+            .flat_map(|(row_kv, outs)| {
+                outs.par_chunks_mut(part_width)
+                    .enumerate()
+                    .map(move |(part, out)| (row_kv, part, out))
+            })
+            .for_each_init(|| Vec::with_capacity(group * KEY_PIECE), attend_part);
     } else {
-        let mut scores = Vec::with_capacity(KEY_PIECE);
-        output
-            .chunks_mut(head_dim)
-            .enumerate()
-            .for_each(|item| attend_head(&mut scores, item));
+        let mut scores = Vec::with_capacity(group * KEY_PIECE);
+        for (row_kv, outs) in output.chunks_mut(kv_group_width).enumerate() {
+            for (part, out) in outs.chunks_mut(part_width).enumerate() {
+                attend_part(&mut scores, (row_kv, part, out));
+            }
+        }
     }
     output
 }
@@ -235,68 +255,129 @@ pub fn attend(
 /// `out` kept in registers across all the values: added into `out` in memory, value after
 /// value, each add waited on the store before it (160 rows of 64 values in L2 here: 7.5-11.3
 /// -> 4.7 ns a row).
+#[cfg(test)]
 fn weighted_sum<'a>(out: &mut [f32], weights: &[f32], value: impl Fn(usize) -> &'a [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if out.len().is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature `weighted_sum_avx512` is compiled for was just detected.
-        #[allow(unsafe_code)]
-        return unsafe { weighted_sum_avx512(out, weights, &value) };
-    }
-    weighted_sum_portable(out, weights, (0..weights.len()).map(value))
+    let width = out.len();
+    weighted_sums(out, width, weights, value);
 }
 
+/// [`weighted_sum`] into several outputs of `width` over the same values: `outs` is
+/// `[q, width]` and `weights` `[q, n]`, output `j` summing with weights `j * n..`. Each value
+/// is loaded once for up to four outputs (query heads that share a KV head), and each output
+/// gets the bits `weighted_sum` gives it.
+fn weighted_sums<'a>(
+    outs: &mut [f32],
+    width: usize,
+    weights: &[f32],
+    value: impl Fn(usize) -> &'a [f32],
+) {
+    let queries = outs.len().checked_div(width).unwrap_or(0);
+    if queries == 0 {
+        return;
+    }
+    assert_eq!(outs.len(), queries * width, "outputs are not [q, width]");
+    assert!(
+        weights.len().is_multiple_of(queries),
+        "weights are not [q, n]"
+    );
+    let n = weights.len() / queries;
+    #[cfg(target_arch = "x86_64")]
+    if width.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
+        let mut first = 0;
+        while first < queries {
+            let (outs, weights) = (&mut outs[first * width..], &weights[first * n..]);
+            // SAFETY: the feature `weighted_sums_avx512` is compiled for was just detected.
+            #[allow(unsafe_code)]
+            let done = unsafe {
+                match queries - first {
+                    1 => weighted_sums_avx512::<1>(outs, width, weights, n, &value),
+                    2 | 3 => weighted_sums_avx512::<2>(outs, width, weights, n, &value),
+                    _ => weighted_sums_avx512::<4>(outs, width, weights, n, &value),
+                }
+            };
+            first += done;
+        }
+        return;
+    }
+    for (out, weights) in outs
+        .chunks_exact_mut(width)
+        .zip(weights.chunks_exact(n.max(1)))
+    {
+        weighted_sum_portable(out, &weights[..n], (0..n).map(&value));
+    }
+}
+
+/// The first `Q` outputs of [`weighted_sums`] (`outs` and `weights` start at the first);
+/// returns `Q`.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx512f")]
-unsafe fn weighted_sum_avx512<'a>(
-    out: &mut [f32],
+unsafe fn weighted_sums_avx512<'a, const Q: usize>(
+    outs: &mut [f32],
+    width: usize,
     weights: &[f32],
+    n: usize,
     value: &impl Fn(usize) -> &'a [f32],
-) {
-    /// Vectors of `out` per pass over the values.
+) -> usize {
+    /// Vectors of each output per pass over the values.
     const TILE: usize = 4;
-    let vectors = out.len() / 16;
+    let vectors = width / 16;
     let full = vectors / TILE * TILE;
     for first in (0..full).step_by(TILE) {
-        weighted_tile::<TILE>(out, weights, value, first);
+        weighted_tile::<Q, TILE>(outs, width, weights, n, value, first);
     }
     match vectors - full {
-        1 => weighted_tile::<1>(out, weights, value, full),
-        2 => weighted_tile::<2>(out, weights, value, full),
-        3 => weighted_tile::<3>(out, weights, value, full),
+        1 => weighted_tile::<Q, 1>(outs, width, weights, n, value, full),
+        2 => weighted_tile::<Q, 2>(outs, width, weights, n, value, full),
+        3 => weighted_tile::<Q, 3>(outs, width, weights, n, value, full),
         _ => {}
     }
+    Q
 }
 
-/// Vectors `first..first + N` of `out` (16 values each) through all the values, in registers.
+/// Vectors `first..first + N` (16 values each) of the first `Q` outputs through all the
+/// values, in registers.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn weighted_tile<'a, const N: usize>(
-    out: &mut [f32],
+unsafe fn weighted_tile<'a, const Q: usize, const N: usize>(
+    outs: &mut [f32],
+    width: usize,
     weights: &[f32],
+    n: usize,
     value: &impl Fn(usize) -> &'a [f32],
     first: usize,
 ) {
     use std::arch::x86_64::*;
-    assert!(16 * (first + N) <= out.len(), "tile past the output");
-    let at = |t: usize| 16 * (first + t);
-    // SAFETY (the loads and stores): `at(t) + 16 <= out.len()` for `t < N` (checked), and every
-    // value is as long as `out` (checked).
-    let mut acc: [__m512; N] =
-        std::array::from_fn(|t| unsafe { _mm512_loadu_ps(out.as_ptr().add(at(t))) });
-    for (i, &weight) in weights.iter().enumerate() {
+    assert!(16 * (first + N) <= width, "tile past the output");
+    assert!(
+        outs.len() >= Q * width && weights.len() >= Q * n,
+        "fewer than Q outputs"
+    );
+    let at = |j: usize, t: usize| j * width + 16 * (first + t);
+    // SAFETY (the loads and stores): `at(j, t) + 16 <= outs.len()` for `j < Q`, `t < N`
+    // (checked), and every value is `width` long (checked).
+    let mut acc: [[__m512; N]; Q] = std::array::from_fn(|j| {
+        std::array::from_fn(|t| unsafe { _mm512_loadu_ps(outs.as_ptr().add(at(j, t))) })
+    });
+    for i in 0..n {
         let value = value(i);
-        assert_eq!(value.len(), out.len(), "value and output differ in length");
-        let weight = _mm512_set1_ps(weight);
-        for (t, acc) in acc.iter_mut().enumerate() {
-            let v = unsafe { _mm512_loadu_ps(value.as_ptr().add(at(t))) };
-            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(weight, v));
+        assert_eq!(value.len(), width, "value and output differ in length");
+        let v: [__m512; N] = std::array::from_fn(|t| unsafe {
+            _mm512_loadu_ps(value.as_ptr().add(16 * (first + t)))
+        });
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let weight = _mm512_set1_ps(weights[j * n + i]);
+            for (acc, v) in acc.iter_mut().zip(v) {
+                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(weight, v));
+            }
         }
     }
-    for (t, acc) in acc.iter().enumerate() {
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(at(t)), *acc) };
+    for (j, acc) in acc.iter().enumerate() {
+        for (t, acc) in acc.iter().enumerate() {
+            unsafe { _mm512_storeu_ps(outs.as_mut_ptr().add(at(j, t)), *acc) };
+        }
     }
 }
 
@@ -401,10 +482,10 @@ impl PieceContext<'_> {
         let n = slots.len();
         let mut scores = vec![0f32; group * n];
         let key = |i: usize| &self.keys[slots[i] * kv_width + kv_offset..][..head_dim];
-        for (g, scores) in scores.chunks_exact_mut(n).enumerate() {
-            let query = &self.query_row[(kv_head * group + g) * head_dim..][..head_dim];
-            scaled_dots(query, key, self.scale, scores);
-        }
+        let queries: Vec<&[f32]> = (0..group)
+            .map(|g| &self.query_row[(kv_head * group + g) * head_dim..][..head_dim])
+            .collect();
+        scaled_dots_many(&queries, key, self.scale, &mut scores);
         let mut max = vec![f32::NEG_INFINITY; group];
         let mut sum = vec![0f32; group];
         for g in 0..group {
@@ -417,9 +498,7 @@ impl PieceContext<'_> {
         }
         let mut out = vec![0f32; group * head_dim];
         let value = |i: usize| &self.values[slots[i] * kv_width + kv_offset..][..head_dim];
-        for (out, scores) in out.chunks_exact_mut(head_dim).zip(scores.chunks_exact(n)) {
-            weighted_sum(out, scores, value);
-        }
+        weighted_sums(&mut out, head_dim, &scores, value);
         Piece { max, sum, out }
     }
 }
@@ -592,8 +671,11 @@ mod tests {
         for (a, b) in ours.iter().zip(&exact) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
+        // One, two and four parts of each KV head's seven query heads.
         let on = |threads| on_threads(threads, || one_row(context, layout).0);
-        assert_eq!(on(1), on(3));
+        let one = on(1);
+        assert_eq!(one, on(3));
+        assert_eq!(one, on(8));
     }
 
     #[test]
@@ -610,10 +692,25 @@ mod tests {
                 let start: Vec<f32> = (0..width).map(|e| e as f32 * 0.1).collect();
                 let mut ours = start.clone();
                 weighted_sum(&mut ours, &weights, value);
-                let mut portable = start;
+                let mut portable = start.clone();
                 weighted_sum_portable(&mut portable, &weights, (0..count).map(value));
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&ours), bits(&portable), "width {width}, count {count}");
+                // Several outputs over the same values (1 to 7 query heads of a KV head), each
+                // with its own weights: each as the portable loop gives it alone.
+                for queries in 1..=7 {
+                    let weights: Vec<f32> = (0..queries * count)
+                        .map(|i| (i as f32 * 0.53).cos())
+                        .collect();
+                    let mut ours: Vec<f32> = (0..queries).flat_map(|_| start.clone()).collect();
+                    weighted_sums(&mut ours, width, &weights, value);
+                    for (j, ours) in ours.chunks_exact(width).enumerate() {
+                        let mut portable = start.clone();
+                        let weights = &weights[j * count..(j + 1) * count];
+                        weighted_sum_portable(&mut portable, weights, (0..count).map(value));
+                        assert_eq!(bits(ours), bits(&portable), "{width} {count} {queries} {j}");
+                    }
+                }
             }
         }
     }

@@ -74,36 +74,64 @@ pub fn scaled_dots<'a>(
     scale: f32,
     out: &mut [f32],
 ) {
+    scaled_dots_many(&[query], key, scale, out);
+}
+
+/// [`scaled_dots`] for several queries against the same keys: `out` is `[queries, n]`, query
+/// `q`'s scores at `q * n`. Each block of sixteen keys goes through every query while it is in
+/// L1 (the query heads that share a KV head read its keys once, where one head at a time read
+/// them from L2 or further for each), with each score's bits as `scaled_dots` gives them.
+pub fn scaled_dots_many<'a>(
+    queries: &[&[f32]],
+    key: impl Fn(usize) -> &'a [f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let Some(width) = queries.first().map(|q| q.len()) else {
+        return;
+    };
+    assert!(
+        queries.iter().all(|q| q.len() == width),
+        "queries differ in length"
+    );
+    assert!(
+        out.len().is_multiple_of(queries.len()),
+        "scores are not [queries, n]"
+    );
+    let n = out.len() / queries.len();
     #[cfg(target_arch = "x86_64")]
-    if query.len().is_multiple_of(LANES)
+    if width.is_multiple_of(LANES)
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("fma")
     {
         // SAFETY: the feature `scaled_dots_avx512` is compiled for was just detected (with FMA,
         // which `dot` uses where it is, so the bits are the same).
         #[allow(unsafe_code)]
-        return unsafe { scaled_dots_avx512(query, &key, scale, out) };
+        return unsafe { scaled_dots_avx512(queries, &key, scale, out, n) };
     }
-    for (i, out) in out.iter_mut().enumerate() {
-        *out = dot(query, key(i)) * scale;
+    for (query, out) in queries.iter().zip(out.chunks_exact_mut(n.max(1))) {
+        for (i, out) in out.iter_mut().enumerate() {
+            *out = dot(query, key(i)) * scale;
+        }
     }
 }
 
-/// [`scaled_dots`] for a query of whole 16-lane chunks. For each key the same fused
+/// [`scaled_dots_many`] for queries of whole 16-lane chunks. For each key the same fused
 /// multiply-adds per lane as [`dot_lanes`], then `((empty + lane 0) + lane 1) + ... + lane 15`
 /// and the empty tail added, as `dot` sums them.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn scaled_dots_avx512<'a>(
-    query: &[f32],
+    queries: &[&[f32]],
     key: &impl Fn(usize) -> &'a [f32],
     scale: f32,
     out: &mut [f32],
+    n: usize,
 ) {
     use std::arch::x86_64::*;
-    let chunks = query.len() / LANES;
-    let n = out.len();
+    let width = queries[0].len();
+    let chunks = width / LANES;
     // What `dot` starts its lane sum from and adds for its (here empty) tail.
     let empty = _mm512_set1_ps([0f32; 0].iter().sum::<f32>());
     let scales = _mm512_set1_ps(scale);
@@ -111,32 +139,38 @@ unsafe fn scaled_dots_avx512<'a>(
     while block + LANES <= n {
         let keys: [*const f32; LANES] = std::array::from_fn(|k| {
             let key = key(block + k);
-            assert_eq!(key.len(), query.len(), "key and query differ in length");
+            assert_eq!(key.len(), width, "key and query differ in length");
             key.as_ptr()
         });
-        // Chunk by chunk across the sixteen keys: sixteen independent chains of multiply-adds
-        // (one key at a time waited on its own chain's latency).
-        let mut sums = [_mm512_setzero_ps(); LANES];
-        for c in 0..chunks {
-            // SAFETY: `c * LANES + LANES <= len` for the query and every key.
-            let q = unsafe { _mm512_loadu_ps(query.as_ptr().add(c * LANES)) };
-            for (sum, key) in sums.iter_mut().zip(keys) {
-                let k = unsafe { _mm512_loadu_ps(key.add(c * LANES)) };
-                *sum = _mm512_fmadd_ps(q, k, *sum);
+        for (q, query) in queries.iter().enumerate() {
+            // Chunk by chunk across the sixteen keys: sixteen independent chains of
+            // multiply-adds (one key at a time waited on its own chain's latency).
+            let mut sums = [_mm512_setzero_ps(); LANES];
+            for c in 0..chunks {
+                // SAFETY: `c * LANES + LANES <= width` for the query and every key.
+                let q = unsafe { _mm512_loadu_ps(query.as_ptr().add(c * LANES)) };
+                for (sum, key) in sums.iter_mut().zip(keys) {
+                    let k = unsafe { _mm512_loadu_ps(key.add(c * LANES)) };
+                    *sum = _mm512_fmadd_ps(q, k, *sum);
+                }
             }
+            let lanes = transpose16(sums);
+            let mut total = empty;
+            for lane in lanes {
+                total = _mm512_add_ps(total, lane);
+            }
+            total = _mm512_mul_ps(_mm512_add_ps(total, empty), scales);
+            let row = &mut out[q * n..(q + 1) * n];
+            assert!(block + LANES <= row.len());
+            // SAFETY: `block + LANES <= n`, the row's length (checked).
+            unsafe { _mm512_storeu_ps(row.as_mut_ptr().add(block), total) };
         }
-        let lanes = transpose16(sums);
-        let mut total = empty;
-        for lane in lanes {
-            total = _mm512_add_ps(total, lane);
-        }
-        total = _mm512_mul_ps(_mm512_add_ps(total, empty), scales);
-        // SAFETY: `block + LANES <= n`.
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(block), total) };
         block += LANES;
     }
-    for (i, out) in out.iter_mut().enumerate().skip(block) {
-        *out = dot(query, key(i)) * scale;
+    for (query, row) in queries.iter().zip(out.chunks_exact_mut(n.max(1))) {
+        for (i, out) in row.iter_mut().enumerate().skip(block) {
+            *out = dot(query, key(i)) * scale;
+        }
     }
 }
 
@@ -266,6 +300,20 @@ mod tests {
                 for (i, &value) in ours.iter().enumerate() {
                     let expected = dot(&query, key(i)) * 0.125;
                     assert_eq!(value.to_bits(), expected.to_bits(), "d {d}, n {n}, key {i}");
+                }
+                // Several queries against the same keys.
+                let queries: Vec<Vec<f32>> = (0..5)
+                    .map(|_| (0..d).map(|_| rng.random_range(-2.0..2.0)).collect())
+                    .collect();
+                let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                let mut ours = vec![f32::NAN; queries.len() * n];
+                scaled_dots_many(&queries, key, 0.125, &mut ours);
+                for (q, query) in queries.iter().enumerate() {
+                    for i in 0..n {
+                        let expected = dot(query, key(i)) * 0.125;
+                        let value = ours[q * n + i];
+                        assert_eq!(value.to_bits(), expected.to_bits(), "d {d}, n {n}, {q} {i}");
+                    }
                 }
             }
         }
