@@ -250,21 +250,12 @@ pub fn attend(
     output
 }
 
-/// `out += weights[i] * value(i)` for each value in order, element by element (so the same
-/// bits on every build). In 512-bit vectors where the CPU has them, with a few vectors of
-/// `out` kept in registers across all the values: added into `out` in memory, value after
-/// value, each add waited on the store before it (160 rows of 64 values in L2 here: 7.5-11.3
-/// -> 4.7 ns a row).
-#[cfg(test)]
-fn weighted_sum<'a>(out: &mut [f32], weights: &[f32], value: impl Fn(usize) -> &'a [f32]) {
-    let width = out.len();
-    weighted_sums(out, width, weights, value);
-}
-
-/// [`weighted_sum`] into several outputs of `width` over the same values: `outs` is
-/// `[q, width]` and `weights` `[q, n]`, output `j` summing with weights `j * n..`. Each value
-/// is loaded once for up to four outputs (query heads that share a KV head), and each output
-/// gets the bits `weighted_sum` gives it.
+/// `outs[j] += weights[j * n + i] * value(i)` for each value in order, element by element
+/// (so the same bits on every build), with `outs` `[q, width]` and `weights` `[q, n]`. In
+/// 512-bit vectors where the CPU has them, with a few vectors of each output kept in registers
+/// across all the values (added into memory, value after value, each add waited on the store
+/// before it: 160 rows of 64 values in L2 here, 7.5-11.3 -> 4.7 ns a row), and each value
+/// loaded once for up to four outputs (query heads that share a KV head).
 fn weighted_sums<'a>(
     outs: &mut [f32],
     width: usize,
@@ -691,7 +682,7 @@ mod tests {
                 let value = |i: usize| &values[i * width..(i + 1) * width];
                 let start: Vec<f32> = (0..width).map(|e| e as f32 * 0.1).collect();
                 let mut ours = start.clone();
-                weighted_sum(&mut ours, &weights, value);
+                weighted_sums(&mut ours, width, &weights, value);
                 let mut portable = start.clone();
                 weighted_sum_portable(&mut portable, &weights, (0..count).map(value));
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

@@ -63,24 +63,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 const LANES: usize = 16;
 
-/// `out[i] = dot(query, key(i)) * scale` for `i < out.len()`, bit for bit as [`dot`] computes
-/// each (attention's scores). On AVX-512 CPUs sixteen keys at a time: their lane sums are
-/// transposed so that one vector add per lane does sixteen keys' sequential sums at once,
-/// where a `dot` per key waits on its sixteen dependent adds (and makes a call and a feature
-/// check): 160 keys of 64 values in L2 here, 8.3 -> 5.2 ns a key.
-pub fn scaled_dots<'a>(
-    query: &[f32],
-    key: impl Fn(usize) -> &'a [f32],
-    scale: f32,
-    out: &mut [f32],
-) {
-    scaled_dots_many(&[query], key, scale, out);
-}
-
-/// [`scaled_dots`] for several queries against the same keys: `out` is `[queries, n]`, query
-/// `q`'s scores at `q * n`. Each block of sixteen keys goes through every query while it is in
-/// L1 (the query heads that share a KV head read its keys once, where one head at a time read
-/// them from L2 or further for each), with each score's bits as `scaled_dots` gives them.
+/// `out[q * n + i] = dot(queries[q], key(i)) * scale` for each query `q` and `i < n`, with
+/// `out` `[queries, n]`: attention's scores, bit for bit as [`dot`] computes each. On AVX-512
+/// CPUs sixteen keys at a time: their lane sums are transposed so that one vector add per lane
+/// does sixteen keys' sequential sums at once, where a `dot` per key waits on its sixteen
+/// dependent adds (and makes a call and a feature check): 160 keys of 64 values in L2 here,
+/// 8.3 -> 5.2 ns a key. Each block of sixteen keys goes through every query while it is in L1:
+/// the query heads that share a KV head read its keys once, where one head at a time read them
+/// from L2 or further for each.
 pub fn scaled_dots_many<'a>(
     queries: &[&[f32]],
     key: impl Fn(usize) -> &'a [f32],
@@ -292,27 +282,26 @@ mod tests {
         // key counts below, at and past a block of 16.
         for d in [16, 64, 128, 256, 72] {
             for n in [0, 1, 15, 16, 17, 40, 300] {
-                let query: Vec<f32> = (0..d).map(|_| rng.random_range(-2.0..2.0)).collect();
                 let keys: Vec<f32> = (0..n * d).map(|_| rng.random_range(-2.0..2.0)).collect();
                 let key = |i: usize| &keys[i * d..(i + 1) * d];
-                let mut ours = vec![f32::NAN; n];
-                scaled_dots(&query, key, 0.125, &mut ours);
-                for (i, &value) in ours.iter().enumerate() {
-                    let expected = dot(&query, key(i)) * 0.125;
-                    assert_eq!(value.to_bits(), expected.to_bits(), "d {d}, n {n}, key {i}");
-                }
-                // Several queries against the same keys.
-                let queries: Vec<Vec<f32>> = (0..5)
-                    .map(|_| (0..d).map(|_| rng.random_range(-2.0..2.0)).collect())
-                    .collect();
-                let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
-                let mut ours = vec![f32::NAN; queries.len() * n];
-                scaled_dots_many(&queries, key, 0.125, &mut ours);
-                for (q, query) in queries.iter().enumerate() {
-                    for i in 0..n {
-                        let expected = dot(query, key(i)) * 0.125;
-                        let value = ours[q * n + i];
-                        assert_eq!(value.to_bits(), expected.to_bits(), "d {d}, n {n}, {q} {i}");
+                // One query, and several against the same keys.
+                for count in [1, 5] {
+                    let queries: Vec<Vec<f32>> = (0..count)
+                        .map(|_| (0..d).map(|_| rng.random_range(-2.0..2.0)).collect())
+                        .collect();
+                    let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                    let mut ours = vec![f32::NAN; queries.len() * n];
+                    scaled_dots_many(&queries, key, 0.125, &mut ours);
+                    for (q, query) in queries.iter().enumerate() {
+                        for i in 0..n {
+                            let expected = dot(query, key(i)) * 0.125;
+                            let value = ours[q * n + i];
+                            assert_eq!(
+                                value.to_bits(),
+                                expected.to_bits(),
+                                "d {d}, n {n}, {q} {i}"
+                            );
+                        }
                     }
                 }
             }
