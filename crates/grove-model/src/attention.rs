@@ -5,12 +5,14 @@
 //! read straight from their slots: no gather, no materialized mask. Softmax runs in f32 with
 //! the max subtracted, like SDPA.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
 use crate::forward::{ForwardBatch, Visibility};
 use crate::kernels::scaled_dots_many;
+use crate::threads::for_each_chunk_mut;
 
 /// Below this many multiply-adds attention runs on the calling thread: handing tiny work to
 /// the pool costs a wake-up and a context switch per layer.
@@ -199,7 +201,11 @@ pub fn attend(
         .min(rayon::current_num_threads().div_ceil(rows * num_kv_heads))
         .max(1);
     let part_len = group.div_ceil(parts);
-    let attend_part = |scores: &mut Vec<f32>, (row_kv, part, out): (usize, usize, &mut [f32])| {
+    thread_local! {
+        /// A task's scores, `[its query heads, keys]`.
+        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    }
+    let attend_part = |row_kv: usize, part: usize, out: &mut [f32]| {
         let (row, kv_head) = (row_kv / num_kv_heads, row_kv % num_kv_heads);
         let slots = &key_slots[row];
         if slots.len() > KEY_PIECE {
@@ -214,13 +220,15 @@ pub fn attend(
         let key = |slot: usize| &keys[slot * kv_width + kv_offset..][..head_dim];
         let value = |slot: usize| &values[slot * kv_width + kv_offset..][..head_dim];
         let n = slots.len();
-        scores.clear();
-        scores.resize(queries.len() * n, 0.0);
-        scaled_dots_many(&queries, |i| key(slots[i]), scale, scores);
-        for scores in scores.chunks_exact_mut(n.max(1)) {
-            softmax_in_place(scores);
-        }
-        weighted_sums(out, head_dim, scores, |i| value(slots[i]));
+        SCORES.with_borrow_mut(|scores| {
+            scores.clear();
+            scores.resize(queries.len() * n, 0.0);
+            scaled_dots_many(&queries, |i| key(slots[i]), scale, scores);
+            for scores in scores.chunks_exact_mut(n.max(1)) {
+                softmax_in_place(scores);
+            }
+            weighted_sums(out, head_dim, scores, |i| value(slots[i]));
+        });
     };
     let work: usize = key_slots
         .iter()
@@ -229,21 +237,13 @@ pub fn attend(
         .sum::<usize>()
         * row_width;
     let (kv_group_width, part_width) = (group * head_dim, part_len * head_dim);
+    let mut groups: Vec<&mut [f32]> = output.chunks_mut(kv_group_width).collect();
     if work >= PARALLEL_MIN_WORK {
-        output
-            .par_chunks_mut(kv_group_width)
-            .enumerate()
-            .flat_map(|(row_kv, outs)| {
-                outs.par_chunks_mut(part_width)
-                    .enumerate()
-                    .map(move |(part, out)| (row_kv, part, out))
-            })
-            .for_each_init(|| Vec::with_capacity(group * KEY_PIECE), attend_part);
+        for_each_chunk_mut(&mut groups, part_width, attend_part);
     } else {
-        let mut scores = Vec::with_capacity(group * KEY_PIECE);
-        for (row_kv, outs) in output.chunks_mut(kv_group_width).enumerate() {
+        for (row_kv, outs) in groups.iter_mut().enumerate() {
             for (part, out) in outs.chunks_mut(part_width).enumerate() {
-                attend_part(&mut scores, (row_kv, part, out));
+                attend_part(row_kv, part, out);
             }
         }
     }
@@ -413,9 +413,14 @@ impl PieceContext<'_> {
         } = self.layout;
         let group = self.layout.num_heads / num_kv_heads;
         let pieces_per_head = self.slots.len().div_ceil(KEY_PIECE);
-        let pieces: Vec<Piece> = (0..num_kv_heads * pieces_per_head)
-            .into_par_iter()
-            .map(|i| self.piece(i / pieces_per_head, i % pieces_per_head))
+        let mut pieces: Vec<Option<Piece>> =
+            (0..num_kv_heads * pieces_per_head).map(|_| None).collect();
+        for_each_chunk_mut(&mut [&mut pieces], 1, |_, i, piece| {
+            piece[0] = Some(self.piece(i / pieces_per_head, i % pieces_per_head));
+        });
+        let pieces: Vec<Piece> = pieces
+            .into_iter()
+            .map(|p| p.expect("every piece ran"))
             .collect();
         for (kv_head, pieces) in pieces.chunks(pieces_per_head).enumerate() {
             for g in 0..group {

@@ -1,11 +1,13 @@
 //! The products' drivers: the input quantized once, the weight rows cut into tasks for the
 //! threads, each task's outputs written in place.
 
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
 use super::{Kernel, QMatrix, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
+use crate::threads::for_each_chunk_mut;
 
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
 /// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
@@ -41,40 +43,29 @@ pub fn matmul_many_with(
         .map(|m| Vec::with_capacity(m.n * rows))
         .collect();
     let task_len = WEIGHT_ROWS_PER_TASK * rows;
-    let mut work: Vec<(&QMatrix, &QuantizedRows, &mut [MaybeUninit<f32>])> = matrices
-        .iter()
-        .zip(outputs.iter_mut())
-        .map(|(matrix, output)| {
-            (
-                *matrix,
-                acts_for(&quantized, matrix),
-                &mut output.spare_capacity_mut()[..matrix.n * rows],
-            )
-        })
+    let mut blocks: Vec<&mut [MaybeUninit<f32>]> = outputs
+        .iter_mut()
+        .zip(matrices)
+        .map(|(output, matrix)| &mut output.spare_capacity_mut()[..matrix.n * rows])
         .collect();
-    let run = |matrix: &QMatrix, acts: &QuantizedRows, index: usize, chunk: &mut [_]| {
-        let chunk = zeroed(chunk);
-        matrix.task(kernel, acts, rows, index * WEIGHT_ROWS_PER_TASK, chunk)
+    let acts: Vec<&QuantizedRows> = matrices
+        .iter()
+        .map(|matrix| acts_for(&quantized, matrix))
+        .collect();
+    let run = |m: usize, index: usize, chunk: &mut [_]| {
+        let first = index * WEIGHT_ROWS_PER_TASK;
+        matrices[m].task(kernel, acts[m], rows, first, zeroed(chunk));
     };
     let size: usize = matrices.iter().map(|m| m.n * k * rows).sum();
     if size >= PARALLEL_MIN_WORK {
-        work.par_iter_mut()
-            .flat_map(|(matrix, acts, output)| {
-                let (matrix, acts) = (*matrix, *acts);
-                output
-                    .par_chunks_mut(task_len)
-                    .enumerate()
-                    .map(move |(index, chunk)| (matrix, acts, index, chunk))
-            })
-            .for_each(|(matrix, acts, index, chunk)| run(matrix, acts, index, chunk));
+        for_each_chunk_mut(&mut blocks, task_len, run);
     } else {
-        for (matrix, acts, output) in &mut work {
+        for (m, output) in blocks.iter_mut().enumerate() {
             for (index, chunk) in output.chunks_mut(task_len).enumerate() {
-                run(matrix, acts, index, chunk);
+                run(m, index, chunk);
             }
         }
     }
-    drop(work);
     for (output, matrix) in outputs.iter_mut().zip(matrices) {
         // SAFETY: the tasks above initialized all of `..n * rows` (each its own chunk, first
         // to zero); a task that panicked never gets here.
@@ -124,31 +115,31 @@ pub fn matmul_gated_with(
     );
     let mut output: Vec<f32> = Vec::with_capacity(n * rows);
     let task_len = WEIGHT_ROWS_PER_TASK * rows;
-    // A task's two products go through scratch buffers, one pair per rayon job.
-    let run = |(gates, ups): &mut (Vec<f32>, Vec<f32>), (index, chunk): (usize, &mut [_])| {
+    thread_local! {
+        /// A task's two products, before they are gated into its block of the output.
+        static PRODUCTS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    }
+    let run = |_: usize, index: usize, chunk: &mut [_]| {
         let first = index * WEIGHT_ROWS_PER_TASK;
         let len = chunk.len();
-        for (products, matrix, acts) in [
-            (&mut *gates, gate_matrix, gate_acts),
-            (&mut *ups, up_matrix, up_acts),
-        ] {
-            products.clear();
-            products.resize(len, 0.0);
-            matrix.task(kernel, acts, rows, first, products);
-        }
-        gate(gates, ups, zeroed(chunk));
+        PRODUCTS.with_borrow_mut(|(gates, ups)| {
+            for (products, matrix, acts) in [
+                (&mut *gates, gate_matrix, gate_acts),
+                (&mut *ups, up_matrix, up_acts),
+            ] {
+                products.clear();
+                products.resize(len, 0.0);
+                matrix.task(kernel, acts, rows, first, products);
+            }
+            gate(gates, ups, zeroed(chunk));
+        });
     };
     let values = &mut output.spare_capacity_mut()[..n * rows];
-    let scratch = || (Vec::with_capacity(task_len), Vec::with_capacity(task_len));
     if 2 * n * k * rows >= PARALLEL_MIN_WORK {
-        values
-            .par_chunks_mut(task_len)
-            .enumerate()
-            .for_each_init(scratch, run);
+        for_each_chunk_mut(&mut [values], task_len, run);
     } else {
-        let mut buffers = scratch();
-        for item in values.chunks_mut(task_len).enumerate() {
-            run(&mut buffers, item);
+        for (index, chunk) in values.chunks_mut(task_len).enumerate() {
+            run(0, index, chunk);
         }
     }
     // SAFETY: every chunk of `..n * rows` was initialized by its task (zeroed, then gated); a
