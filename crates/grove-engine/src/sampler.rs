@@ -48,15 +48,42 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit; the first one wins a tie, as `torch.argmax` does.
+/// Index of the largest logit; the first one wins a tie, as `torch.argmax` does (a NaN never
+/// wins, and a NaN first logit gives 0: the first index is the running best, and only a
+/// larger value replaces it).
+///
+/// In two passes that vectorize, where one loop carrying the best index does not: the largest
+/// value 16 lanes at a time, then the first 16-logit chunk holding it. Over Qwen2.5's 151936
+/// logits the one loop took 120-200 us of every decoding step.
 pub fn argmax(logits: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (index, &value) in logits.iter().enumerate() {
-        if value > logits[best] {
-            best = index;
+    const LANES: usize = 16;
+    let Some(&first) = logits.first() else {
+        return 0;
+    };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut lanes = [first; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (best, &value) in lanes.iter_mut().zip(chunk) {
+            if value > *best {
+                *best = value;
+            }
         }
     }
-    best as TokenId
+    let max = lanes.iter().chain(tail).fold(
+        first,
+        |best, &value| if value > best { value } else { best },
+    );
+    let holds_max = |chunk: &[f32]| chunk.iter().fold(false, |hit, &value| hit | (value == max));
+    let chunk = logits.chunks(LANES).position(holds_max).unwrap_or(0);
+    let within = logits[chunk * LANES..]
+        .iter()
+        .position(|&value| value == max)
+        .unwrap_or(0);
+    (chunk * LANES + within) as TokenId
 }
 
 /// The distribution a non-greedy draw uses: tokens with their probabilities (summing to 1),
@@ -104,6 +131,47 @@ pub fn processed_distribution(logits: &[f32], params: &SamplingParams) -> Vec<(T
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The definition: the first index whose value is larger than every value before it
+    /// that was the best so far.
+    fn argmax_plain(logits: &[f32]) -> TokenId {
+        let mut best = 0;
+        for (index, &value) in logits.iter().enumerate() {
+            if value > logits[best] {
+                best = index;
+            }
+        }
+        best as TokenId
+    }
+
+    #[test]
+    fn argmax_equals_the_plain_loop_with_ties_nans_and_signed_zeros() {
+        let mut rng = ChaCha12Rng::seed_from_u64(7);
+        let specials = [f32::NAN, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 3.0];
+        for len in [0, 1, 2, 15, 16, 17, 33, 100, 151_936] {
+            for case in 0..20 {
+                // Few distinct values, so maxima repeat; some cases sprinkled with specials.
+                let mut logits: Vec<f32> = (0..len)
+                    .map(|_| f32::from(rng.random_range(-3i8..=3)))
+                    .collect();
+                if case % 2 == 1 && len > 0 {
+                    for _ in 0..(len / 7).max(1) {
+                        let at = rng.random_range(0..len);
+                        logits[at] = specials[rng.random_range(0..specials.len())];
+                    }
+                }
+                assert_eq!(
+                    argmax(&logits),
+                    argmax_plain(&logits),
+                    "{len} logits, case {case}: {:?}",
+                    &logits[..len.min(40)]
+                );
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN, 5.0, 7.0]), 0);
+        assert_eq!(argmax(&[1.0, f32::NAN, 7.0, 7.0]), 2);
+        assert_eq!(argmax(&[-0.0, 0.0]), 0);
+    }
 
     fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingParams {
         SamplingParams {

@@ -76,7 +76,7 @@ fn quantized_matmuls(matrices: &[&Arc<QMatrix>], x: &[f32], rows: usize) -> Vec<
 
 /// `f` of `t`'s values as host floats: read in place for a contiguous f32 tensor on the CPU
 /// (weights, biases and norm scales, without a copy per call), else from a copy.
-fn with_host_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+pub fn with_host_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
     if t.dtype() == DType::F32 && t.is_contiguous() && t.device().is_cpu() {
         let (storage, layout) = t.storage_and_layout();
         if let Storage::Cpu(cpu) = &*storage {
