@@ -4,6 +4,9 @@
 //! exactly this distribution.
 
 use grove_core::{SamplingParams, TokenId};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
@@ -32,20 +35,181 @@ impl Sampler {
         if self.params.is_greedy() {
             return argmax(logits);
         }
-        let support = processed_distribution(logits, &self.params);
-        let mut target = self.rng.random::<f64>();
-        for &(token, probability) in &support {
-            target -= probability;
-            if target < 0.0 {
-                return token;
+        let target = self.rng.random::<f64>();
+        draw(logits, &self.params, target)
+    }
+}
+
+/// The token that `target` (uniform in [0, 1)) picks from [`processed_distribution`]: the
+/// first one, most likely first, where the running sum of probabilities passes `target`.
+///
+/// Without sorting the whole vocabulary (9 ms a draw over Qwen2.5's 151936 tokens; now
+/// 0.6 ms with top-k, 1.5 ms without): with top-k, its k tokens come from one pass with a
+/// heap; without, only the tokens within `gap` of the largest scaled logit are sorted, the
+/// gap widened (to every token at last) until they hold the mass that top-p and the draw
+/// need. They are the head of the full order, and their probabilities are the definition's
+/// but for the normalizer, summed here in vocabulary order (the same terms, so the same
+/// value to rounding; the f64 `exp` of every token is most of the 1.5 ms).
+fn draw(logits: &[f32], params: &SamplingParams, target: f64) -> TokenId {
+    let temperature = f64::from(params.temperature);
+    let scaled = |logit: f32| f64::from(logit) / temperature;
+    let finite = || logits.iter().copied().filter(|logit| logit.is_finite());
+    let count = finite().count();
+    let Some(max) = finite().max_by(f32::total_cmp).map(scaled) else {
+        return argmax(logits);
+    };
+    if params.top_k > 0 && params.top_k < count {
+        // The definition's arithmetic on the k likeliest (their own normalizer).
+        let likeliest = likeliest(logits, params.top_k, scaled);
+        return walk(&normalized(likeliest, params), target, logits);
+    }
+    let total: f64 = finite().map(|logit| (scaled(logit) - max).exp()).sum();
+    let mut gap = 8.0;
+    loop {
+        let mut head = head_within(logits, temperature, max - gap);
+        let whole = head.len() == count;
+        gap = if gap < 1e4 { gap * 2.0 } else { f64::INFINITY };
+        head.sort_unstable_by(by_rank);
+        for entry in head.iter_mut() {
+            entry.1 = (entry.1 - max).exp() / total;
+        }
+        if params.top_p < 1.0 {
+            if let Some(keep) = top_p_len(&head, params.top_p) {
+                head.truncate(keep);
+                return walk(&renormalized(head), target, logits);
+            }
+            if whole {
+                return walk(&renormalized(head), target, logits);
+            }
+        } else {
+            let mut left = target;
+            for &(token, probability) in &head {
+                left -= probability;
+                if left < 0.0 {
+                    return token;
+                }
+            }
+            if whole {
+                return walk(&head, target, logits);
             }
         }
-        // Rounding left a sliver of mass: fall back to the least likely kept token.
-        support
-            .last()
-            .map(|&(token, _)| token)
-            .unwrap_or_else(|| argmax(logits))
     }
+}
+
+/// The `k` likeliest finite logits, scaled, in the definition's order: one pass keeping the
+/// best `k` in a heap (a value's total-order bits above, the complement of its token id
+/// below, so that equal values rank in vocabulary order).
+fn likeliest(logits: &[f32], k: usize, scaled: impl Fn(f32) -> f64) -> Vec<(TokenId, f64)> {
+    let rank = |token: usize, logit: f32| {
+        let bits = logit.to_bits();
+        let ordered = if bits >> 31 == 1 {
+            !bits
+        } else {
+            bits | 1 << 31
+        };
+        (u64::from(ordered) << 32) | u64::from(u32::MAX - token as u32)
+    };
+    let mut heap: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(k + 1);
+    for (token, &logit) in logits.iter().enumerate() {
+        if !logit.is_finite() {
+            continue;
+        }
+        let key = rank(token, logit);
+        if heap.len() < k {
+            heap.push(Reverse(key));
+        } else if let Some(mut worst) = heap.peek_mut() {
+            if key > worst.0 {
+                *worst = Reverse(key);
+            }
+        }
+    }
+    let mut keys: Vec<u64> = heap.into_iter().map(|Reverse(key)| key).collect();
+    keys.sort_unstable_by(|a, b| b.cmp(a));
+    keys.into_iter()
+        .map(|key| {
+            let token = (u32::MAX - key as u32) as usize;
+            (token as TokenId, scaled(logits[token]))
+        })
+        .collect()
+}
+
+/// The finite logits whose scaled value (`logit / temperature`) is at least `floor`, with
+/// those values, in vocabulary order: the head of the definition's order. A first pass
+/// compares the f32 logits with a bound a little below the floor's (vectorized), and the few
+/// that pass are checked exactly.
+fn head_within(logits: &[f32], temperature: f64, floor: f64) -> Vec<(TokenId, f64)> {
+    let bound = (floor * temperature) as f32;
+    let bound = bound - bound.abs() * 1e-6 - f32::MIN_POSITIVE;
+    logits
+        .iter()
+        .enumerate()
+        .filter(|&(_, &logit)| logit >= bound && logit.is_finite())
+        .map(|(i, &logit)| (i as TokenId, f64::from(logit) / temperature))
+        .filter(|&(_, value)| value >= floor)
+        .collect()
+}
+
+/// The definition's order: larger scaled logit first, equal ones in vocabulary order.
+fn by_rank(a: &(TokenId, f64), b: &(TokenId, f64)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The token a draw `target` picks from `support` (most likely first): where the running sum
+/// passes it, or the last token if rounding left a sliver of mass.
+fn walk(support: &[(TokenId, f64)], target: f64, logits: &[f32]) -> TokenId {
+    let mut target = target;
+    for &(token, probability) in support {
+        target -= probability;
+        if target < 0.0 {
+            return token;
+        }
+    }
+    support
+        .last()
+        .map(|&(token, _)| token)
+        .unwrap_or_else(|| argmax(logits))
+}
+
+/// How many of `support`'s tokens (most likely first) top-p keeps: the fewest whose
+/// probabilities' running sum reaches `top_p`; `None` if all of them do not.
+fn top_p_len(support: &[(TokenId, f64)], top_p: f32) -> Option<usize> {
+    let mut cumulative = 0.0;
+    support
+        .iter()
+        .position(|&(_, p)| {
+            cumulative += p;
+            cumulative >= f64::from(top_p)
+        })
+        .map(|i| i + 1)
+}
+
+/// `support`'s probabilities divided by their sum.
+fn renormalized(mut support: Vec<(TokenId, f64)>) -> Vec<(TokenId, f64)> {
+    let kept: f64 = support.iter().map(|&(_, p)| p).sum();
+    for entry in support.iter_mut() {
+        entry.1 /= kept;
+    }
+    support
+}
+
+/// Scaled logits in the definition's order (after top-k) as probabilities: softmax, then
+/// top-p.
+fn normalized(mut order: Vec<(TokenId, f64)>, params: &SamplingParams) -> Vec<(TokenId, f64)> {
+    let max = order.first().map_or(0.0, |&(_, l)| l);
+    let mut total = 0.0;
+    for entry in order.iter_mut() {
+        entry.1 = (entry.1 - max).exp();
+        total += entry.1;
+    }
+    for entry in order.iter_mut() {
+        entry.1 /= total;
+    }
+    if params.top_p < 1.0 {
+        let keep = top_p_len(&order, params.top_p).unwrap_or(order.len());
+        order.truncate(keep);
+        order = renormalized(order);
+    }
+    order
 }
 
 /// Index of the largest logit; the first one wins a tie, as `torch.argmax` does (a NaN never
@@ -101,31 +265,7 @@ pub fn processed_distribution(logits: &[f32], params: &SamplingParams) -> Vec<(T
     if params.top_k > 0 {
         order.truncate(params.top_k);
     }
-    let max = order.first().map_or(0.0, |&(_, l)| l);
-    let mut total = 0.0;
-    for entry in order.iter_mut() {
-        entry.1 = (entry.1 - max).exp();
-        total += entry.1;
-    }
-    for entry in order.iter_mut() {
-        entry.1 /= total;
-    }
-    if params.top_p < 1.0 {
-        let mut cumulative = 0.0;
-        let keep = order
-            .iter()
-            .position(|&(_, p)| {
-                cumulative += p;
-                cumulative >= f64::from(params.top_p)
-            })
-            .map_or(order.len(), |i| i + 1);
-        order.truncate(keep);
-        let kept: f64 = order.iter().map(|&(_, p)| p).sum();
-        for entry in order.iter_mut() {
-            entry.1 /= kept;
-        }
-    }
-    order
+    normalized(order, params)
 }
 
 #[cfg(test)]
@@ -197,6 +337,46 @@ mod tests {
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn draws_equal_a_walk_over_the_whole_sorted_distribution() {
+        // Against the definition: the full processed distribution, then the walk. The
+        // normalizers differ only in summation order, so the draws agree (a draw landing
+        // within rounding of a boundary would be a one in 10^12 event).
+        let mut rng = ChaCha12Rng::seed_from_u64(5);
+        for (len, spread) in [(3, 1.0f32), (50, 4.0), (1000, 8.0), (151_936, 12.0)] {
+            let logits: Vec<f32> = (0..len)
+                .map(|i| match i % 97 {
+                    13 => f32::NEG_INFINITY,
+                    // Repeated values: ties in the order.
+                    20..=23 => 1.5,
+                    _ => rng.random_range(-spread..spread),
+                })
+                .collect();
+            for (temperature, top_k, top_p) in [
+                (1.0, 0, 1.0),
+                (0.7, 0, 1.0),
+                (0.05, 0, 1.0),
+                (3.0, 0, 1.0),
+                (1.0, 40, 1.0),
+                (0.8, 0, 0.9),
+                (1.2, 200, 0.5),
+                (1.0, 0, 0.999),
+                (1.0, len + 5, 1.0),
+            ] {
+                let params = params(temperature, top_k, top_p, 0);
+                let support = processed_distribution(&logits, &params);
+                for _ in 0..(300_000 / len).clamp(5, 200) {
+                    let target = rng.random::<f64>();
+                    assert_eq!(
+                        draw(&logits, &params, target),
+                        walk(&support, target, &logits),
+                        "{len} logits, T {temperature}, top-k {top_k}, top-p {top_p}, target {target}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
