@@ -329,15 +329,16 @@ impl<'a> Generator<'a> {
                 // Walk: the target's choice at each visited node, drawn once per node in path
                 // order; nodes off the path are never sampled.
                 let (path, bonus) = tree.walk(|node| sequence.sampler.sample(node_row(node)));
-                // The path's K/V move to positions base.. (no re-rotation: a node's position already
-                // is base + depth); rows off the path are freed.
+                // The path's K/V move to positions base.. (no re-rotation: a node's position
+                // already is base + depth); rows off the path are freed.
                 sequence.table.commit_path(&mut pools.kv, base, &path);
                 if let (Some(taps), Some(_)) = (&taps, sequence.method) {
                     let picked: Vec<u32> = path.iter().map(|&n| (offset + n) as u32).collect();
                     let picked = Tensor::from_vec(picked, path.len(), &candle_core::Device::Cpu)
                         .map_err(ModelError::from)?;
                     let mut features = taps.index_select(&picked, 0).map_err(ModelError::from)?;
-                    // A round that drafted nothing left earlier features pending: keep them in order.
+                    // A round that drafted nothing left earlier features pending: keep them in
+                    // order.
                     if let Some(earlier) = sequence.pending_features.take() {
                         features =
                             Tensor::cat(&[earlier, features], 0).map_err(ModelError::from)?;

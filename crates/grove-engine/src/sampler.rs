@@ -54,8 +54,17 @@ fn draw(logits: &[f32], params: &SamplingParams, target: f64) -> TokenId {
     let temperature = f64::from(params.temperature);
     let scaled = |logit: f32| f64::from(logit) / temperature;
     let finite = || logits.iter().copied().filter(|logit| logit.is_finite());
-    let count = finite().count();
-    let Some(max) = finite().max_by(f32::total_cmp).map(scaled) else {
+    let (count, max) = finite().fold((0, None), |(count, max): (usize, Option<f32>), logit| {
+        let max = max.map_or(logit, |max| {
+            if logit.total_cmp(&max).is_gt() {
+                logit
+            } else {
+                max
+            }
+        });
+        (count + 1, Some(max))
+    });
+    let Some(max) = max.map(scaled) else {
         return argmax(logits);
     };
     if params.top_k > 0 && params.top_k < count {
@@ -74,24 +83,15 @@ fn draw(logits: &[f32], params: &SamplingParams, target: f64) -> TokenId {
             entry.1 = (entry.1 - max).exp() / total;
         }
         if params.top_p < 1.0 {
-            if let Some(keep) = top_p_len(&head, params.top_p) {
-                head.truncate(keep);
+            let keep = top_p_len(&head, params.top_p);
+            if keep.is_some() || whole {
+                head.truncate(keep.unwrap_or(head.len()));
                 return walk(&renormalized(head), target, logits);
             }
-            if whole {
-                return walk(&renormalized(head), target, logits);
-            }
-        } else {
-            let mut left = target;
-            for &(token, probability) in &head {
-                left -= probability;
-                if left < 0.0 {
-                    return token;
-                }
-            }
-            if whole {
-                return walk(&head, target, logits);
-            }
+        } else if let Some(token) = passed_at(&head, target) {
+            return token;
+        } else if whole {
+            return walk(&head, target, logits);
         }
     }
 }
@@ -157,17 +157,19 @@ fn by_rank(a: &(TokenId, f64), b: &(TokenId, f64)) -> std::cmp::Ordering {
 /// The token a draw `target` picks from `support` (most likely first): where the running sum
 /// passes it, or the last token if rounding left a sliver of mass.
 fn walk(support: &[(TokenId, f64)], target: f64, logits: &[f32]) -> TokenId {
-    let mut target = target;
-    for &(token, probability) in support {
-        target -= probability;
-        if target < 0.0 {
-            return token;
-        }
-    }
-    support
-        .last()
-        .map(|&(token, _)| token)
+    passed_at(support, target)
+        .or(support.last().map(|&(token, _)| token))
         .unwrap_or_else(|| argmax(logits))
+}
+
+/// The token of `support` (most likely first) where the running sum passes `target`, if it
+/// does.
+fn passed_at(support: &[(TokenId, f64)], target: f64) -> Option<TokenId> {
+    let mut left = target;
+    support.iter().find_map(|&(token, probability)| {
+        left -= probability;
+        (left < 0.0).then_some(token)
+    })
 }
 
 /// How many of `support`'s tokens (most likely first) top-p keeps: the fewest whose

@@ -146,20 +146,28 @@ pub fn for_each_chunk_mut<T: Send>(
         .iter_mut()
         .map(|slice| Slice(slice.as_mut_ptr(), slice.len()))
         .collect();
-    let counts: Vec<usize> = slices
+    // Where each slice's chunks start in the one list (a prefill's attention has a slice per
+    // row and KV head: a search, not a walk, finds a task's).
+    let firsts: Vec<usize> = slices
         .iter()
-        .map(|slice| slice.len().div_ceil(chunk_len))
+        .scan(0, |next, slice| {
+            let first = *next;
+            *next += slice.len().div_ceil(chunk_len);
+            Some(first)
+        })
         .collect();
-    for_each_task(counts.iter().sum(), |mut j| {
-        let mut s = 0;
-        while j >= counts[s] {
-            j -= counts[s];
-            s += 1;
-        }
+    let tasks = slices.last().map_or(0, |slice| {
+        firsts[firsts.len() - 1] + slice.len().div_ceil(chunk_len)
+    });
+    for_each_task(tasks, |task| {
+        // The last slice starting at or before `task` (empty slices start where the next does).
+        let s = firsts.partition_point(|&first| first <= task) - 1;
+        let j = task - firsts[s];
         let Slice(start, len) = bases[s];
         let at = j * chunk_len;
-        // SAFETY: `for_each_task` runs each task once, so chunk `j` of slice `s` (inside it:
-        // `j < counts[s]`) is borrowed once, while `slices` stays borrowed mutably.
+        // SAFETY: `for_each_task` runs each task once, so chunk `j` of slice `s` (inside it: `s`
+        // is the last slice whose chunks start at or before the task, so `at < len`) is
+        // borrowed once, while `slices` stays borrowed mutably.
         #[allow(unsafe_code)]
         let chunk =
             unsafe { std::slice::from_raw_parts_mut(start.add(at), chunk_len.min(len - at)) };
