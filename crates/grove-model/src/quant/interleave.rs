@@ -166,22 +166,6 @@ pub fn lane_blocked(q: &[i8], k: usize) -> (Vec<i8>, Vec<i32>) {
     (lanes, lane_sums)
 }
 
-/// `q` (whole 256-value blocks) with each block's 32-value sub-blocks in the order
-/// 0, 2, 1, 3, 4, 6, 5, 7. A Q4_K super-block keeps sub-blocks `2j` and `2j + 1` in the low
-/// and high nibbles of the same 32 bytes, so one 64-byte load of its nibbles splits into
-/// sub-blocks (0, 2) and (1, 3), or (4, 6) and (5, 7): in this order each half pairs with 64
-/// consecutive activations, and no nibble vector needs assembling from two halves.
-pub fn q4k_order(q: &[i8]) -> Vec<i8> {
-    const ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
-    let mut out = vec![0i8; q.len()];
-    for (block, out) in q.chunks_exact(256).zip(out.chunks_exact_mut(256)) {
-        for (to, &from) in out.chunks_exact_mut(32).zip(&ORDER) {
-            to.copy_from_slice(&block[32 * from..32 * from + 32]);
-        }
-    }
-    out
-}
-
 /// Row groups needed for `n` rows.
 pub fn row_groups(n: usize) -> usize {
     n.div_ceil(GROUP_ROWS)

@@ -6,7 +6,8 @@
 //! activation row is quantized to 8 bits per 32 values (per 256 for the K-quants; as llama.cpp
 //! does) and the product is an integer dot (AVX-512 VNNI `vpdpbusd`) per 64 weights, scaled in
 //! f32 (`simd.rs`, `simd32.rs`). On those CPUs the 32-weight formats live in an interleaved
-//! layout made at load ([`Layout`], `interleave.rs`).
+//! layout made at load, and the K-quants' super-blocks have their quants reordered
+//! ([`Layout`], `interleave.rs`, `kpermute.rs`).
 //!
 //! The reference (`scalar.rs`, also the fallback on other CPUs) describes every format the same
 //! way: a row is a sequence of 64-weight *chunks*, and a chunk decodes to 64 unsigned integers
@@ -15,6 +16,7 @@
 //! `sum_lanes(dx * (s * dot4(u, q) - m * sum4(q)))`.
 
 mod interleave;
+mod kpermute;
 mod products;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -161,6 +163,9 @@ pub enum Layout {
     /// Four rows interleaved chunk by chunk, their scales gathered per 16 blocks
     /// (`interleave.rs`): what the AVX-512 kernels read Q8_0 and Q5_0 in.
     Interleaved,
+    /// GGUF's, with each super-block's quants reordered so that a kernel lane covers one
+    /// sub-block (`kpermute.rs`): what the AVX-512 kernels read Q4_K and Q6_K in.
+    Permuted,
 }
 
 impl Layout {
@@ -168,6 +173,7 @@ impl Layout {
     pub fn for_kernel(format: QuantFormat, kernel: Kernel) -> Self {
         match (kernel, format.block_weights()) {
             (Kernel::Avx512Vnni, 32) => Self::Interleaved,
+            (Kernel::Avx512Vnni, _) => Self::Permuted,
             _ => Self::Gguf,
         }
     }
@@ -187,6 +193,8 @@ pub enum MatrixUse {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum WeightRow<'a> {
     Gguf(&'a [u8]),
+    /// A row of K-quant super-blocks in the permuted layout.
+    Permuted(&'a [u8]),
     /// Row `p` of an interleaved row group.
     Interleaved {
         group: &'a [u8],
@@ -276,21 +284,40 @@ impl QMatrix {
                 n * row_bytes
             ));
         }
-        let interleave = layout == Layout::Interleaved && n > 0;
-        if layout == Layout::Interleaved && format.block_weights() != 32 {
-            return Err(format!("{} is not kept interleaved", format.name()));
+        let kept = match layout {
+            Layout::Gguf => true,
+            Layout::Interleaved => format.block_weights() == 32,
+            Layout::Permuted => format.block_weights() == kpermute::SUPER,
+        };
+        if !kept {
+            let name = format!("{layout:?}").to_lowercase();
+            return Err(format!("{} is not kept {name}", format.name()));
         }
+        let layout = if n == 0 { Layout::Gguf } else { layout };
+        let bytes = match layout {
+            Layout::Gguf => bytes,
+            Layout::Interleaved => {
+                let group_bytes = GROUP_ROWS * row_bytes;
+                let groups = interleave::row_groups(n);
+                copied(&bytes, group_bytes, groups, |src, g, out| {
+                    interleave::interleave_group(format, k, src, g, out)
+                })?
+            }
+            Layout::Permuted => copied(&bytes, row_bytes, n, |src, j, out| {
+                let row = &src[j * row_bytes..(j + 1) * row_bytes];
+                let size = format.block_bytes();
+                for (block, out) in row.chunks_exact(size).zip(out.chunks_exact_mut(size)) {
+                    kpermute::permute_block(format, block, out);
+                }
+            })?,
+        };
         Ok(Self {
             format,
             n,
             k,
             row_bytes,
-            layout: if interleave { layout } else { Layout::Gguf },
-            bytes: if interleave {
-                interleaved(format, k, &bytes, row_bytes)?
-            } else {
-                bytes
-            },
+            layout,
+            bytes,
         })
     }
 
@@ -331,10 +358,10 @@ impl QMatrix {
 
     /// Row `j` as the kernels read it.
     fn row(&self, j: usize) -> WeightRow<'_> {
+        let contiguous = || &self.bytes.as_slice()[j * self.row_bytes..(j + 1) * self.row_bytes];
         match self.layout {
-            Layout::Gguf => WeightRow::Gguf(
-                &self.bytes.as_slice()[j * self.row_bytes..(j + 1) * self.row_bytes],
-            ),
+            Layout::Gguf => WeightRow::Gguf(contiguous()),
+            Layout::Permuted => WeightRow::Permuted(contiguous()),
             Layout::Interleaved => WeightRow::Interleaved {
                 group: self.row_group(j / GROUP_ROWS),
                 p: j % GROUP_ROWS,
@@ -412,8 +439,8 @@ impl QMatrix {
             while done + P <= w {
                 let j = first + done;
                 let rows = std::array::from_fn(|p| match self.row(j + p) {
-                    WeightRow::Gguf(row) => row,
-                    WeightRow::Interleaved { .. } => unreachable!("whole row groups above"),
+                    WeightRow::Permuted(row) => row,
+                    _ => unreachable!("K-quants in their kernel's layout"),
                 });
                 simd::dot_weight_rows(self.format, rows, acts, act, &mut out[done..]);
                 done += P;
@@ -502,6 +529,14 @@ impl Kernel {
 fn gguf_bytes(format: QuantFormat, k: usize, row: WeightRow<'_>) -> Cow<'_, [u8]> {
     match row {
         WeightRow::Gguf(row) => Cow::Borrowed(row),
+        WeightRow::Permuted(row) => {
+            let mut out = row.to_vec();
+            let size = format.block_bytes();
+            for (block, out) in row.chunks_exact(size).zip(out.chunks_exact_mut(size)) {
+                kpermute::gguf_block(format, block, out);
+            }
+            Cow::Owned(out)
+        }
         WeightRow::Interleaved { group, p } => {
             let mut out = vec![0u8; format.row_bytes(k).expect("whole chunks")];
             interleave::gguf_row(format, k, group, p, &mut out);
@@ -510,31 +545,31 @@ fn gguf_bytes(format: QuantFormat, k: usize, row: WeightRow<'_>) -> Cow<'_, [u8]
     }
 }
 
-/// `source` (GGUF rows of `row_bytes`) copied into the interleaved layout, in anonymous
-/// memory (huge pages where the kernel gives them: a decode step streams every byte, and
-/// fewer TLB misses cost nothing). Mapped source pages are released slab by slab.
-fn interleaved(
-    format: QuantFormat,
-    k: usize,
+/// `source` copied into another layout in anonymous memory, `units` pieces of `unit_bytes`
+/// each (`fill(source, i, out)` writes piece `i`, in fresh zeroed memory), in huge pages where
+/// the kernel gives them (a decode step streams every byte, and fewer TLB misses cost
+/// nothing). Mapped source pages are released slab by slab, piece `i` read from source bytes
+/// `i * unit_bytes..` on (the layouts keep a piece's bytes in place or within its rows).
+fn copied(
     source: &Bytes,
-    row_bytes: usize,
+    unit_bytes: usize,
+    units: usize,
+    fill: impl Fn(&[u8], usize, &mut [u8]) + Sync,
 ) -> Result<Bytes, String> {
     let src = source.as_slice();
-    let n = src.len() / row_bytes;
-    let group_bytes = GROUP_ROWS * row_bytes;
-    let len = interleave::row_groups(n) * group_bytes;
-    let failed = |e: std::io::Error| format!("{len} bytes for the interleaved copy: {e}");
+    let len = units * unit_bytes;
+    let failed = |e: std::io::Error| format!("{len} bytes for the kernel's copy: {e}");
     let mut copy = memmap2::MmapMut::map_anon(len).map_err(failed)?;
     #[cfg(target_os = "linux")]
     let _ = copy.advise(memmap2::Advice::HugePage);
-    let slab_groups = (INTERLEAVE_SLAB / group_bytes).max(1);
-    for (slab, out) in copy.chunks_mut(slab_groups * group_bytes).enumerate() {
-        let first = slab * slab_groups;
-        out.par_chunks_mut(group_bytes)
+    let slab_units = (INTERLEAVE_SLAB / unit_bytes).max(1);
+    for (slab, out) in copy.chunks_mut(slab_units * unit_bytes).enumerate() {
+        let first = slab * slab_units;
+        out.par_chunks_mut(unit_bytes)
             .enumerate()
-            .for_each(|(g, out)| interleave::interleave_group(format, k, src, first + g, out));
-        let end = ((first + slab_groups) * group_bytes).min(src.len());
-        source.release(first * group_bytes..end);
+            .for_each(|(i, out)| fill(src, first + i, out));
+        let end = ((first + slab_units) * unit_bytes).min(src.len());
+        source.release(first * unit_bytes..end);
     }
     let copy = copy.make_read_only().map_err(failed)?;
     Ok(Bytes::Mapped {
@@ -592,14 +627,25 @@ pub struct QuantizedRows {
     /// `[rows, chunk groups, 16]` alongside `lanes` (else empty): the sum of each 32-bit
     /// lane's values over a chunk group of `lanes` (a lane's share of the zero point's term).
     lane_sums: Vec<i32>,
-    /// `[rows, k]` with 256-value blocks on AVX-512 CPUs (else empty): `q` with each block's
-    /// 32-value sub-blocks in the order the Q4_K kernel pairs them with its nibbles
-    /// (`interleave::q4k_order`).
+    /// `[rows, k]` with 256-value blocks on AVX-512 CPUs (else empty): `q` in the order of
+    /// the permuted Q4_K layout (`kpermute::activation_order`).
     q4k: Vec<i8>,
+    /// The same for Q6_K.
+    q6k: Vec<i8>,
+    /// `[rows, k / 16]` alongside `q6k`: -32 times each 16 values' sum, where the Q6_K
+    /// kernel's integer sums start (its zero point's term).
+    q6k_zero: Vec<i32>,
 }
 
 impl QuantizedRows {
-    pub fn new(x: &[f32], rows: usize, k: usize, block: usize) -> Self {
+    /// `x` (`[rows, k]`) quantized for products with matrices of `formats` (all of one
+    /// activation block size), with the copies in kernel order those formats' kernels read.
+    pub fn new(x: &[f32], rows: usize, k: usize, formats: &[QuantFormat]) -> Self {
+        let block = formats.first().map_or(32, |f| f.activation_block());
+        assert!(
+            formats.iter().all(|f| f.activation_block() == block),
+            "formats of different activation blocks"
+        );
         assert!(
             k.is_multiple_of(block) && block.is_multiple_of(32),
             "k = {k} is not a multiple of {block}"
@@ -615,17 +661,25 @@ impl QuantizedRows {
             lanes: Vec::new(),
             lane_sums: Vec::new(),
             q4k: Vec::new(),
+            q6k: Vec::new(),
+            q6k_zero: Vec::new(),
         };
         quantize(x, &mut quantized);
+        let simd = Kernel::detect() == Kernel::Avx512Vnni;
         if block == 256 {
             let QuantizedRows { scale, sum32, .. } = &quantized;
             quantized.scaled_sum32 = (sum32.iter().enumerate())
                 .map(|(i, &sum)| scale[i / 8] * sum as f32)
                 .collect();
-            if Kernel::detect() == Kernel::Avx512Vnni {
-                quantized.q4k = interleave::q4k_order(&quantized.q);
+            // Only the AVX-512 kernels read the permuted copies, each only its format's.
+            if simd && formats.contains(&QuantFormat::Q4K) {
+                quantized.q4k = kpermute::activation_order(QuantFormat::Q4K, &quantized.q);
             }
-        } else if Kernel::detect() == Kernel::Avx512Vnni {
+            if simd && formats.contains(&QuantFormat::Q6K) {
+                quantized.q6k = kpermute::activation_order(QuantFormat::Q6K, &quantized.q);
+                quantized.q6k_zero = quantized.sum16.iter().map(|&sum| -32 * sum).collect();
+            }
+        } else if simd {
             // Only the AVX-512 kernels read the lane-blocked copy.
             (quantized.lanes, quantized.lane_sums) = interleave::lane_blocked(&quantized.q, k);
         }
@@ -642,6 +696,17 @@ impl QuantizedRows {
             &mut self.sum16,
             &mut self.sum32,
         )
+    }
+
+    /// Whether the copies in kernel order that `format`'s AVX-512 kernel reads were made.
+    fn in_order_for(&self, format: QuantFormat) -> bool {
+        let whole = |copy: &[i8]| copy.len() == self.q.len();
+        format.activation_block() == self.block
+            && match format {
+                QuantFormat::Q8_0 | QuantFormat::Q5_0 => whole(&self.lanes),
+                QuantFormat::Q4K => whole(&self.q4k) && !self.scaled_sum32.is_empty(),
+                QuantFormat::Q6K => whole(&self.q6k) && self.q6k_zero.len() == self.sum16.len(),
+            }
     }
 
     fn q(&self, row: usize) -> &[i8] {

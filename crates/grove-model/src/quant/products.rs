@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::{Kernel, QMatrix, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
+use super::{Kernel, QMatrix, QuantFormat, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
 use crate::threads::for_each_chunk_mut;
 
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
@@ -168,7 +168,13 @@ fn quantize_for(matrices: &[&QMatrix], x: &[f32], rows: usize) -> Vec<QuantizedR
     for matrix in matrices {
         let block = matrix.format.activation_block();
         if !quantized.iter().any(|acts| acts.block == block) {
-            quantized.push(QuantizedRows::new(x, rows, matrix.k, block));
+            let mut formats: Vec<QuantFormat> = matrices
+                .iter()
+                .map(|m| m.format)
+                .filter(|f| f.activation_block() == block)
+                .collect();
+            formats.dedup();
+            quantized.push(QuantizedRows::new(x, rows, matrix.k, &formats));
         }
     }
     quantized

@@ -49,6 +49,7 @@ pub(super) fn available() -> bool {
         && is_x86_feature_detected!("avx512dq")
         && is_x86_feature_detected!("avx512vnni")
         && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("bmi2")
 }
 
 /// One tile of `$r` rows through `format`'s kernel.
@@ -65,15 +66,19 @@ macro_rules! tile {
                     block32::<Q5_0, $r>(group.as_ptr(), p, $acts, $start, $out)
                 }
             }
-            (QuantFormat::Q4K, WeightRow::Gguf(row)) => kquant::<Q4K, $r>(row, $acts, $start, $out),
-            (QuantFormat::Q6K, WeightRow::Gguf(row)) => kquant::<Q6K, $r>(row, $acts, $start, $out),
+            (QuantFormat::Q4K, WeightRow::Permuted(row)) => {
+                kquant::<Q4K, $r>(row, $acts, $start, $out)
+            }
+            (QuantFormat::Q6K, WeightRow::Permuted(row)) => {
+                kquant::<Q6K, $r>(row, $acts, $start, $out)
+            }
             _ => unreachable!("{} rows in another layout", $format.name()),
         }
     };
 }
 
 /// `out[i * stride] = row . acts[first + i]` for `i < count`; 32-weight formats read the
-/// interleaved layout, K-quants GGUF's.
+/// interleaved layout, K-quants the permuted one.
 pub(super) fn dot_rows(
     format: QuantFormat,
     row: WeightRow<'_>,
@@ -83,6 +88,11 @@ pub(super) fn dot_rows(
     out: &mut [f32],
     stride: usize,
 ) {
+    assert!(
+        acts.in_order_for(format),
+        "activations not quantized for {}",
+        format.name()
+    );
     let mut done = 0;
     while done < count {
         let left = count - done;
@@ -114,13 +124,13 @@ pub(super) fn dot_rows(
 
 /// Raw pointers to `R` activation rows, so the inner loops do no slicing.
 pub(super) struct Rows<const R: usize> {
-    pub(super) q: [*const i8; R],
     pub(super) scale: [*const f32; R],
-    pub(super) sum16: [*const i32; R],
+    pub(super) q6k_zero: [*const i32; R],
     pub(super) scaled_sum32: [*const f32; R],
     pub(super) lanes: [*const i8; R],
     pub(super) lane_sums: [*const i32; R],
     pub(super) q4k: [*const i8; R],
+    pub(super) q6k: [*const i8; R],
 }
 
 impl<const R: usize> Rows<R> {
@@ -132,11 +142,12 @@ impl<const R: usize> Rows<R> {
         let offset = |r: usize, per_row: usize| (start + r) * per_row;
         let lane_sums = interleave::group_count(k / CHUNK) * LANES;
         Self {
-            q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(offset(r, k))),
             scale: std::array::from_fn(|r| {
                 acts.scale.as_ptr().wrapping_add(offset(r, k / acts.block))
             }),
-            sum16: std::array::from_fn(|r| acts.sum16.as_ptr().wrapping_add(offset(r, k / 16))),
+            q6k_zero: std::array::from_fn(|r| {
+                acts.q6k_zero.as_ptr().wrapping_add(offset(r, k / 16))
+            }),
             scaled_sum32: std::array::from_fn(|r| {
                 acts.scaled_sum32.as_ptr().wrapping_add(offset(r, k / 32))
             }),
@@ -145,6 +156,7 @@ impl<const R: usize> Rows<R> {
                 acts.lane_sums.as_ptr().wrapping_add(offset(r, lane_sums))
             }),
             q4k: std::array::from_fn(|r| acts.q4k.as_ptr().wrapping_add(offset(r, k))),
+            q6k: std::array::from_fn(|r| acts.q6k.as_ptr().wrapping_add(offset(r, k))),
         }
     }
 }
@@ -167,6 +179,11 @@ pub(super) fn dot_weight_rows(
     out: &mut [f32],
 ) {
     assert!(out.len() >= WEIGHT_ROWS && act < acts.q.len() / acts.k);
+    assert!(
+        acts.in_order_for(format),
+        "activations not quantized for {}",
+        format.name()
+    );
     let rows = rows.map(<[u8]>::as_ptr);
     // SAFETY: the caller (Kernel::detect) checked the features; every row holds `k / CHUNK`
     // whole chunks of `format` (QMatrix::new), row `act` exists in `acts` (asserted), quantized
@@ -194,6 +211,11 @@ pub(super) fn dot_groups(
     let count = groups.len() / group_bytes;
     assert_eq!(groups.len(), count * group_bytes, "whole row groups");
     assert!(out.len() >= count * GROUP_ROWS && act < acts.q.len() / acts.k);
+    assert!(
+        acts.in_order_for(format),
+        "activations not quantized for {}",
+        format.name()
+    );
     let (groups, out) = (groups.as_ptr(), out.as_mut_ptr());
     // SAFETY: the caller (Kernel::detect) checked the features; `groups` holds `count` whole
     // row groups (asserted), row `act` exists in `acts` (asserted), quantized with 32-value
@@ -213,7 +235,7 @@ pub(super) fn dot_groups(
 /// The horizontal sums of four vectors, as the four lanes of one: halves folded pairwise
 /// across the vectors, then within 128-bit lanes.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn reduce4(v: [__m512; 4]) -> __m128 {
     // [v0 q0+q2, v0 q1+q3, v1 q0+q2, v1 q1+q3] (quarters of 4 lanes), and the same for v2, v3.
     let fold = |a: __m512, b: __m512| {
@@ -248,7 +270,7 @@ struct Q4K;
 struct Q6K;
 
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn kquant<F: SuperBlock, const R: usize>(
     row: &[u8],
     acts: &QuantizedRows,
@@ -270,7 +292,7 @@ unsafe fn kquant<F: SuperBlock, const R: usize>(
 /// Four K-quant weight rows against one activation row: the four rows' super-blocks in turn,
 /// one reduction for all four at the end (a 1536-weight row is only 6 super-blocks).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn kquant_weight_rows<F: SuperBlock>(
     rows: [*const u8; WEIGHT_ROWS],
     acts: &QuantizedRows,
@@ -298,86 +320,57 @@ impl SuperBlock for Q4K {
     const BYTES: usize = 144;
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn add<const R: usize>(block: *const u8, s: usize, x: &Rows<R>, acc: &mut [__m512; R]) {
-        let zero = _mm512_setzero_si512();
         let mask = _mm512_set1_epi8(0x0F);
-        let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
-        // The eight 6-bit scales and mins (12 bytes at offset 4; the bit layout
-        // `q4k_scale_min` reads one by one), unpacked together in one 128-bit register: words
-        // w0, w1, w2 hold the low 6 bits of the scales, of the mins, and the 4-bit tops of
-        // both; the top 2 bits of w0 and w1 complete the tops. 128-bit ops, which have a
-        // port the 512-bit work does not use (as 32-bit scalar code this unpacking bounded
-        // the decode of a Q4_K row: `QN=128 QK=1024` in the kernel bench, 6.1-6.9 us, and
-        // 4.6-4.9 us with the scales left out).
-        let packed = _mm_loadu_si128(block.add(4).cast());
-        let low = _mm_and_si128(packed, _mm_set1_epi8(0x3f));
-        let tops =
-            _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(packed), _mm_set1_epi8(3)));
-        let w2 = _mm_shuffle_epi32::<0b10_10_10_10>(packed);
-        let nibbles = _mm_and_si128(
-            _mm_srlv_epi32(w2, _mm_set_epi32(0, 0, 4, 0)),
-            _mm_set1_epi8(0x0f),
+        // The eight 6-bit scales, then the eight mins, one per byte: `pdep` spreads each
+        // six bytes of fields (`kpermute` packs them so) into eight. Scalar work on ports the
+        // vector work leaves idle; GGUF's packing took ten 128-bit ops, as many as the rest of
+        // a super-block's 512-bit work.
+        let spread = |at: usize| {
+            let bits = std::ptr::read_unaligned(block.add(at).cast::<u64>());
+            _pdep_u64(bits, 0x3F3F_3F3F_3F3F_3F3F) as i64
+        };
+        let fields = _mm_set_epi64x(spread(10), spread(4));
+        // Lanes 0-7 d * scale j, lanes 8-15 dmin * min j (d and dmin: two f16 at offset 0).
+        let d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+            block.cast::<i32>(),
+        )));
+        let d_dmin = _mm512_permutexvar_ps(
+            _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+            _mm512_castps128_ps512(d_dmin),
         );
-        // Bytes 0-7: the scales; 8-15: the mins.
-        let both = _mm_unpacklo_epi32(low, _mm_or_si128(nibbles, tops));
-        // Each scale in both 16-bit halves of its lane (lanes 0-7), for `vpdpwssd`.
-        let scales = _mm512_cvtepu8_epi32(both);
-        let scales = _mm512_or_si512(scales, _mm512_slli_epi32::<16>(scales));
-        // dmin * min_j for the eight sub-blocks, shared by the rows.
-        let mins = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_srli_si128::<8>(both))),
-            _mm512_set1_ps(dmin),
+        let both = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(fields)), d_dmin);
+        // Lane `l`: sub-block `l mod 8`'s scale (`kpermute`'s lanes), shared by the rows.
+        let scales = _mm512_shuffle_f32x4::<0b01_00_01_00>(both, both);
+        // The four vectors of nibbles: every lane one sub-block's (`kpermute`), so each row's
+        // integer dots add into one sum.
+        let (q0, q1) = (
+            _mm512_loadu_si512(block.add(16).cast()),
+            _mm512_loadu_si512(block.add(80).cast()),
         );
-        // Per row, sum over lanes of scale * (integer dot): pairs of byte products as i16
-        // (`vpmaddubsw`: at most 2 * 15 * 127), times the scale and summed into i32 lanes
-        // (`vpdpwssd`) — two instructions per row and 64 weights. Each 64-byte load of
-        // nibbles is two vectors, its low nibbles (sub-blocks 4i, 4i + 2) and its high ones
-        // (4i + 1, 4i + 3), against the activations in `q4k_order`: one load, mask and shift
-        // per 128 weights where 32-byte halves needed joining (a port-5 op per 64).
-        // The high nibbles' sums apart with few rows, so consecutive `vpdpwssd`s of a row do
-        // not wait on each other.
-        let (mut sums, mut odd) = ([zero; R], [zero; R]);
-        for i in 0..2 {
-            let q = _mm512_loadu_si512(block.add(16 + 64 * i).cast());
-            let low = _mm512_and_si512(q, mask);
-            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask);
-            for (half, u) in [low, high].into_iter().enumerate() {
-                // Lanes 0-7 sub-block 4i + half, lanes 8-15 sub-block 4i + half + 2.
-                let first = (4 * i + half) as i32;
-                let index = _mm512_add_epi32(
-                    _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
-                    _mm512_set1_epi32(first),
-                );
-                let lane_scales = _mm512_permutexvar_epi32(index, scales);
-                let sums = if half == 1 && R < 4 {
-                    &mut odd
-                } else {
-                    &mut sums
-                };
-                for r in 0..R {
-                    let values =
-                        _mm512_loadu_si512(x.q4k[r].add(256 * s + 128 * i + 64 * half).cast());
-                    let pairs = _mm512_maddubs_epi16(u, values);
-                    sums[r] = _mm512_dpwssd_epi32(sums[r], pairs, lane_scales);
-                }
+        let u = [
+            _mm512_and_si512(q0, mask),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q0), mask),
+            _mm512_and_si512(q1, mask),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q1), mask),
+        ];
+        for r in 0..R {
+            let values = x.q4k[r].add(256 * s);
+            let mut sums = _mm512_setzero_si512();
+            for (v, &u) in u.iter().enumerate() {
+                let values = _mm512_loadu_si512(values.add(64 * v).cast());
+                sums = _mm512_dpbusd_epi32(sums, u, values);
             }
-        }
-        for r in 0..R {
-            sums[r] = _mm512_add_epi32(sums[r], odd[r]);
-        }
-        // Per row: d * dx * sums, then minus (dmin * min_j) * (dx * sum of sub-block j's
-        // activations), all eight at once. Everything that does not depend on the row is
-        // done once above, and dx enters as a broadcast from memory: three vector ops per row
-        // where there were eight with scalar products and broadcasts (the 8-row prefill tiles
-        // spent as much on this as on the products).
-        let d = _mm512_set1_ps(d);
-        for r in 0..R {
+            // d * dx * scale * sums, then minus (dmin * min_j) * (dx * sum of sub-block j's
+            // activations), all eight at once (dx enters as a broadcast from memory).
             let dx = _mm512_set1_ps(*x.scale[r].add(s));
-            let sums = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[r]), d);
-            acc[r] = _mm512_fmadd_ps(sums, dx, acc[r]);
-            let x_sums = _mm512_maskz_loadu_ps(0xFF, x.scaled_sum32[r].add(8 * s));
-            acc[r] = _mm512_fnmadd_ps(mins, x_sums, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(scales, dx), acc[r]);
+            // The sums of sub-blocks 0-7 in lanes 8-15, against the mins there (the masked
+            // lanes are not read).
+            let x_sums =
+                _mm512_maskz_loadu_ps(0xFF00, x.scaled_sum32[r].add(8 * s).wrapping_sub(8));
+            acc[r] = _mm512_fnmadd_ps(both, x_sums, acc[r]);
         }
     }
 }
@@ -386,53 +379,40 @@ impl SuperBlock for Q6K {
     const BYTES: usize = 210;
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn add<const R: usize>(block: *const u8, s: usize, x: &Rows<R>, acc: &mut [__m512; R]) {
-        let zero = _mm512_setzero_si512();
-        let low_mask = _mm512_set1_epi8(0x0F);
-        let two_bits = _mm512_set1_epi8(3);
-        let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        let d = f16_at(block.add(208));
-        // The 16 scales (one per 16 weights) times d as f32 lanes, sums in f32 (rounding at
-        // 6e-8 of each term, far below the activations' 8-bit rounding); d applied here once
-        // for all rows leaves one op per row at the end (dx broadcast from memory).
+        let (low4, top2) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+        // d * the 16 scales, lane `l` sub-block `l`'s (`kpermute`), shared by the rows.
         let scales =
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(192).cast())));
-        let scales = _mm512_mul_ps(scales, _mm512_set1_ps(d));
-        let minus_32_scales = _mm512_mul_ps(scales, _mm512_set1_ps(-32.0));
-        let mut sums = [_mm512_setzero_ps(); R];
+        let scales = _mm512_mul_ps(scales, _mm512_set1_ps(f16_at(block.add(208))));
+        // The four vectors of 6-bit values: low and high nibbles of bytes 0-63, then of
+        // bytes 64-127, each with its two top bits from bits 2v of bytes 128-191, moved to
+        // bits 4-5 (`(a & 0x0F) | b` is one `vpternlogd`).
+        let (ql0, ql1) = (
+            _mm512_loadu_si512(block.cast()),
+            _mm512_loadu_si512(block.add(64).cast()),
+        );
+        let qh = _mm512_loadu_si512(block.add(128).cast());
+        let join = |low: __m512i, top: __m512i| {
+            _mm512_ternarylogic_epi32::<0xEC>(low, _mm512_and_si512(top, top2), low4)
+        };
+        let u = [
+            join(ql0, _mm512_slli_epi16::<4>(qh)),
+            join(_mm512_srli_epi16::<4>(ql0), _mm512_slli_epi16::<2>(qh)),
+            join(ql1, qh),
+            join(_mm512_srli_epi16::<4>(ql1), _mm512_srli_epi16::<2>(qh)),
+        ];
         for r in 0..R {
-            // Zero point 32: subtract 32 * scale * (sum of the 16 activations it covers).
-            let x_sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(x.sum16[r].add(16 * s).cast()));
-            sums[r] = _mm512_mul_ps(minus_32_scales, x_sums);
-        }
-        for within in 0..4 {
-            let (half, part) = (within / 2, within % 2);
-            let low = _mm512_loadu_si512(block.add(64 * half).cast());
-            let low = if part == 0 {
-                low
-            } else {
-                _mm512_srli_epi16::<4>(low)
-            };
-            let high = _mm256_loadu_si256(block.add(128 + 32 * half).cast());
-            // Weights 0-31 take bits (4 part) .. +1 of `high`, weights 32-63 the next two.
-            let shift = 4 * part as i16;
-            let counts = join(_mm256_set1_epi16(shift), _mm256_set1_epi16(shift + 2));
-            let high = _mm512_and_si512(_mm512_srlv_epi16(join(high, high), counts), two_bits);
-            let u = _mm512_or_si512(
-                _mm512_and_si512(low, low_mask),
-                _mm512_slli_epi16::<4>(high),
-            );
-            let index = _mm512_add_epi32(quad, _mm512_set1_epi32(4 * within as i32));
-            let lane_scales = _mm512_permutexvar_ps(index, scales);
-            for r in 0..R {
-                let values = _mm512_loadu_si512(x.q[r].add(256 * s + 64 * within).cast());
-                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, values));
-                sums[r] = _mm512_fmadd_ps(lane_scales, dot, sums[r]);
+            // Zero point 32: the sums start at -32 * (sum of each sub-block's activations).
+            let mut sums = _mm512_loadu_si512(x.q6k_zero[r].add(16 * s).cast());
+            let values = x.q6k[r].add(256 * s);
+            for (v, &u) in u.iter().enumerate() {
+                let values = _mm512_loadu_si512(values.add(64 * v).cast());
+                sums = _mm512_dpbusd_epi32(sums, u, values);
             }
-        }
-        for r in 0..R {
-            acc[r] = _mm512_fmadd_ps(sums[r], _mm512_set1_ps(*x.scale[r].add(s)), acc[r]);
+            let dx = _mm512_set1_ps(*x.scale[r].add(s));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(scales, dx), acc[r]);
         }
     }
 }
@@ -450,7 +430,7 @@ pub(super) fn quantize(x: &[f32], rows: &mut QuantizedRows) {
     unsafe { quantize_avx512(x, rows) }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn quantize_avx512(x: &[f32], rows: &mut QuantizedRows) {
     let (block, q, scale, sum16, sum32) = rows.parts();
     let (low, high) = (_mm512_set1_epi32(-128), _mm512_set1_epi32(127));
@@ -486,7 +466,7 @@ pub(super) fn streaming_sum(words: &[u64]) -> u64 {
     unsafe { streaming_sum_avx512(words) }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
     let lines = words.chunks_exact(8);
     let tail: u64 = lines.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
@@ -501,7 +481,7 @@ unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
 /// Asks for the cache lines [`PREFETCH`] bytes past `bytes..bytes + len` (the weights a
 /// few blocks on).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn prefetch(bytes: *const u8, len: usize) {
     prefetch_at::<_MM_HINT_T0>(bytes.wrapping_add(PREFETCH), len);
     prefetch_at::<_MM_HINT_T1>(bytes.wrapping_add(PREFETCH_L2), len);
@@ -509,7 +489,7 @@ pub(super) unsafe fn prefetch(bytes: *const u8, len: usize) {
 
 /// Asks for the cache lines of `bytes..bytes + len` (into the caches `HINT` names).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn prefetch_at<const HINT: i32>(bytes: *const u8, len: usize) {
     let mut at = 0;
     while at < len {
@@ -519,16 +499,9 @@ unsafe fn prefetch_at<const HINT: i32>(bytes: *const u8, len: usize) {
 }
 
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
         p.cast::<u16>().read_unaligned(),
     ))))
-}
-
-/// Bytes 0-31 = `a`, 32-63 = `b`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
-unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
 }

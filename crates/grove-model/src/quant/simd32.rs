@@ -37,7 +37,7 @@ impl Block32 for Q8_0 {
     const ZERO_SHIFT: i32 = 7;
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn decode(chunk: *const u8, p: usize) -> __m512i {
         // Stored as `q + 128` already.
         _mm512_loadu_si512(chunk.add(payload_parts(Self::FORMAT, p).0).cast())
@@ -49,7 +49,7 @@ impl Block32 for Q5_0 {
     const ZERO_SHIFT: i32 = 4;
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn decode(chunk: *const u8, p: usize) -> __m512i {
         // The 32 nibble bytes in both halves (a broadcast load), the upper half shifted by 4,
         // then the low nibbles: weights 0-31, then 32-63.
@@ -65,7 +65,7 @@ impl Block32 for Q5_0 {
 /// `nibbles` plus 16 where a Q5_0 payload's fifth bit is set (its 64 bits at `bits` are one
 /// mask register).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn with_fifth_bits(nibbles: __m512i, bits: *const u8) -> __m512i {
     let fifth: __mmask64 = bits.cast::<u64>().read_unaligned();
     _mm512_mask_add_epi8(nibbles, fifth, nibbles, _mm512_set1_epi8(16))
@@ -82,7 +82,7 @@ impl Block32 for Q5_0Gfni {
     const ZERO_SHIFT: i32 = 4;
 
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,gfni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2,gfni")]
     unsafe fn decode(chunk: *const u8, p: usize) -> __m512i {
         // Result bit b = parity(x & matrix byte 7 - b).
         const LOW: i64 = 0x0102_0408_0000_0000;
@@ -120,7 +120,7 @@ fn block_mask(chunks: usize) -> __mmask16 {
 
 /// Row `p`'s weight scales of chunk group `group` (lanes past its blocks zero).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn weight_scales(rows: *const u8, group: &ChunkGroup, p: usize, mask: __mmask16) -> __m512 {
     let halves = _mm512_maskz_loadu_epi16(u32::from(mask), rows.add(group.scales(p)).cast());
     _mm512_cvtph_ps(_mm512_castsi512_si256(halves))
@@ -129,7 +129,7 @@ unsafe fn weight_scales(rows: *const u8, group: &ChunkGroup, p: usize, mask: __m
 /// Per-block values of a group of `chunks` chunks (lanes past its blocks zero) where the
 /// lane-blocked layout has the blocks: lane `l` gets block `l mod 2 chunks`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn spread(blocks: __m512, chunks: usize) -> __m512 {
     if chunks == GROUP_CHUNKS {
         return blocks;
@@ -142,7 +142,7 @@ unsafe fn spread(blocks: __m512, chunks: usize) -> __m512 {
 /// Where a row's integer sums start in a chunk group: minus the zero point times the sum of
 /// each lane's activations (`lane_sums`), so that they end as sums of `(u - zero) * x`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn zero_point_start(lane_sums: *const i32, shift: i32) -> __m512i {
     let sums = _mm512_loadu_si512(lane_sums.cast());
     _mm512_sub_epi32(
@@ -284,13 +284,13 @@ macro_rules! block32_kernels {
 }
 
 block32_kernels!(
-    "avx512f,avx512bw,avx512dq,avx512vnni,f16c",
+    "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2",
     block32,
     block32_group,
     block32_groups
 );
 block32_kernels!(
-    "avx512f,avx512bw,avx512dq,avx512vnni,f16c,gfni",
+    "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2,gfni",
     block32_gfni,
     block32_group_gfni,
     block32_groups_gfni

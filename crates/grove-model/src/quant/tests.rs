@@ -226,6 +226,49 @@ fn interleaving_keeps_every_block() {
 }
 
 #[test]
+fn permuting_k_quants_keeps_every_super_block() {
+    for format in [QuantFormat::Q4K, QuantFormat::Q6K] {
+        for (n, k) in [(1, 256), (3, 512), (5, 1536)] {
+            let gguf = QMatrix::random(format, n, k, (n * k) as u64);
+            let gguf = in_layout(&gguf, Layout::Gguf);
+            let permuted = in_layout(&gguf, Layout::Permuted);
+            assert_eq!(permuted.layout(), Layout::Permuted);
+            let name = format!("{} [{n}, {k}]", format.name());
+            assert_eq!(permuted.to_bytes(), gguf.to_bytes(), "{name}");
+            assert_eq!(permuted.dequantize(), gguf.dequantize(), "{name}");
+            // The layout moves quants, not headers, and changes the bytes.
+            assert_ne!(permuted.bytes.as_slice(), gguf.bytes.as_slice(), "{name}");
+        }
+    }
+    let bytes = Bytes::Owned(Arc::new(vec![0; 44]));
+    let error = QMatrix::with_layout(QuantFormat::Q5_0, 1, 64, bytes, Layout::Permuted);
+    assert!(error.unwrap_err().contains("not kept permuted"));
+}
+
+#[test]
+fn a_permuted_lane_holds_one_sub_block() {
+    use super::kpermute::at;
+    for (format, sub_block) in [(QuantFormat::Q4K, 32), (QuantFormat::Q6K, 16)] {
+        let mut seen = [false; 256];
+        for l in 0..16 {
+            let lane: Vec<usize> = (0..4)
+                .flat_map(|v| (0..4).map(move |b| at(format, v, l, b)))
+                .collect();
+            let first = lane[0] / sub_block;
+            assert!(lane.iter().all(|&w| w / sub_block == first), "{lane:?}");
+            for w in lane {
+                assert!(!std::mem::replace(&mut seen[w], true), "weight {w} twice");
+            }
+        }
+        assert!(
+            seen.iter().all(|&s| s),
+            "{}: every weight placed",
+            format.name()
+        );
+    }
+}
+
+#[test]
 fn a_mapped_source_released_while_copied_still_reads_the_same() {
     // Large enough for several slabs and whole pages to release.
     let (n, k) = (8195, 2048);
@@ -375,6 +418,8 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 lanes: Vec::new(),
                 lane_sums: Vec::new(),
                 q4k: Vec::new(),
+                q6k: Vec::new(),
+                q6k_zero: Vec::new(),
             };
             if vector {
                 super::simd::quantize(&x, &mut rows);
