@@ -8,12 +8,17 @@
 //! Gemma 3 270M, about as long as the product itself. llama.cpp keeps its threads polling
 //! for the same reason.
 
+use std::any::Any;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 thread_local! {
     /// How many `with_threads_awake` bodies are running on this thread (nested calls count).
     static BODIES: Cell<usize> = const { Cell::new(0) };
+    /// The crew of the innermost body running on this thread, while none of its jobs runs.
+    static CREW: Cell<*const Crew> = const { Cell::new(std::ptr::null()) };
 }
 
 /// Runs `body` on the current thread while the current rayon pool's other threads poll for
@@ -25,15 +30,17 @@ pub fn with_threads_awake<R>(body: impl FnOnce() -> R) -> R {
         return body();
     }
     /// Ends the polling however `body` leaves (a panic included), so the scope can finish,
-    /// and leaves this thread's body count as it found it.
-    struct Done<'a>(&'a AtomicBool);
+    /// and leaves this thread's body count and crew as it found them.
+    struct Done<'a>(&'a AtomicBool, *const Crew);
     impl Drop for Done<'_> {
         fn drop(&mut self) {
             self.0.store(true, Ordering::Release);
             BODIES.with(|bodies| bodies.set(bodies.get() - 1));
+            CREW.with(|crew| crew.set(self.1));
         }
     }
     let done = AtomicBool::new(false);
+    let crew = Crew::new(helpers);
     rayon::in_place_scope(|scope| {
         for _ in 0..helpers {
             scope.spawn(|_| {
@@ -43,7 +50,15 @@ pub fn with_threads_awake<R>(body: impl FnOnce() -> R) -> R {
                 if BODIES.with(Cell::get) > 0 {
                     return;
                 }
+                let mut seen = 0;
                 while !done.load(Ordering::Acquire) {
+                    // The crew's jobs first, checked between rayon's (a check is one load).
+                    for _ in 0..CREW_CHECKS {
+                        if crew.serve(&mut seen) {
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
                     if rayon::yield_now() != Some(rayon::Yield::Executed) {
                         std::hint::spin_loop();
                     }
@@ -51,9 +66,135 @@ pub fn with_threads_awake<R>(body: impl FnOnce() -> R) -> R {
             });
         }
         BODIES.with(|bodies| bodies.set(bodies.get() + 1));
-        let _done = Done(&done);
+        let _done = Done(&done, CREW.with(|c| c.replace(&crew)));
         body()
     })
+}
+
+/// How many times a polling helper checks its crew for a job between two looks at rayon's
+/// queues (which take hundreds of nanoseconds each).
+const CREW_CHECKS: usize = 64;
+
+/// The polling helpers of one `with_threads_awake` body, and the one place the body's thread
+/// posts its parallel sections ([`for_each_task`]) for them. Through rayon (a job spawned into
+/// a scope, stolen from the owner's queue by a helper between its `yield_now`s) a helper
+/// started its share 2.5-2.8 us after the section did, on each of a Qwen2.5-0.5B decode
+/// step's 113 sections; here it starts as soon as it sees the post.
+struct Crew {
+    /// The posted job's generation (high 32 bits) and how many of its helper places are
+    /// still open (low 32 bits): a helper claims a place by taking one.
+    state: AtomicU64,
+    /// The posted job; a helper may read it only after claiming a place.
+    job: AtomicPtr<Job<'static>>,
+    /// Helpers of the posted job done with it (they no longer touch it).
+    released: AtomicUsize,
+    /// Threads polling here (besides the body's own).
+    helpers: usize,
+}
+
+/// One parallel section posted to a [`Crew`]: `run(me)` is participant `me`'s part.
+struct Job<'a> {
+    run: &'a (dyn Fn(usize) + Sync),
+    /// The next participant number to hand out (the owner is 0).
+    next: AtomicUsize,
+    /// A helper's panic, raised again on the owner's thread.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+impl Crew {
+    fn new(helpers: usize) -> Self {
+        Self {
+            state: AtomicU64::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            released: AtomicUsize::new(0),
+            helpers,
+        }
+    }
+
+    fn unpack(state: u64) -> (u64, u64) {
+        (state >> 32, state & u64::from(u32::MAX))
+    }
+
+    /// A helper's check: runs its part of a posted job it has not seen, if a place is open.
+    /// Returns whether it found one to try for.
+    fn serve(&self, seen: &mut u64) -> bool {
+        let state = self.state.load(Ordering::Acquire);
+        let (generation, open) = Self::unpack(state);
+        if generation == *seen || open == 0 {
+            return false;
+        }
+        if self
+            .state
+            .compare_exchange(state, state - 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return true;
+        }
+        *seen = generation;
+        // SAFETY: a claimed place keeps the job alive: its owner closes the post and then
+        // waits for every claimed place's release (below) before the job goes away.
+        #[allow(unsafe_code)]
+        let job = unsafe { &*self.job.load(Ordering::Acquire) };
+        let me = job.next.fetch_add(1, Ordering::Relaxed);
+        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| (job.run)(me))) {
+            *job.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(panic);
+        }
+        self.released.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    /// Posts `run` for `places` helpers, runs `run(0)` here, then `wait()`s (for the
+    /// section's tasks), closes the post and waits for the helpers that joined to leave it.
+    /// A helper's panic is raised here.
+    fn run(&self, places: usize, run: &(dyn Fn(usize) + Sync), wait: impl FnOnce()) {
+        let job = Job {
+            run,
+            next: AtomicUsize::new(1),
+            panic: Mutex::new(None),
+        };
+        /// Closes the post and waits out its helpers however the owner's part ends.
+        struct Closing<'a>(&'a Crew, usize);
+        impl Drop for Closing<'_> {
+            fn drop(&mut self) {
+                let crew = self.0;
+                let mut state = crew.state.load(Ordering::Acquire);
+                let left = loop {
+                    let (generation, open) = Crew::unpack(state);
+                    match crew.state.compare_exchange_weak(
+                        state,
+                        generation << 32,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => break open as usize,
+                        Err(actual) => state = actual,
+                    }
+                };
+                let claimed = self.1 - left;
+                while crew.released.load(Ordering::Acquire) < claimed {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        self.released.store(0, Ordering::Relaxed);
+        // The lifetime is erased for the post: `Closing` keeps the job alive while posted.
+        let posted: *const Job<'_> = &job;
+        self.job.store(posted.cast_mut().cast(), Ordering::Release);
+        // Generations 1..=u32::MAX, round and round (a helper's first `seen` is 0).
+        let generation =
+            Self::unpack(self.state.load(Ordering::Relaxed)).0 % u64::from(u32::MAX) + 1;
+        self.state
+            .store((generation << 32) | places as u64, Ordering::Release);
+        {
+            let _closing = Closing(self, places);
+            run(0);
+            wait();
+        }
+        let panic = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(panic) = panic {
+            std::panic::resume_unwind(panic);
+        }
+    }
 }
 
 /// Runs `task(i)` once for every `i` in `0..tasks` on the current rayon pool's threads (the
@@ -66,11 +207,27 @@ pub fn with_threads_awake<R>(body: impl FnOnce() -> R) -> R {
 /// last task left in the share with the most left, one at a time, so the threads end within
 /// about one task of each other. The calling thread waits for the last tasks by spinning,
 /// not in rayon's join, which puts a waiting thread to sleep within tens of microseconds and
-/// takes as long again to wake it. On Qwen2.5-0.5B's q/k/v products (36 tasks of about 2 us),
+/// takes as long again to wake it. Inside a [`with_threads_awake`] body, on its thread, the
+/// section is posted to the body's polling helpers directly (its `Crew`); elsewhere (and for a
+/// section inside a task) it goes through rayon. On Qwen2.5-0.5B's q/k/v products (36 tasks of about 2 us),
 /// rayon's splitting left the threads idle between tasks and ending far apart whenever one
 /// was slowed: a 300-token decode 44.9 -> 51 tok/s (medians of 8, alternating).
 pub fn for_each_task(tasks: usize, task: impl Fn(usize) + Sync) {
-    let threads = rayon::current_num_threads().min(tasks);
+    /// Gives this thread its crew back however the section ends (while a job of the crew
+    /// runs, a section started inside one of its tasks goes through rayon).
+    struct Lent(*const Crew);
+    impl Drop for Lent {
+        fn drop(&mut self) {
+            CREW.with(|crew| crew.set(self.0));
+        }
+    }
+    let lent = Lent(CREW.with(|crew| crew.replace(std::ptr::null())));
+    // SAFETY: a crew outlives its body, and this thread is inside that body while the
+    // thread-local points at it (`with_threads_awake` restores the previous one on leaving).
+    #[allow(unsafe_code)]
+    let crew = unsafe { lent.0.as_ref() };
+    let helpers = crew.map_or_else(|| rayon::current_num_threads() - 1, |crew| crew.helpers);
+    let threads = (helpers + 1).min(tasks);
     if threads <= 1 {
         (0..tasks).for_each(task);
         return;
@@ -109,13 +266,9 @@ pub fn for_each_task(tasks: usize, task: impl Fn(usize) + Sync) {
         }
         shares[me].finished.fetch_add(ran, Ordering::Release);
     };
-    rayon::in_place_scope(|scope| {
-        for me in 1..threads {
-            let run = &run;
-            scope.spawn(move |_| run(me));
-        }
-        run(0);
-        // Every task is taken: wait for those still running elsewhere.
+    // Every task is taken once the owner's part returns: wait for those still running
+    // elsewhere.
+    let wait = || {
         let finished = || {
             shares
                 .iter()
@@ -125,7 +278,18 @@ pub fn for_each_task(tasks: usize, task: impl Fn(usize) + Sync) {
         while finished() < tasks && !panicked.load(Ordering::Acquire) {
             std::hint::spin_loop();
         }
-    });
+    };
+    match crew {
+        Some(crew) => crew.run(threads - 1, &run, wait),
+        None => rayon::in_place_scope(|scope| {
+            for me in 1..threads {
+                let run = &run;
+                scope.spawn(move |_| run(me));
+            }
+            run(0);
+            wait();
+        }),
+    }
 }
 
 /// Runs `body(s, j, chunk)` for every `chunk_len`-long chunk `j` of every slice `slices[s]`
@@ -339,6 +503,36 @@ mod tests {
                 assert!(all.iter().all(|counts| *counts == vec![1; tasks]));
             }
         }
+    }
+
+    #[test]
+    fn a_bodys_sections_reach_its_helpers_and_nest() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            with_threads_awake(|| {
+                // Over many sections, tasks run on both threads (through the crew's posts).
+                let threads = std::sync::Mutex::new(std::collections::HashSet::new());
+                for _ in 0..50 {
+                    for_each_task(8, |_| {
+                        threads.lock().unwrap().insert(std::thread::current().id());
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    });
+                }
+                assert_eq!(threads.lock().unwrap().len(), 2);
+                // A section inside a task runs every task once, as does the next one after.
+                let counts: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+                for_each_task(8, |i| {
+                    for_each_task(8, |j| {
+                        counts[8 * i + j].fetch_add(1, Ordering::Relaxed);
+                    })
+                });
+                assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+                assert_eq!(runs(100), vec![1; 100]);
+            })
+        });
     }
 
     #[test]
