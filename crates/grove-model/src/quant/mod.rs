@@ -15,6 +15,7 @@
 //! `weight = s * u - m`; the dot with an activation chunk `x = dx * q` is
 //! `sum_lanes(dx * (s * dot4(u, q) - m * sum4(q)))`.
 
+mod arena;
 mod interleave;
 mod kpermute;
 mod products;
@@ -104,7 +105,8 @@ impl QuantFormat {
     }
 }
 
-/// Bytes that live either in a memory-mapped file or in an owned buffer.
+/// Bytes that live in a memory-mapped file, in an owned buffer, or in the huge pages the
+/// kernels' copies are made in.
 #[derive(Clone)]
 pub enum Bytes {
     /// A range of a mapped file.
@@ -114,6 +116,12 @@ pub enum Bytes {
         len: usize,
     },
     Owned(Arc<Vec<u8>>),
+    /// A matrix's copy in a kernel's layout (`arena.rs`).
+    Copy {
+        chunk: Arc<arena::Chunk>,
+        start: usize,
+        len: usize,
+    },
 }
 
 impl Bytes {
@@ -121,6 +129,10 @@ impl Bytes {
         match self {
             Self::Mapped { map, start, len } => &map[*start..*start + *len],
             Self::Owned(bytes) => bytes,
+            // SAFETY: the range came from `arena::allocate` and was written before it became
+            // these bytes (`copied`); nothing writes it since.
+            #[allow(unsafe_code)]
+            Self::Copy { chunk, start, len } => unsafe { chunk.bytes(*start, *len) },
         }
     }
 
@@ -545,11 +557,11 @@ fn gguf_bytes(format: QuantFormat, k: usize, row: WeightRow<'_>) -> Cow<'_, [u8]
     }
 }
 
-/// `source` copied into another layout in anonymous memory, `units` pieces of `unit_bytes`
-/// each (`fill(source, i, out)` writes piece `i`, in fresh zeroed memory), in huge pages where
-/// the kernel gives them (a decode step streams every byte, and fewer TLB misses cost
-/// nothing). Mapped source pages are released slab by slab, piece `i` read from source bytes
-/// `i * unit_bytes..` on (the layouts keep a piece's bytes in place or within its rows).
+/// `source` copied into another layout, `units` pieces of `unit_bytes` each
+/// (`fill(source, i, out)` writes piece `i`, in fresh zeroed memory), in huge pages where the
+/// kernel gives them (`arena.rs`). Mapped source pages are released slab by slab, piece `i`
+/// read from source bytes `i * unit_bytes..` on (the layouts keep a piece's bytes in place or
+/// within its rows).
 fn copied(
     source: &Bytes,
     unit_bytes: usize,
@@ -559,11 +571,13 @@ fn copied(
     let src = source.as_slice();
     let len = units * unit_bytes;
     let failed = |e: std::io::Error| format!("{len} bytes for the kernel's copy: {e}");
-    let mut copy = memmap2::MmapMut::map_anon(len).map_err(failed)?;
-    #[cfg(target_os = "linux")]
-    let _ = copy.advise(memmap2::Advice::HugePage);
+    let mut copy = arena::allocate(len).map_err(failed)?;
     let slab_units = (INTERLEAVE_SLAB / unit_bytes).max(1);
-    for (slab, out) in copy.chunks_mut(slab_units * unit_bytes).enumerate() {
+    for (slab, out) in copy
+        .bytes_mut()
+        .chunks_mut(slab_units * unit_bytes)
+        .enumerate()
+    {
         let first = slab * slab_units;
         out.par_chunks_mut(unit_bytes)
             .enumerate()
@@ -571,12 +585,8 @@ fn copied(
         let end = ((first + slab_units) * unit_bytes).min(src.len());
         source.release(first * unit_bytes..end);
     }
-    let copy = copy.make_read_only().map_err(failed)?;
-    Ok(Bytes::Mapped {
-        map: Arc::new(copy),
-        start: 0,
-        len,
-    })
+    let (chunk, start, len) = copy.into_parts();
+    Ok(Bytes::Copy { chunk, start, len })
 }
 
 /// `out[i * stride] = W_row . x[first + i]` for `i < count`.
