@@ -542,7 +542,7 @@ fn gguf_bytes(format: QuantFormat, k: usize, row: WeightRow<'_>) -> Cow<'_, [u8]
     match row {
         WeightRow::Gguf(row) => Cow::Borrowed(row),
         WeightRow::Permuted(row) => {
-            let mut out = row.to_vec();
+            let mut out = vec![0u8; row.len()];
             let size = format.block_bytes();
             for (block, out) in row.chunks_exact(size).zip(out.chunks_exact_mut(size)) {
                 kpermute::gguf_block(format, block, out);

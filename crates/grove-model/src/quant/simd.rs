@@ -169,8 +169,8 @@ pub(super) const WEIGHT_ROWS: usize = 4;
 /// dependent shuffles and adds) and the activation loads were a fifth of a short row's time
 /// (k = 640 or 896: 10-14 chunks); four rows reduce their sums together. In cache, one
 /// thread, 128 rows (`QN=128 RAYON_NUM_THREADS=1 cargo bench -p grove-model --bench kernels
-/// -- "_128x.*/grove/1$"`): Q6_K 8.1 -> 6.8 us, Q4_K unchanged (its scale unpacking, not the
-/// sums, bounds it).
+/// -- "_128x.*/grove/1$"`): Q6_K 8.1 -> 6.8 us, Q4_K unchanged (then bound by GGUF's scale
+/// packing, since repacked at load: `kpermute.rs`).
 pub(super) fn dot_weight_rows(
     format: QuantFormat,
     rows: [&[u8]; WEIGHT_ROWS],
