@@ -1,5 +1,7 @@
 //! Vocabulary shared by every grove crate: ids, sampling parameters, stop conditions and the
 //! validation errors that name the offending field and its limit. No tensors live here.
+// `unsafe` lives in grove-kernels only.
+#![forbid(unsafe_code)]
 
 mod sampling;
 mod stop;

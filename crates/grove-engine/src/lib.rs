@@ -1,6 +1,8 @@
 //! The decode loop: validate, prefill, rounds (plain or DFlash speculative), sampling,
 //! stopping, incremental detokenization and per-round statistics. There is exactly one loop
 //! and one round function; speculation changes what a round verifies, not the loop around it.
+// `unsafe` lives in grove-kernels only.
+#![forbid(unsafe_code)]
 
 mod detokenizer;
 mod drafter;

@@ -9,8 +9,8 @@ use candle_core::Device;
 use common::*;
 use grove_core::{FinishReason, SamplingParams, StopCondition, ValidationError};
 use grove_engine::{Detokenizer, EngineError, GenerateRequest, Generator, GeneratorOptions};
-use grove_model::random_checkpoint::RandomCheckpoint;
 use grove_model::{Decoder, TextTokenizer};
+use grove_testkit::random_checkpoint::RandomCheckpoint;
 use serde_json::Value;
 
 fn golden_cases() -> Result<Vec<Value>> {

@@ -12,10 +12,10 @@ use grove_engine::{
     Generator, GeneratorOptions,
 };
 use grove_kv::{KvStore, PagePool, PageTable};
-use grove_model::random_checkpoint::{RandomCheckpoint, RandomDrafter};
 use grove_model::{
     DFlashDrafter, Decoder, Family, ForwardBatch, LogitRows, Model, ModelError, Segment,
 };
+use grove_testkit::random_checkpoint::{RandomCheckpoint, RandomDrafter};
 
 const VOCAB: usize = 16;
 const SAMPLES: u64 = 8_000;

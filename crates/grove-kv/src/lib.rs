@@ -5,6 +5,8 @@
 //!
 //! The crate knows nothing of models: a [`KvStore`] is, per layer, one K row and one V row of
 //! `kv_width` floats per slot.
+// `unsafe` lives in grove-kernels only.
+#![forbid(unsafe_code)]
 
 mod pool;
 mod store;

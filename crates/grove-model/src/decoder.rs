@@ -169,7 +169,7 @@ impl Model for Decoder {
         self.check_batch(batch)?;
         // A step of a small model is hundreds of short parallel sections: the other compute
         // threads poll between them instead of sleeping (`threads`).
-        crate::threads::with_threads_awake(|| self.forward_awake(batch, kv))
+        grove_kernels::threads::with_threads_awake(|| self.forward_awake(batch, kv))
     }
 }
 

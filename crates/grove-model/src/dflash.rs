@@ -280,7 +280,9 @@ impl DFlashDrafter {
         table: &mut PageTable,
         kv: &mut KvStore,
     ) -> Result<(), ModelError> {
-        crate::threads::with_threads_awake(|| self.extend_context_awake(features, table, kv))
+        grove_kernels::threads::with_threads_awake(|| {
+            self.extend_context_awake(features, table, kv)
+        })
     }
 
     fn extend_context_awake(
@@ -324,7 +326,7 @@ impl DFlashDrafter {
         blocks: &mut [(&mut PageTable, TokenId)],
         kv: &mut KvStore,
     ) -> Result<Vec<DraftOutput>, ModelError> {
-        crate::threads::with_threads_awake(|| self.draft_batch_awake(target, blocks, kv))
+        grove_kernels::threads::with_threads_awake(|| self.draft_batch_awake(target, blocks, kv))
     }
 
     fn draft_batch_awake(

@@ -21,9 +21,9 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 
 use crate::config::DecoderConfig;
-use crate::quant::{Bytes, MatrixUse, QMatrix, QuantFormat};
 use crate::tokenizer::TextTokenizer;
 use crate::ModelError;
+use grove_kernels::quant::{Bytes, MatrixUse, QMatrix, QuantFormat};
 
 /// An opened GGUF file: its metadata and tensor index (tensors are read on demand).
 pub struct GgufFile {
@@ -61,18 +61,10 @@ impl GgufFile {
         })?;
         let content = Content::read(&mut BufReader::new(&file))
             .map_err(|e| error(format!("not a readable GGUF file: {e}")))?;
-        // SAFETY: mapped read-only; like every mmap-based loader we rely on no other process
-        // truncating the file while it is loaded.
-        #[allow(unsafe_code)]
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ModelError::Io {
+        let map = grove_kernels::memory::map_read_only(&file).map_err(|source| ModelError::Io {
             path: path.to_owned(),
             source,
         })?;
-        // Mapped in 4 KiB pages: the file's page cache may hold 2 MiB folios (readahead makes
-        // them on recent kernels), and mapping one whole where a few embedding rows are
-        // looked up made it resident for each row.
-        #[cfg(target_os = "linux")]
-        let _ = map.advise(memmap2::Advice::NoHugePage);
         for (name, info) in &content.tensor_infos {
             let end = content.tensor_data_offset as usize + info.offset as usize + data_bytes(info);
             if end > map.len() {
@@ -381,7 +373,7 @@ impl GgufFile {
             !(key.starts_with("tokenizer.") && matches!(value, Value::Array(_)))
         });
         self.content.metadata.shrink_to_fit();
-        release_freed_memory();
+        grove_kernels::memory::release_freed_memory();
         self
     }
 
@@ -389,25 +381,6 @@ impl GgufFile {
     /// template in `tokenizer.chat_template`.
     pub fn tokenizer(&self) -> Result<TextTokenizer, ModelError> {
         crate::gguf_tokenizer::build(&self.content.metadata, &self.path)
-    }
-}
-
-/// Hands heap memory that was freed back to the OS. glibc keeps freed small blocks resident;
-/// reading a GGUF file's metadata and building its tokenizer frees ~120 MB of them for a
-/// 262k-entry vocabulary (Gemma 3: strings for every token and 513k merges), which stayed in
-/// the process's RSS next to the mapped weights (measured: 130 MB resident after the build,
-/// 75 MB after this). Call it once loading is done.
-pub fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        extern "C" {
-            fn malloc_trim(pad: usize) -> std::ffi::c_int;
-        }
-        // SAFETY: glibc's malloc_trim takes any padding and only touches its own free lists.
-        #[allow(unsafe_code)]
-        unsafe {
-            malloc_trim(0);
-        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! Tensors and networks: checkpoint loading, tokenizers and chat templates, and the target
 //! decoder over a caller-owned paged KV pool. See `forward.rs` for the contract every caller
-//! (plain decoding, DFlash, DDTree) uses.
+//! (plain decoding, DFlash, DDTree) uses. The arithmetic underneath is `grove-kernels`.
+// `unsafe` lives in grove-kernels only.
+#![forbid(unsafe_code)]
 
-pub mod activation;
 mod attention;
 pub mod config;
 mod decoder;
@@ -10,14 +11,11 @@ pub mod dflash;
 pub mod forward;
 pub mod gguf;
 mod gguf_tokenizer;
-pub mod kernels;
 pub mod layer_stack;
 pub mod layers;
-pub mod quant;
-pub mod random_checkpoint;
+pub mod matrix;
 mod rope;
 pub mod sentencepiece;
-pub mod threads;
 pub mod tokenizer;
 pub mod weights;
 

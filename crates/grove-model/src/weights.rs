@@ -9,9 +9,9 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::gguf::GgufFile;
-use crate::layers::Matrix;
-use crate::quant::MatrixUse;
+use crate::matrix::Matrix;
 use crate::ModelError;
+use grove_kernels::quant::MatrixUse;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -40,14 +40,12 @@ impl std::fmt::Debug for Weights {
 impl Weights {
     pub fn open(directory: &Path, device: &Device) -> Result<Self, ModelError> {
         let files = shard_files(directory)?;
-        // SAFETY: the files are mapped read-only; like every mmap-based loader we rely on no
-        // other process truncating a checkpoint while it is loaded.
-        #[allow(unsafe_code)]
-        let tensors =
-            unsafe { MmapedSafetensors::multi(&files) }.map_err(|error| ModelError::Weights {
+        let tensors = grove_kernels::memory::map_safetensors(&files).map_err(|error| {
+            ModelError::Weights {
                 path: directory.to_owned(),
                 message: error.to_string(),
-            })?;
+            }
+        })?;
         Ok(Self {
             tensors: Source::Safetensors(tensors),
             directory: directory.to_owned(),

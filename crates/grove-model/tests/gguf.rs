@@ -10,8 +10,8 @@ use candle_core::{DType, Device, Tensor};
 use grove_kv::PagePool;
 use grove_model::config::Family;
 use grove_model::gguf::{permute, GgufFile};
-use grove_model::random_checkpoint::RandomCheckpoint;
 use grove_model::{Decoder, ForwardBatch, LogitRows, Model, Segment};
+use grove_testkit::random_checkpoint::RandomCheckpoint;
 
 fn checkpoint(family: Family) -> RandomCheckpoint {
     RandomCheckpoint {

@@ -8,8 +8,8 @@ use std::path::Path;
 use anyhow::Result;
 use candle_core::Device;
 use grove_kv::{KvStore, PagePool, PageTable};
-use grove_model::random_checkpoint::RandomCheckpoint;
 use grove_model::{Decoder, Family, ForwardBatch, LogitRows, Model, Segment, Visibility};
+use grove_testkit::random_checkpoint::RandomCheckpoint;
 
 const TOLERANCE: f32 = 1e-4;
 

@@ -5,6 +5,8 @@
 //! tokio) validates requests at the edge into typed requests, hands them over, and turns the
 //! events it gets back into JSON or SSE. Errors have one type and one mapping to HTTP
 //! ([`ApiError`]).
+// `unsafe` lives in grove-kernels only.
+#![forbid(unsafe_code)]
 
 mod error;
 pub mod metrics;

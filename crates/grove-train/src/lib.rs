@@ -1,6 +1,8 @@
 //! Training in Rust on candle's autograd: a small Qwen3 target (`grove train-target`) and a
 //! DFlash drafter for it (`grove train-drafter`), written in the formats the inference loaders
 //! read (HF checkpoint; z-lab drafter).
+// `unsafe` lives in grove-kernels only.
+#![forbid(unsafe_code)]
 
 pub mod checkpoint;
 pub mod data;

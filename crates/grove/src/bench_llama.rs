@@ -279,7 +279,7 @@ impl MemoryTest {
             let sum: u64 = self
                 .buffer
                 .par_chunks(1 << 16)
-                .map(grove_model::quant::streaming_sum)
+                .map(grove_kernels::quant::streaming_sum)
                 .reduce(|| 0, u64::wrapping_add);
             let seconds = start.elapsed().as_secs_f64();
             std::hint::black_box(sum);

@@ -7,10 +7,10 @@ use candle_core::Device;
 use clap::Args;
 use grove_core::TokenId;
 use grove_engine::{Drafter, Generator, SpeculationSettings};
-use grove_model::random_checkpoint::RandomCheckpoint;
 use grove_model::tokenizer::generation_stop_ids;
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use grove_server::ServedModel;
+use grove_testkit::random_checkpoint::RandomCheckpoint;
 
 /// The embedded default model, resolved at build time so `cargo run` works from any directory.
 pub const DEFAULT_MODEL_DIR: &str =
@@ -239,7 +239,7 @@ fn load_model(args: &ModelArgs) -> Result<Loaded> {
         // The tokenizer first: building it peaks at several times its final size, and the
         // weights copied into the kernels' layout are resident from the moment they load.
         let tokenizer = grove_model::gguf::GgufFile::open(&dir)?.tokenizer()?;
-        grove_model::gguf::release_freed_memory();
+        grove_kernels::memory::release_freed_memory();
         let model = Decoder::load(&dir, &Device::Cpu)
             .with_context(|| format!("loading model from {}", dir.display()))?;
         return Ok(Loaded {

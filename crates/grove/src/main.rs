@@ -2,6 +2,8 @@
 //!
 //! Subcommands: `generate` (one prompt, text or JSON out), `serve` (the OpenAI API), `bench` (prefill/decode speed and the
 //! verify cost curve), `tiny-model` (writes the seeded random checkpoint used as the default).
+// `unsafe` lives in grove-kernels only.
+#![forbid(unsafe_code)]
 
 mod bench;
 mod bench_llama;

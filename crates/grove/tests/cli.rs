@@ -526,9 +526,9 @@ fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
 fn bench_report_writes_json_and_charts() {
     let dir = tempfile::tempdir().unwrap();
     let drafter = dir.path().join("drafter");
-    grove_model::random_checkpoint::RandomDrafter::tiny(3)
+    grove_testkit::random_checkpoint::RandomDrafter::tiny(3)
         .write(
-            &grove_model::random_checkpoint::RandomCheckpoint::tiny_qwen3(0),
+            &grove_testkit::random_checkpoint::RandomCheckpoint::tiny_qwen3(0),
             &drafter,
         )
         .unwrap();

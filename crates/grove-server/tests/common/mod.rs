@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use candle_core::Device;
 use grove_engine::{Drafter, EngineLimits, GeneratorOptions, SpecAlgorithm, SpeculationSettings};
-use grove_model::random_checkpoint::{RandomCheckpoint, RandomDrafter};
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use grove_server::{EngineSettings, EngineStatus, ServedModel, ServerConfig};
+use grove_testkit::random_checkpoint::{RandomCheckpoint, RandomDrafter};
 use serde_json::Value;
 
 fn repo_dir() -> PathBuf {

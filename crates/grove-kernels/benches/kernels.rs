@@ -1,13 +1,13 @@
 //! The few-row products of decoding and small verifies: the streaming kernel against candle's
 //! gemm on a Qwen3-0.6B MLP weight (3072 x 1024) for 1, 4 and 8 rows; and the quantized kernels
 //! against candle's quantized matmul on a Qwen2.5-0.5B MLP weight (4864 x 896) in each GGUF
-//! format. `cargo bench -p grove-model`; `QN` / `QK` set the quantized shape (a head:
+//! format. `cargo bench -p grove-kernels`; `QN` / `QK` set the quantized shape (a head:
 //! `QN=151936 QK=896`).
 
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use grove_model::kernels::matmul_transposed;
-use grove_model::quant::{QMatrix, QuantFormat};
+use grove_kernels::dense::matmul_transposed;
+use grove_kernels::quant::{QMatrix, QuantFormat};
 
 fn small_row_matmul(c: &mut Criterion) {
     let (n, k) = (3072, 1024);

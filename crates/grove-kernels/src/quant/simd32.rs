@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::interleave::{
     group_count, payload_bytes, payload_parts, ChunkGroup, GROUP_CHUNKS, GROUP_ROWS,
 };
-use super::simd::{prefetch, reduce4, Rows};
+use super::x86::{prefetch, reduce4, Rows};
 use super::{QuantFormat, QuantizedRows, CHUNK, LANES};
 
 /// Row `p`'s payload of a chunk (in the chunk's four at `chunk`: `payload_parts`) decoded to
@@ -213,7 +213,7 @@ macro_rules! block32_kernels {
 
         /// The four rows of the row group at `rows` dotted with activation row `act` (a decode step):
         /// each activation chunk is loaded once for the four, the row group is read front to back
-        /// (one stream, requested `simd::PREFETCH` bytes ahead), and the four sums are reduced together.
+        /// (one stream, requested `x86::PREFETCH` bytes ahead), and the four sums are reduced together.
         #[inline]
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $group<F: Block32>(

@@ -24,6 +24,8 @@ mod scalar;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd32;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -11,8 +11,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use serde_json::{json, Value};
 
-use crate::config::{DecoderConfig, Family};
-use crate::ModelError;
+use grove_model::config::{DecoderConfig, Family};
+use grove_model::ModelError;
 
 /// Special tokens appended after the 256 byte tokens of [`byte_level_tokenizer_json`].
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];

@@ -1,0 +1,542 @@
+//! Attention's arithmetic: `softmax(scale * q K^T) V` per row and head over each row's list of
+//! visible key slots, read straight from a layer's K/V rows (no gather, no materialized mask).
+//! Softmax runs in f32 with the max subtracted, like SDPA. Which slots a row sees (causal,
+//! bidirectional, tree ancestors, a sliding window) is the model's business (`KeyPlan` in
+//! grove-model); this module only needs the lists.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::dense::scaled_dots_many;
+use crate::threads::for_each_chunk_mut;
+
+/// Below this many multiply-adds attention runs on the calling thread: handing tiny work to
+/// the pool costs a wake-up and a context switch per layer.
+pub const PARALLEL_MIN_WORK: usize = 1 << 16;
+
+/// Keys per piece of a long row. A row that sees more keys is cut into pieces of this many,
+/// whose partial softmaxes run in parallel (a decode step is one row: without this its
+/// attention ran on one thread however long the context) and combine in order. How a row is
+/// cut depends only on its own ordered keys, never on the batch or the threads, so a token
+/// decoded, verified in a tree or batched gets the same bits, which the lossless checks need.
+pub const KEY_PIECE: usize = 256;
+
+/// Head layout of one attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLayout {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// `softmax(scale * q K^T) V` for every row and head, over the row's visible key slots
+/// (`key_slots[row]`, in order). `queries` is `[rows, heads * d]` (already rotated);
+/// `keys`/`values` are a layer of the KV store, `[slots, kv_heads * d]`. Returns
+/// `[rows, heads * d]`.
+pub fn attend(
+    key_slots: &[Vec<usize>],
+    layout: HeadLayout,
+    scale: f32,
+    queries: &[f32],
+    keys: &[f32],
+    values: &[f32],
+) -> Vec<f32> {
+    let HeadLayout {
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    } = layout;
+    let group = num_heads / num_kv_heads;
+    let kv_width = num_kv_heads * head_dim;
+    let row_width = num_heads * head_dim;
+    let rows = key_slots.len();
+    assert_eq!(
+        queries.len(),
+        rows * row_width,
+        "queries are not [rows, heads * d]"
+    );
+    let mut output = vec![0f32; rows * row_width];
+    // Long rows in pieces, in parallel with each other (a long prompt's rows) and within.
+    // Shorter rows keep the normalize-then-sum form below rather than one piece (sum, then
+    // divide): that rounds differently, and these are the rows the golden references and
+    // every short-context result were computed with.
+    if key_slots.iter().any(|slots| slots.len() > KEY_PIECE) {
+        output
+            .par_chunks_mut(row_width)
+            .zip(queries.par_chunks(row_width))
+            .zip(key_slots.par_iter())
+            .filter(|(_, slots)| slots.len() > KEY_PIECE)
+            .for_each(|((out_row, query_row), slots)| {
+                let context = PieceContext {
+                    layout,
+                    scale,
+                    query_row,
+                    keys,
+                    values,
+                    slots,
+                };
+                context.attend_in_pieces(out_row);
+            });
+    }
+    // The short rows, one task per (row, KV head, part of its query heads): the query heads
+    // that share a KV head read its keys and values together, once. A decode step's single
+    // row is cut into enough parts for every thread (on one thread its attention was a tenth
+    // of a Qwen2.5-0.5B step after 200 tokens). A head's arithmetic is the same in any
+    // grouping, so the bits depend neither on the parts nor on the threads.
+    let parts = group
+        .min(rayon::current_num_threads().div_ceil(rows * num_kv_heads))
+        .max(1);
+    let part_len = group.div_ceil(parts);
+    thread_local! {
+        /// A task's scores, `[its query heads, keys]`.
+        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    }
+    let attend_part = |row_kv: usize, part: usize, out: &mut [f32]| {
+        let (row, kv_head) = (row_kv / num_kv_heads, row_kv % num_kv_heads);
+        let slots = &key_slots[row];
+        if slots.len() > KEY_PIECE {
+            return;
+        }
+        let first = kv_head * group + part * part_len;
+        let heads = first..first + out.len() / head_dim;
+        let queries: Vec<&[f32]> = heads
+            .map(|head| &queries[row * row_width + head * head_dim..][..head_dim])
+            .collect();
+        let kv_offset = kv_head * head_dim;
+        let key = |slot: usize| &keys[slot * kv_width + kv_offset..][..head_dim];
+        let value = |slot: usize| &values[slot * kv_width + kv_offset..][..head_dim];
+        let n = slots.len();
+        SCORES.with_borrow_mut(|scores| {
+            scores.clear();
+            scores.resize(queries.len() * n, 0.0);
+            scaled_dots_many(&queries, |i| key(slots[i]), scale, scores);
+            for scores in scores.chunks_exact_mut(n.max(1)) {
+                softmax_in_place(scores);
+            }
+            weighted_sums(out, head_dim, scores, |i| value(slots[i]));
+        });
+    };
+    let work: usize = key_slots
+        .iter()
+        .map(Vec::len)
+        .filter(|&keys| keys <= KEY_PIECE)
+        .sum::<usize>()
+        * row_width;
+    let (kv_group_width, part_width) = (group * head_dim, part_len * head_dim);
+    let mut groups: Vec<&mut [f32]> = output.chunks_mut(kv_group_width).collect();
+    if work >= PARALLEL_MIN_WORK {
+        for_each_chunk_mut(&mut groups, part_width, attend_part);
+    } else {
+        for (row_kv, outs) in groups.iter_mut().enumerate() {
+            for (part, out) in outs.chunks_mut(part_width).enumerate() {
+                attend_part(row_kv, part, out);
+            }
+        }
+    }
+    output
+}
+
+/// `outs[j] += weights[j * n + i] * value(i)` for each value in order, element by element
+/// (so the same bits on every build), with `outs` `[q, width]` and `weights` `[q, n]`. In
+/// 512-bit vectors where the CPU has them, with a few vectors of each output kept in registers
+/// across all the values (added into memory, value after value, each add waited on the store
+/// before it: 160 rows of 64 values in L2 here, 7.5-11.3 -> 4.7 ns a row), and each value
+/// loaded once for up to four outputs (query heads that share a KV head).
+fn weighted_sums<'a>(
+    outs: &mut [f32],
+    width: usize,
+    weights: &[f32],
+    value: impl Fn(usize) -> &'a [f32],
+) {
+    let queries = outs.len().checked_div(width).unwrap_or(0);
+    if queries == 0 {
+        return;
+    }
+    assert_eq!(outs.len(), queries * width, "outputs are not [q, width]");
+    assert!(
+        weights.len().is_multiple_of(queries),
+        "weights are not [q, n]"
+    );
+    let n = weights.len() / queries;
+    #[cfg(target_arch = "x86_64")]
+    if width.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
+        let mut first = 0;
+        while first < queries {
+            let (outs, weights) = (&mut outs[first * width..], &weights[first * n..]);
+            // SAFETY: the feature `weighted_sums_avx512` is compiled for was just detected.
+            #[allow(unsafe_code)]
+            let done = unsafe {
+                match queries - first {
+                    1 => weighted_sums_avx512::<1>(outs, width, weights, n, &value),
+                    2 | 3 => weighted_sums_avx512::<2>(outs, width, weights, n, &value),
+                    _ => weighted_sums_avx512::<4>(outs, width, weights, n, &value),
+                }
+            };
+            first += done;
+        }
+        return;
+    }
+    for (out, weights) in outs
+        .chunks_exact_mut(width)
+        .zip(weights.chunks_exact(n.max(1)))
+    {
+        weighted_sum_portable(out, &weights[..n], (0..n).map(&value));
+    }
+}
+
+/// The first `Q` outputs of [`weighted_sums`] (`outs` and `weights` start at the first);
+/// returns `Q`.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_sums_avx512<'a, const Q: usize>(
+    outs: &mut [f32],
+    width: usize,
+    weights: &[f32],
+    n: usize,
+    value: &impl Fn(usize) -> &'a [f32],
+) -> usize {
+    /// Vectors of each output per pass over the values.
+    const TILE: usize = 4;
+    let vectors = width / 16;
+    let full = vectors / TILE * TILE;
+    for first in (0..full).step_by(TILE) {
+        weighted_tile::<Q, TILE>(outs, width, weights, n, value, first);
+    }
+    match vectors - full {
+        1 => weighted_tile::<Q, 1>(outs, width, weights, n, value, full),
+        2 => weighted_tile::<Q, 2>(outs, width, weights, n, value, full),
+        3 => weighted_tile::<Q, 3>(outs, width, weights, n, value, full),
+        _ => {}
+    }
+    Q
+}
+
+/// Vectors `first..first + N` (16 values each) of the first `Q` outputs through all the
+/// values, in registers.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_tile<'a, const Q: usize, const N: usize>(
+    outs: &mut [f32],
+    width: usize,
+    weights: &[f32],
+    n: usize,
+    value: &impl Fn(usize) -> &'a [f32],
+    first: usize,
+) {
+    use std::arch::x86_64::*;
+    assert!(16 * (first + N) <= width, "tile past the output");
+    assert!(
+        outs.len() >= Q * width && weights.len() >= Q * n,
+        "fewer than Q outputs"
+    );
+    let at = |j: usize, t: usize| j * width + 16 * (first + t);
+    // SAFETY (the loads and stores): `at(j, t) + 16 <= outs.len()` for `j < Q`, `t < N`
+    // (checked), and every value is `width` long (checked).
+    let mut acc: [[__m512; N]; Q] = std::array::from_fn(|j| {
+        std::array::from_fn(|t| unsafe { _mm512_loadu_ps(outs.as_ptr().add(at(j, t))) })
+    });
+    for i in 0..n {
+        let value = value(i);
+        assert_eq!(value.len(), width, "value and output differ in length");
+        let v: [__m512; N] = std::array::from_fn(|t| unsafe {
+            _mm512_loadu_ps(value.as_ptr().add(16 * (first + t)))
+        });
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let weight = _mm512_set1_ps(weights[j * n + i]);
+            for (acc, v) in acc.iter_mut().zip(v) {
+                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(weight, v));
+            }
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        for (t, acc) in acc.iter().enumerate() {
+            unsafe { _mm512_storeu_ps(outs.as_mut_ptr().add(at(j, t)), *acc) };
+        }
+    }
+}
+
+#[inline(always)]
+fn weighted_sum_portable<'a>(
+    out: &mut [f32],
+    weights: &[f32],
+    values: impl Iterator<Item = &'a [f32]>,
+) {
+    for (&weight, value) in weights.iter().zip(values) {
+        for (o, v) in out.iter_mut().zip(value) {
+            *o += weight * v;
+        }
+    }
+}
+
+/// One long row's attention, cut into [`KEY_PIECE`]-key pieces per KV head.
+struct PieceContext<'a> {
+    layout: HeadLayout,
+    scale: f32,
+    query_row: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    /// The row's visible key slots, in order.
+    slots: &'a [usize],
+}
+
+/// A piece's softmax before normalization, per query head of its KV head's group: the largest
+/// score, the sum of `exp(score - largest)` and the values weighted by those terms.
+struct Piece {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl PieceContext<'_> {
+    fn attend_in_pieces(&self, out_row: &mut [f32]) {
+        let HeadLayout {
+            num_kv_heads,
+            head_dim,
+            ..
+        } = self.layout;
+        let group = self.layout.num_heads / num_kv_heads;
+        let pieces_per_head = self.slots.len().div_ceil(KEY_PIECE);
+        let mut pieces: Vec<Option<Piece>> =
+            (0..num_kv_heads * pieces_per_head).map(|_| None).collect();
+        for_each_chunk_mut(&mut [&mut pieces], 1, |_, i, piece| {
+            piece[0] = Some(self.piece(i / pieces_per_head, i % pieces_per_head));
+        });
+        let pieces: Vec<Piece> = pieces
+            .into_iter()
+            .map(|p| p.expect("every piece ran"))
+            .collect();
+        for (kv_head, pieces) in pieces.chunks(pieces_per_head).enumerate() {
+            for g in 0..group {
+                let max = pieces
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |m, p| m.max(p.max[g]));
+                let weights: Vec<f32> = pieces.iter().map(|p| (p.max[g] - max).exp()).collect();
+                let sum: f32 = pieces.iter().zip(&weights).map(|(p, w)| p.sum[g] * w).sum();
+                let head = kv_head * group + g;
+                let out = &mut out_row[head * head_dim..][..head_dim];
+                for (piece, weight) in pieces.iter().zip(&weights) {
+                    let part = &piece.out[g * head_dim..][..head_dim];
+                    for (o, v) in out.iter_mut().zip(part) {
+                        *o += weight * v;
+                    }
+                }
+                let inverse = 1.0 / sum;
+                for o in out.iter_mut() {
+                    *o *= inverse;
+                }
+            }
+        }
+    }
+
+    fn piece(&self, kv_head: usize, index: usize) -> Piece {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature `piece_avx512` is compiled for was just detected.
+            #[allow(unsafe_code)]
+            return unsafe { self.piece_avx512(kv_head, index) };
+        }
+        self.piece_portable(kv_head, index)
+    }
+
+    /// The same loops in 512-bit vectors (element-wise, so the same bits as the portable
+    /// build, which only has SSE2).
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn piece_avx512(&self, kv_head: usize, index: usize) -> Piece {
+        self.piece_portable(kv_head, index)
+    }
+
+    #[inline(always)]
+    fn piece_portable(&self, kv_head: usize, index: usize) -> Piece {
+        let HeadLayout {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        } = self.layout;
+        let group = num_heads / num_kv_heads;
+        let kv_width = num_kv_heads * head_dim;
+        let kv_offset = kv_head * head_dim;
+        let slots = &self.slots[index * KEY_PIECE..((index + 1) * KEY_PIECE).min(self.slots.len())];
+        let n = slots.len();
+        let mut scores = vec![0f32; group * n];
+        let key = |i: usize| &self.keys[slots[i] * kv_width + kv_offset..][..head_dim];
+        let queries: Vec<&[f32]> = (0..group)
+            .map(|g| &self.query_row[(kv_head * group + g) * head_dim..][..head_dim])
+            .collect();
+        scaled_dots_many(&queries, key, self.scale, &mut scores);
+        let mut max = vec![f32::NEG_INFINITY; group];
+        let mut sum = vec![0f32; group];
+        for g in 0..group {
+            let scores = &mut scores[g * n..(g + 1) * n];
+            max[g] = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for score in scores.iter_mut() {
+                *score = (*score - max[g]).exp();
+                sum[g] += *score;
+            }
+        }
+        let mut out = vec![0f32; group * head_dim];
+        let value = |i: usize| &self.values[slots[i] * kv_width + kv_offset..][..head_dim];
+        weighted_sums(&mut out, head_dim, &scores, value);
+        Piece { max, sum, out }
+    }
+}
+
+fn softmax_in_place(scores: &mut [f32]) {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for score in scores.iter_mut() {
+        *score = (*score - max).exp();
+        sum += *score;
+    }
+    let inverse = 1.0 / sum;
+    for score in scores.iter_mut() {
+        *score *= inverse;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One decode row after `context` committed tokens, 4 query heads on 2 KV heads of 8.
+    fn long_row(context: usize) -> (Vec<f32>, Vec<f32>) {
+        let layout = HeadLayout {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        one_row(context, layout)
+    }
+
+    /// One decode row after `context` committed tokens: ours, and the formula in f64.
+    fn one_row(context: usize, layout: HeadLayout) -> (Vec<f32>, Vec<f32>) {
+        let HeadLayout {
+            num_heads,
+            num_kv_heads,
+            head_dim: d,
+        } = layout;
+        let (width, kv_width) = (num_heads * d, num_kv_heads * d);
+        let total = context + 1;
+        // Slots in reverse order of their logical index: the kernel reads slots, not indices.
+        let slot = |i: usize| total - 1 - i;
+        let key_slots = vec![(0..total).map(slot).collect::<Vec<_>>()];
+        let wave = |n: usize, seed: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i as f32 + seed) * 0.618).sin() * 2.0)
+                .collect()
+        };
+        let (keys, values) = (wave(total * kv_width, 1.0), wave(total * kv_width, 2.0));
+        let query = wave(width, 3.0);
+        let scale = 0.35;
+        let ours = attend(&key_slots, layout, scale, &query, &keys, &values);
+        // The plain formula in f64 over the slots in logical order.
+        let mut exact = vec![0f32; width];
+        for head in 0..num_heads {
+            let kv = head / (num_heads / num_kv_heads);
+            let q = &query[head * d..][..d];
+            let scores: Vec<f64> = (0..total)
+                .map(|i| {
+                    let k = &keys[slot(i) * kv_width + kv * d..][..d];
+                    q.iter()
+                        .zip(k)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total_weight: f64 = weights.iter().sum();
+            for e in 0..d {
+                exact[head * d + e] = ((0..total)
+                    .map(|i| weights[i] * values[slot(i) * kv_width + kv * d + e] as f64)
+                    .sum::<f64>()
+                    / total_weight) as f32;
+            }
+        }
+        (ours, exact)
+    }
+
+    fn on_threads<T: Send>(threads: usize, run: impl FnOnce() -> T + Send) -> T {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(run)
+    }
+
+    #[test]
+    fn long_rows_in_pieces_equal_the_formula_and_do_not_depend_on_threads() {
+        for context in [255, 256, 700] {
+            let (ours, exact) = long_row(context);
+            for (a, b) in ours.iter().zip(&exact) {
+                assert!((a - b).abs() < 1e-5, "context {context}: {a} vs {b}");
+            }
+            let on = |threads| on_threads(threads, || long_row(context).0);
+            assert_eq!(on(1), on(3), "context {context}");
+        }
+    }
+
+    #[test]
+    fn short_rows_split_by_head_equal_the_formula_and_do_not_depend_on_threads() {
+        // Enough work to run in parallel (one task per head), fewer keys than a piece.
+        let layout = HeadLayout {
+            num_heads: 14,
+            num_kv_heads: 2,
+            head_dim: 64,
+        };
+        let context = 200;
+        let (ours, exact) = one_row(context, layout);
+        assert!((context + 1) * 14 * 64 >= PARALLEL_MIN_WORK);
+        for (a, b) in ours.iter().zip(&exact) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        // One, two and four parts of each KV head's seven query heads.
+        let on = |threads| on_threads(threads, || one_row(context, layout).0);
+        let one = on(1);
+        assert_eq!(one, on(3));
+        assert_eq!(one, on(8));
+    }
+
+    #[test]
+    fn weighted_sums_equal_the_portable_loop_bit_for_bit() {
+        // Value widths of whole vectors (one pass, several, a partial tile) and one that is
+        // not (the portable loop itself).
+        for width in [16, 64, 80, 128, 256, 24] {
+            for count in [0, 1, 7, 300] {
+                let weights: Vec<f32> = (0..count).map(|i| (i as f32 * 0.77).sin()).collect();
+                let values: Vec<f32> = (0..count * width)
+                    .map(|i| (i as f32 * 0.31).cos() * 3.0)
+                    .collect();
+                let value = |i: usize| &values[i * width..(i + 1) * width];
+                let start: Vec<f32> = (0..width).map(|e| e as f32 * 0.1).collect();
+                let mut ours = start.clone();
+                weighted_sums(&mut ours, width, &weights, value);
+                let mut portable = start.clone();
+                weighted_sum_portable(&mut portable, &weights, (0..count).map(value));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&ours), bits(&portable), "width {width}, count {count}");
+                // Several outputs over the same values (1 to 7 query heads of a KV head), each
+                // with its own weights: each as the portable loop gives it alone.
+                for queries in 1..=7 {
+                    let weights: Vec<f32> = (0..queries * count)
+                        .map(|i| (i as f32 * 0.53).cos())
+                        .collect();
+                    let mut ours: Vec<f32> = (0..queries).flat_map(|_| start.clone()).collect();
+                    weighted_sums(&mut ours, width, &weights, value);
+                    for (j, ours) in ours.chunks_exact(width).enumerate() {
+                        let mut portable = start.clone();
+                        let weights = &weights[j * count..(j + 1) * count];
+                        weighted_sum_portable(&mut portable, weights, (0..count).map(value));
+                        assert_eq!(bits(ours), bits(&portable), "{width} {count} {queries} {j}");
+                    }
+                }
+            }
+        }
+    }
+}
