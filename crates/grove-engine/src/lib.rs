@@ -1,6 +1,11 @@
 //! The decode loop: validate, prefill, rounds (plain or DFlash speculative), sampling,
 //! stopping, incremental detokenization and per-round statistics. There is exactly one loop
 //! and one round function; speculation changes what a round verifies, not the loop around it.
+//!
+//! Ownership: an [`Engine`] owns a round runner (`runner.rs`: model, tokenizer, drafter and
+//! the stages of a step), the KV pools and its sequences (`sequence.rs`); it schedules
+//! (`scheduler.rs`). [`Generator`] is the one-shot facade that builds an engine per call.
+//! `speculation.rs` is a leaf: what a round drafts, as one concept.
 // `unsafe` lives in grove-kernels only.
 #![forbid(unsafe_code)]
 
@@ -8,22 +13,26 @@ mod detokenizer;
 mod drafter;
 mod emitter;
 mod generate;
-mod round;
+mod request;
+mod runner;
 mod sampler;
 mod scheduler;
+mod sequence;
 mod speculation;
 mod stop_strings;
 
 pub use detokenizer::Detokenizer;
 pub use drafter::{DraftBlock, Drafter};
-pub use generate::{
-    DDTreeSpec, DFlashSpec, GenerateOutput, GenerateRequest, GenerateStats, Generator,
-    GeneratorOptions, DEFAULT_PREFILL_CHUNK,
+pub use generate::Generator;
+pub use request::{
+    GenerateOutput, GenerateRequest, GenerateStats, GeneratorOptions, DEFAULT_PREFILL_CHUNK,
 };
-pub use round::StepTimings;
+pub use runner::StepTimings;
 pub use sampler::{argmax, processed_distribution, Sampler};
 pub use scheduler::{Engine, EngineEvent, EngineLimits, RequestId};
-pub use speculation::{SpecAlgorithm, SpeculationOverride, SpeculationSettings};
+pub use speculation::{
+    DDTreeSpec, DFlashSpec, SpecAlgorithm, SpeculationOverride, SpeculationSettings,
+};
 pub use stop_strings::{StopScan, StopStrings};
 
 #[derive(Debug, thiserror::Error)]

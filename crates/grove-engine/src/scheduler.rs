@@ -8,13 +8,15 @@
 //! unchanged); run one batched round; report text and finished requests. Finished or cancelled
 //! sequences free their pages at once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use grove_core::{TokenId, ValidationError};
 
-use crate::generate::{GenerateOutput, GenerateRequest, Generator};
-use crate::round::{Pools, Sequence, StepTimings};
+use crate::request::{GenerateOutput, GenerateRequest};
+use crate::runner::{RoundRunner, StepTimings};
+use crate::sequence::{Pools, Sequence};
+use crate::speculation;
 use crate::EngineError;
 
 /// Identifies a request inside one [`Engine`].
@@ -46,8 +48,9 @@ pub struct EngineLimits {
     pub max_running: usize,
 }
 
+/// Owns the round runner, the KV pools and every sequence; `Generator::engine` makes one.
 pub struct Engine<'a> {
-    generator: &'a Generator<'a>,
+    runner: RoundRunner<'a>,
     limits: EngineLimits,
     pools: Pools,
     waiting: VecDeque<Sequence<'a>>,
@@ -58,13 +61,13 @@ pub struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    pub fn new(generator: &'a Generator<'a>, limits: EngineLimits) -> Result<Self, EngineError> {
+    pub(crate) fn new(runner: RoundRunner<'a>, limits: EngineLimits) -> Result<Self, EngineError> {
         let pages = limits
             .max_total_tokens
-            .div_ceil(generator.options.page_size.max(1));
-        let pools = generator.pools(pages, limits.max_running.max(1))?;
+            .div_ceil(runner.options.page_size.max(1));
+        let pools = runner.pools(pages, limits.max_running.max(1))?;
         Ok(Self {
-            generator,
+            runner,
             limits,
             pools,
             waiting: VecDeque::new(),
@@ -77,11 +80,9 @@ impl<'a> Engine<'a> {
 
     /// Validates and queues a request.
     pub fn submit(&mut self, request: GenerateRequest) -> Result<RequestId, EngineError> {
-        self.generator.validate(&request)?;
-        let method = self.generator.resolve_method(request.speculation)?;
-        let needed = request.prompt.len()
-            + request.stop.max_new_tokens
-            + crate::speculation::verify_rows(method);
+        let method = self.runner.validate(&request)?;
+        let needed =
+            speculation::kv_need(request.prompt.len() + request.stop.max_new_tokens, method);
         let capacity = self.pools.pool.num_slots();
         if needed > capacity {
             return Err(ValidationError::OutOfRange {
@@ -93,10 +94,10 @@ impl<'a> Engine<'a> {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back(
-            self.generator
-                .admit(id, Arc::new(request), method, &self.pools),
-        );
+        let sequence = self
+            .runner
+            .sequence(id, Arc::new(request), method, &self.pools);
+        self.waiting.push_back(sequence);
         Ok(id)
     }
 
@@ -141,34 +142,32 @@ impl<'a> Engine<'a> {
     /// Admits, reserves (preempting when needed), runs one batched round and reports.
     pub fn step(&mut self) -> Result<Vec<EngineEvent>, EngineError> {
         let mut events = Vec::new();
-        let before: HashMap<RequestId, usize> = self
-            .running
-            .iter()
-            .chain(&self.waiting)
-            .map(|s| (s.id, s.emitted))
-            .collect();
         self.admit(&mut events)?;
         // A prefill can end a request at once (its first token stops it).
-        self.collect_finished(&mut events, &before)?;
+        self.collect_finished(&mut events)?;
         self.reserve_rounds();
         self.last_step = StepTimings::default();
         if !self.running.is_empty() {
             let mut batch: Vec<&mut Sequence<'a>> = self.running.iter_mut().collect();
-            let mut on_text = |id: RequestId, text: &str| {
-                events.push(EngineEvent::Text {
-                    id,
-                    text: text.to_owned(),
-                })
-            };
-            self.last_step = self
-                .generator
+            let mut texts = Vec::new();
+            let mut on_text = |id: RequestId, text: &str| texts.push((id, text.to_owned()));
+            let result = self
+                .runner
                 .step(&mut batch, &mut self.pools, &mut on_text)?;
+            events.extend(
+                texts
+                    .into_iter()
+                    .map(|(id, text)| EngineEvent::Text { id, text }),
+            );
+            for (sequence, tokens) in self.running.iter().zip(result.emitted) {
+                events.push(EngineEvent::Tokens {
+                    id: sequence.id,
+                    tokens,
+                });
+            }
+            self.last_step = result.timings;
         }
-        self.collect_finished(&mut events, &before)?;
-        // Waiting too: a sequence admitted and then preempted in this step chose its first token.
-        for sequence in self.running.iter().chain(&self.waiting) {
-            push_tokens(&mut events, sequence, &before);
-        }
+        self.collect_finished(&mut events)?;
         Ok(events)
     }
 
@@ -178,7 +177,7 @@ impl<'a> Engine<'a> {
             let Some(front) = self.waiting.front() else {
                 break;
             };
-            if self.generator.prefill_pages(front, &self.pools) > self.pools.pool.free_pages() {
+            if self.pools.pool.pages_for(front.prefill_need()) > self.pools.pool.free_pages() {
                 break;
             }
             let mut sequence = self.waiting.pop_front().expect("front exists");
@@ -186,13 +185,20 @@ impl<'a> Engine<'a> {
             if sequence.emitted == 0 {
                 events.push(EngineEvent::Started { id });
             }
-            self.generator
-                .prefill(&mut sequence, &mut self.pools, &mut |text: &str| {
-                    events.push(EngineEvent::Text {
-                        id,
-                        text: text.to_owned(),
-                    })
-                })?;
+            let first =
+                self.runner
+                    .prefill(&mut sequence, &mut self.pools, &mut |text: &str| {
+                        events.push(EngineEvent::Text {
+                            id,
+                            text: text.to_owned(),
+                        })
+                    })?;
+            if let Some(token) = first {
+                events.push(EngineEvent::Tokens {
+                    id,
+                    tokens: vec![token],
+                });
+            }
             self.running.push(sequence);
         }
         Ok(())
@@ -203,11 +209,7 @@ impl<'a> Engine<'a> {
     fn reserve_rounds(&mut self) {
         let mut index = 0;
         while index < self.running.len() {
-            if self
-                .generator
-                .reserve_round(&mut self.running[index])
-                .is_ok()
-            {
+            if self.runner.reserve_round(&mut self.running[index]).is_ok() {
                 index += 1;
                 continue;
             }
@@ -221,19 +223,15 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn collect_finished(
-        &mut self,
-        events: &mut Vec<EngineEvent>,
-        before: &HashMap<RequestId, usize>,
-    ) -> Result<(), EngineError> {
+    /// Reports the sequences that finished and drops them (their pages return).
+    fn collect_finished(&mut self, events: &mut Vec<EngineEvent>) -> Result<(), EngineError> {
         let (finished, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
             .into_iter()
             .partition(|s| s.finish.is_some());
         self.running = running;
         for sequence in finished {
             let id = sequence.id;
-            push_tokens(events, &sequence, before);
-            let output = Generator::finish(sequence, &mut |text: &str| {
+            let output = sequence.into_output(&mut |text: &str| {
                 events.push(EngineEvent::Text {
                     id,
                     text: text.to_owned(),
@@ -245,21 +243,5 @@ impl<'a> Engine<'a> {
             });
         }
         Ok(())
-    }
-}
-
-/// The tokens `sequence` emitted since the step began (none: no event).
-fn push_tokens(
-    events: &mut Vec<EngineEvent>,
-    sequence: &Sequence<'_>,
-    before: &HashMap<RequestId, usize>,
-) {
-    let start = before.get(&sequence.id).copied().unwrap_or(0);
-    let tokens = &sequence.emitter.token_ids()[start..sequence.emitted];
-    if !tokens.is_empty() {
-        events.push(EngineEvent::Tokens {
-            id: sequence.id,
-            tokens: tokens.to_vec(),
-        });
     }
 }

@@ -1,4 +1,6 @@
-//! A request's own choice of speculation, within what the engine was started with.
+//! What a round drafts, as one concept: [`Method`] is a [`SpecAlgorithm`] with its parameters
+//! (plain decoding, a DFlash chain, a DDTree tree), and every conversion between the two is a
+//! method here. A leaf module: it knows the drafter's shape, not the engine.
 //!
 //! The engine's flags (`--speculative-algorithm`, budget, block size) set both the default and
 //! the ceiling: a request may turn speculation off, switch between DFlash chains and DDTree
@@ -8,7 +10,6 @@
 use grove_core::ValidationError;
 
 use crate::drafter::Drafter;
-use crate::generate::{DDTreeSpec, DFlashSpec, Generator, Method};
 
 /// Speculative decoding methods, as SGLang's `--speculative-algorithm` names them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -52,17 +53,138 @@ pub struct SpeculationSettings {
     pub top_k: Option<usize>,
 }
 
-impl<'a> Generator<'a> {
-    /// Speculates as `settings` say with `drafter` (which must be given unless the algorithm
-    /// is `none`).
-    pub fn with_speculation(
-        self,
+/// Linear speculative decoding with a DFlash-style drafter.
+#[derive(Clone, Copy)]
+pub struct DFlashSpec<'a> {
+    pub drafter: &'a dyn Drafter,
+    /// Verify block size (anchor + drafts), `2..=` the drafter's block size. The drafter always
+    /// runs its full trained block; only the first `num_draft_tokens - 1` drafts are verified.
+    pub num_draft_tokens: usize,
+}
+
+/// Speculative decoding with draft trees (DDTree) over a DFlash-style drafter.
+#[derive(Clone, Copy)]
+pub struct DDTreeSpec<'a> {
+    pub drafter: &'a dyn Drafter,
+    /// Non-root nodes per tree.
+    pub budget: usize,
+    /// Candidates per depth; `K = min(top_k, budget, vocab)`.
+    pub top_k: usize,
+}
+
+/// What a round drafts: an algorithm with its parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Method {
+    /// No drafts: the round verifies the anchor alone.
+    Plain,
+    /// A chain of `num_draft_tokens - 1` argmax drafts.
+    Chain { num_draft_tokens: usize },
+    /// A best-first tree of `budget` nodes over the top-`top_k` tokens per depth.
+    Tree { budget: usize, top_k: usize },
+}
+
+impl Method {
+    pub fn algorithm(self) -> SpecAlgorithm {
+        match self {
+            Self::Plain => SpecAlgorithm::None,
+            Self::Chain { .. } => SpecAlgorithm::DFlash,
+            Self::Tree { .. } => SpecAlgorithm::DDTree,
+        }
+    }
+
+    /// Draft nodes one round verifies at most (0 for plain decoding).
+    pub fn budget(self) -> usize {
+        match self {
+            Self::Plain => 0,
+            Self::Chain { num_draft_tokens } => num_draft_tokens - 1,
+            Self::Tree { budget, .. } => budget,
+        }
+    }
+
+    pub fn drafts(self) -> bool {
+        self != Self::Plain
+    }
+
+    /// Rows one verify may add past a sequence's committed length: the anchor and the drafts.
+    pub fn verify_rows(self) -> usize {
+        self.budget() + 1
+    }
+
+    /// The depth a round may draft to with a drafter of `block_size` when `remaining` tokens
+    /// may still be emitted (a round emits at most depth + 1), and the candidates per depth.
+    pub fn draft_shape(self, block_size: usize, remaining: usize) -> (usize, usize) {
+        let depth_cap = remaining.saturating_sub(1);
+        match self {
+            Self::Plain => (0, 0),
+            Self::Chain { num_draft_tokens } => ((num_draft_tokens - 1).min(depth_cap), 1),
+            Self::Tree { budget, top_k } => ((block_size - 1).min(depth_cap), top_k.min(budget)),
+        }
+    }
+}
+
+/// The KV slots a sequence holding `tokens` tokens needs for its next round: the one formula
+/// behind admission, reservation and the pool's sizing.
+pub(crate) fn kv_need(tokens: usize, method: Method) -> usize {
+    tokens + method.verify_rows()
+}
+
+/// An engine's drafter and the method its requests get by default (and at most).
+#[derive(Clone, Copy)]
+pub(crate) struct Speculation<'a> {
+    pub drafter: &'a dyn Drafter,
+    pub method: Method,
+}
+
+impl<'a> Speculation<'a> {
+    /// DFlash chains; refuses a block size the drafter cannot fill.
+    pub fn dflash(spec: DFlashSpec<'a>) -> Result<Self, ValidationError> {
+        let block_size = spec.drafter.block_size();
+        if !(2..=block_size).contains(&spec.num_draft_tokens) {
+            return Err(ValidationError::OutOfRange {
+                field: "speculative_num_draft_tokens",
+                limit: "at least 2 and at most the drafter's block_size",
+                value: format!("{} (block_size {block_size})", spec.num_draft_tokens),
+            });
+        }
+        Ok(Self {
+            drafter: spec.drafter,
+            method: Method::Chain {
+                num_draft_tokens: spec.num_draft_tokens,
+            },
+        })
+    }
+
+    /// DDTree trees; refuses an empty budget or top-k.
+    pub fn ddtree(spec: DDTreeSpec<'a>) -> Result<Self, ValidationError> {
+        for (field, value) in [
+            ("speculative_ddtree_budget", spec.budget),
+            ("speculative_ddtree_topk", spec.top_k),
+        ] {
+            if value == 0 {
+                return Err(ValidationError::OutOfRange {
+                    field,
+                    limit: "at least 1",
+                    value: "0".into(),
+                });
+            }
+        }
+        Ok(Self {
+            drafter: spec.drafter,
+            method: Method::Tree {
+                budget: spec.budget,
+                top_k: spec.top_k,
+            },
+        })
+    }
+
+    /// As `settings` say with `drafter` (which must be given unless the algorithm is `none`).
+    pub fn from_settings(
         settings: SpeculationSettings,
         drafter: Option<&'a dyn Drafter>,
-    ) -> Result<Self, ValidationError> {
+    ) -> Result<Option<Self>, ValidationError> {
         let Some(drafter) = drafter else {
             return match settings.algorithm {
-                SpecAlgorithm::None => Ok(self),
+                SpecAlgorithm::None => Ok(None),
                 algorithm => Err(ValidationError::OutOfRange {
                     field: "speculative_draft_model_path",
                     limit: "a drafter directory when the algorithm is dflash or ddtree",
@@ -72,90 +194,121 @@ impl<'a> Generator<'a> {
         };
         let block_size = drafter.block_size();
         match settings.algorithm {
-            SpecAlgorithm::None => Ok(self),
-            SpecAlgorithm::DFlash => self.with_dflash(DFlashSpec {
+            SpecAlgorithm::None => Ok(None),
+            SpecAlgorithm::DFlash => Self::dflash(DFlashSpec {
                 drafter,
                 num_draft_tokens: settings.num_draft_tokens.unwrap_or(block_size),
-            }),
+            })
+            .map(Some),
             SpecAlgorithm::DDTree => {
                 let budget = settings.budget.unwrap_or(block_size - 1);
-                self.with_ddtree(DDTreeSpec {
+                Self::ddtree(DDTreeSpec {
                     drafter,
                     budget,
                     top_k: settings.top_k.unwrap_or(budget),
                 })
+                .map(Some)
             }
         }
     }
 }
 
-impl Generator<'_> {
-    /// The algorithm requests get when they do not choose.
-    pub fn default_algorithm(&self) -> SpecAlgorithm {
-        match self.speculation.map(|s| s.method) {
-            None => SpecAlgorithm::None,
-            Some(Method::Chain { .. }) => SpecAlgorithm::DFlash,
-            Some(Method::Tree { .. }) => SpecAlgorithm::DDTree,
-        }
-    }
+/// The engine's default method (plain decoding without a drafter).
+pub(crate) fn default_method(speculation: Option<Speculation<'_>>) -> Method {
+    speculation.map_or(Method::Plain, |s| s.method)
+}
 
-    /// The most draft nodes one round may verify (0 without a drafter).
-    pub fn max_budget(&self) -> usize {
-        self.verify_rows() - 1
-    }
-
-    /// What a request with `choice` drafts each round, checked against the engine's ceiling.
-    pub(crate) fn resolve_method(
-        &self,
-        choice: SpeculationOverride,
-    ) -> Result<Option<Method>, ValidationError> {
-        let algorithm = choice.algorithm.unwrap_or(self.default_algorithm());
-        let Some(spec) = self.speculation else {
-            return match algorithm {
-                SpecAlgorithm::None => Ok(None),
-                _ => Err(ValidationError::OutOfRange {
-                    field: "speculative.algorithm",
-                    limit:
-                        "\"none\" on a server started without a drafter (--speculative-algorithm)",
-                    value: format!("\"{}\"", algorithm.name()),
-                }),
-            };
+/// What a request with `choice` drafts each round, checked against the engine's ceiling.
+pub(crate) fn resolve(
+    speculation: Option<Speculation<'_>>,
+    choice: SpeculationOverride,
+) -> Result<Method, ValidationError> {
+    let algorithm = choice
+        .algorithm
+        .unwrap_or(default_method(speculation).algorithm());
+    let Some(spec) = speculation else {
+        return match algorithm {
+            SpecAlgorithm::None => Ok(Method::Plain),
+            _ => Err(ValidationError::OutOfRange {
+                field: "speculative.algorithm",
+                limit: "\"none\" on a server started without a drafter (--speculative-algorithm)",
+                value: format!("\"{}\"", algorithm.name()),
+            }),
         };
-        if algorithm == SpecAlgorithm::None {
-            return Ok(None);
-        }
-        let ceiling = self.max_budget();
-        if let Some(budget) = choice.budget {
-            if budget == 0 || budget > ceiling {
-                return Err(ValidationError::OutOfRange {
-                    field: "speculative.budget",
-                    limit: "at least 1 and at most the server's budget",
-                    value: format!("{budget} (server budget {ceiling})"),
-                });
-            }
-        }
-        let max_depth = spec.drafter.block_size() - 1;
-        Ok(Some(match algorithm {
-            SpecAlgorithm::DFlash => Method::Chain {
-                num_draft_tokens: choice.budget.unwrap_or(ceiling).min(max_depth) + 1,
-            },
-            _ => {
-                let budget = choice.budget.unwrap_or(ceiling);
-                let top_k = match spec.method {
-                    Method::Tree { top_k, .. } => top_k,
-                    Method::Chain { .. } => budget,
-                };
-                Method::Tree { budget, top_k }
-            }
-        }))
+    };
+    if algorithm == SpecAlgorithm::None {
+        return Ok(Method::Plain);
     }
+    let ceiling = spec.method.budget();
+    if let Some(budget) = choice.budget {
+        if budget == 0 || budget > ceiling {
+            return Err(ValidationError::OutOfRange {
+                field: "speculative.budget",
+                limit: "at least 1 and at most the server's budget",
+                value: format!("{budget} (server budget {ceiling})"),
+            });
+        }
+    }
+    let budget = choice.budget.unwrap_or(ceiling);
+    Ok(match algorithm {
+        SpecAlgorithm::DFlash => Method::Chain {
+            num_draft_tokens: budget.min(spec.drafter.block_size() - 1) + 1,
+        },
+        _ => Method::Tree {
+            budget,
+            top_k: match spec.method {
+                Method::Tree { top_k, .. } => top_k,
+                _ => budget,
+            },
+        },
+    })
 }
 
-/// Rows one verify of `method` may add past a sequence's committed length.
-pub(crate) fn verify_rows(method: Option<Method>) -> usize {
-    match method {
-        None => 1,
-        Some(Method::Chain { num_draft_tokens }) => num_draft_tokens,
-        Some(Method::Tree { budget, .. }) => budget + 1,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_method_names_its_algorithm_and_its_rows() {
+        let cases = [
+            (Method::Plain, SpecAlgorithm::None, 0),
+            (
+                Method::Chain {
+                    num_draft_tokens: 8,
+                },
+                SpecAlgorithm::DFlash,
+                7,
+            ),
+            (
+                Method::Tree {
+                    budget: 5,
+                    top_k: 3,
+                },
+                SpecAlgorithm::DDTree,
+                5,
+            ),
+        ];
+        for (method, algorithm, budget) in cases {
+            assert_eq!(method.algorithm(), algorithm);
+            assert_eq!(method.budget(), budget);
+            assert_eq!(method.verify_rows(), budget + 1);
+            assert_eq!(kv_need(10, method), 11 + budget);
+        }
+    }
+
+    #[test]
+    fn near_the_length_limit_rounds_draft_shallower() {
+        let tree = Method::Tree {
+            budget: 6,
+            top_k: 4,
+        };
+        assert_eq!(tree.draft_shape(8, 100), (7, 4));
+        assert_eq!(tree.draft_shape(8, 3), (2, 4));
+        assert_eq!(tree.draft_shape(8, 1), (0, 4));
+        let chain = Method::Chain {
+            num_draft_tokens: 4,
+        };
+        assert_eq!(chain.draft_shape(8, 100), (3, 1));
+        assert_eq!(Method::Plain.draft_shape(8, 100), (0, 0));
     }
 }

@@ -107,13 +107,10 @@ fn late_arrivals_and_a_small_pool_with_preemption_change_no_output() -> Result<(
                 .map(|r| generator.generate(r, |_| {}))
                 .collect::<Result<_, _>>()?;
             // Room for about two sequences at a time while eight may run: preemption is certain.
-            let mut engine = Engine::new(
-                generator,
-                EngineLimits {
-                    max_total_tokens: 140,
-                    max_running: 8,
-                },
-            )?;
+            let mut engine = generator.engine(EngineLimits {
+                max_total_tokens: 140,
+                max_running: 8,
+            })?;
             let outputs = drive(&mut engine, &requests, &arrivals)?;
             let label = format!("{name} page size {page_size}");
             assert!(
@@ -148,13 +145,10 @@ fn cancelling_returns_pages_and_the_others_finish_exactly() -> Result<()> {
             top_k: 6,
         })?;
     let requests = requests(4, 9);
-    let mut engine = Engine::new(
-        &generator,
-        EngineLimits {
-            max_total_tokens: 1000,
-            max_running: 4,
-        },
-    )?;
+    let mut engine = generator.engine(EngineLimits {
+        max_total_tokens: 1000,
+        max_running: 4,
+    })?;
     let ids: Vec<u64> = requests
         .iter()
         .map(|r| engine.submit(r.clone()))
@@ -187,13 +181,10 @@ fn cancelling_returns_pages_and_the_others_finish_exactly() -> Result<()> {
 fn a_request_larger_than_the_pool_is_refused_naming_the_limit() -> Result<()> {
     let (target, _) = golden_pair()?;
     let generator = Generator::new(&target, None, GeneratorOptions::default());
-    let mut engine = Engine::new(
-        &generator,
-        EngineLimits {
-            max_total_tokens: 64,
-            max_running: 2,
-        },
-    )?;
+    let mut engine = generator.engine(EngineLimits {
+        max_total_tokens: 64,
+        max_running: 2,
+    })?;
     let error = engine
         .submit(greedy(&[1, 2, 3], 100))
         .unwrap_err()

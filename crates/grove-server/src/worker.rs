@@ -117,7 +117,9 @@ pub(crate) fn run(
     )
     .with_speculation(settings.speculation, served.drafter.as_deref())
     .map_err(|e| e.to_string())?;
-    let mut engine = Engine::new(&generator, settings.limits.clone()).map_err(|e| e.to_string())?;
+    let mut engine = generator
+        .engine(settings.limits.clone())
+        .map_err(|e| e.to_string())?;
     let _alive = Alive::set(&status);
     status.publish(&engine);
     let _ = ready.send(Ready {

@@ -1,11 +1,19 @@
 //! The speculative-decoding algorithms as pure logic over host data, so that they can be unit-
-//! and property-tested without a model: per-depth top-K candidates with log-probabilities
-//! (optionally merged from vocabulary shards) and the DDTree draft tree (build and walk).
+//! and property-tested without a model. One round's stages as types: per-depth top-K
+//! candidates with log-probabilities (optionally merged from vocabulary shards), the DDTree
+//! draft tree (build), the verify forward's layout ([`VerifyPlan`]: compile), the walk of the
+//! target's choices ([`AcceptResult`]: accept) and the acceptance statistics.
 // `unsafe` lives in grove-kernels only.
 #![forbid(unsafe_code)]
 
+mod accept;
 mod candidates;
+mod plan;
+mod stats;
 mod tree;
 
+pub use accept::AcceptResult;
 pub use candidates::{merge_shards, top_k_candidates, DepthCandidates, ShardCandidates};
+pub use plan::{SegmentPlan, VerifyPlan};
+pub use stats::AcceptanceStats;
 pub use tree::DraftTree;

@@ -1,0 +1,413 @@
+//! The round runner: one model, its tokenizer and drafter, and the stages of a batched step.
+//! Every active sequence's round is drafted in one drafter pass and verified in one target
+//! forward (ragged trees, per-sequence visibility and positions); the walk and the commit are
+//! per sequence. Sequences share one target KV store and one drafter store, each owning page
+//! tables in them, so a finished or preempted sequence returns its pages at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use grove_core::{TokenId, ValidationError};
+use grove_kv::{KvStore, PagePool};
+use grove_model::layers::with_host_values;
+use grove_model::{ForwardBatch, LogitRows, Model, ModelError, Segment, TextTokenizer, Visibility};
+use grove_spec::{
+    top_k_candidates, AcceptResult, DepthCandidates, DraftTree, SegmentPlan, VerifyPlan,
+};
+
+use crate::drafter::DraftBlock;
+use crate::emitter::Emitter;
+use crate::request::{GenerateRequest, GeneratorOptions};
+use crate::sequence::{Pools, Sequence};
+use crate::speculation::{self, Method, Speculation, SpeculationOverride};
+use crate::EngineError;
+
+/// What one batched step did and how long each phase took (draft, tree build and verify are
+/// charged to every sequence in the step; commit is summed over them).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTimings {
+    pub sequences: usize,
+    /// Rows the target verified (tree nodes including roots).
+    pub verified_rows: usize,
+    pub draft: Duration,
+    pub tree_build: Duration,
+    pub verify: Duration,
+    pub commit: Duration,
+}
+
+/// A step's results: the tokens each sequence of the batch emitted, in batch order.
+pub(crate) struct StepResult {
+    pub timings: StepTimings,
+    pub emitted: Vec<Vec<TokenId>>,
+}
+
+/// Runs prefills and rounds against one model; holds settings, never sequences.
+#[derive(Clone)]
+pub(crate) struct RoundRunner<'a> {
+    pub model: &'a dyn Model,
+    pub tokenizer: Option<&'a TextTokenizer>,
+    pub options: GeneratorOptions,
+    pub speculation: Option<Speculation<'a>>,
+}
+
+impl<'a> RoundRunner<'a> {
+    /// Checks `request` against the model and the engine's speculation; returns the method its
+    /// rounds use.
+    pub fn validate(&self, request: &GenerateRequest) -> Result<Method, ValidationError> {
+        let config = self.model.config();
+        if request.prompt.is_empty() {
+            return Err(ValidationError::Empty { field: "prompt" });
+        }
+        if let Some(&id) = request
+            .prompt
+            .iter()
+            .find(|&&id| id as usize >= config.vocab_size)
+        {
+            return Err(ValidationError::TokenOutOfVocab {
+                field: "prompt",
+                id: id.into(),
+                vocab_size: config.vocab_size,
+            });
+        }
+        if request.stop.max_new_tokens == 0 {
+            return Err(ValidationError::OutOfRange {
+                field: "max_new_tokens",
+                limit: "at least 1",
+                value: "0".into(),
+            });
+        }
+        if request.prompt.len() + request.stop.max_new_tokens > config.max_position_embeddings {
+            return Err(ValidationError::ContextOverflow {
+                prompt_tokens: request.prompt.len(),
+                max_new_tokens: request.stop.max_new_tokens,
+                context: config.max_position_embeddings,
+            });
+        }
+        if self.options.page_size == 0 {
+            return Err(ValidationError::OutOfRange {
+                field: "page_size",
+                limit: "at least 1",
+                value: "0".into(),
+            });
+        }
+        request.sampling.validate()?;
+        self.resolve(request.speculation)
+    }
+
+    /// What a request with `choice` drafts each round.
+    pub fn resolve(&self, choice: SpeculationOverride) -> Result<Method, ValidationError> {
+        speculation::resolve(self.speculation, choice)
+    }
+
+    /// The method requests get when they do not choose (and the most rows they may verify).
+    pub fn default_method(&self) -> Method {
+        speculation::default_method(self.speculation)
+    }
+
+    fn taps(&self) -> &'a [usize] {
+        self.speculation.map_or(&[], |s| s.drafter.target_taps())
+    }
+
+    /// Pools of `target_pages` pages for the target and enough for the drafter's context.
+    pub fn pools(&self, target_pages: usize, max_running: usize) -> Result<Pools, EngineError> {
+        let page_size = self.options.page_size;
+        let pool = PagePool::new(target_pages, page_size)?;
+        // The drafter holds the committed context plus one block per running sequence.
+        let draft_pages = self.speculation.map_or(0, |s| {
+            target_pages + max_running * s.drafter.block_size().div_ceil(page_size)
+        });
+        let draft_pool = PagePool::new(draft_pages, page_size)?;
+        Ok(Pools {
+            kv: self.model.new_kv_store(pool.num_slots()),
+            draft_kv: match self.speculation {
+                Some(spec) => spec.drafter.new_kv_store(draft_pool.num_slots()),
+                None => KvStore::new(0, 0, 0),
+            },
+            pool,
+            draft_pool,
+        })
+    }
+
+    /// A new sequence for `request`, holding no KV yet.
+    pub fn sequence(
+        &self,
+        id: u64,
+        request: Arc<GenerateRequest>,
+        method: Method,
+        pools: &Pools,
+    ) -> Sequence<'a> {
+        let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
+        let emitter = Emitter::new(self.tokenizer, &request.stop);
+        Sequence::new(id, request, method, emitter, pools, max_depth)
+    }
+
+    /// Runs the committed tokens through the target in chunks (capturing the drafter's taps).
+    /// A fresh sequence then chooses and emits its first token, which it returns; a preempted
+    /// one resumes with the anchor it had and returns none.
+    pub fn prefill(
+        &self,
+        sequence: &mut Sequence<'_>,
+        pools: &mut Pools,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Option<TokenId>, EngineError> {
+        let prefill_start = Instant::now();
+        let tokens = sequence.committed_tokens();
+        let table = &mut sequence.table;
+        // Only sequences that draft keep the drafter's features.
+        let taps = if sequence.method.drafts() {
+            self.taps()
+        } else {
+            &[]
+        };
+        let mut last_logits = Vec::new();
+        let mut features = Vec::new();
+        for chunk in tokens.chunks(self.options.prefill_chunk.max(1)) {
+            table.reserve(chunk.len())?;
+            let positions: Vec<usize> = (table.len()..table.len() + chunk.len()).collect();
+            let segment = Segment::causal(table, chunk, &positions, LogitRows::Last);
+            let batch = ForwardBatch {
+                segments: vec![segment],
+                taps,
+            };
+            let output = self.model.forward(&batch, &mut pools.kv)?;
+            table.append(chunk.len());
+            last_logits = output.logits_row(0).map_err(ModelError::from)?;
+            if !taps.is_empty() {
+                features.push(Tensor::cat(&output.taps, 1).map_err(ModelError::from)?);
+            }
+        }
+        sequence.pending_features = if features.is_empty() {
+            None
+        } else {
+            Some(Tensor::cat(&features, 0).map_err(ModelError::from)?)
+        };
+        sequence.needs_prefill = false;
+        sequence.t_prefill += prefill_start.elapsed();
+        if sequence.emitted > 0 {
+            return Ok(None);
+        }
+        sequence.anchor = sequence.sampler.sample(&last_logits);
+        sequence.emitted = 1;
+        sequence.decode_start = Instant::now();
+        sequence.finish = sequence.emitter.emit(sequence.anchor, on_text)?;
+        Ok(Some(sequence.anchor))
+    }
+
+    /// Reserves what the next round of `sequence` needs in both pools (all or nothing).
+    pub fn reserve_round(&self, sequence: &mut Sequence<'_>) -> Result<(), grove_kv::KvError> {
+        sequence.table.reserve(sequence.method.verify_rows())?;
+        if let (Some(table), Some(spec)) = (sequence.draft_table.as_mut(), self.speculation) {
+            let pending = sequence
+                .pending_features
+                .as_ref()
+                .map_or(0, |f| f.dim(0).unwrap_or(0));
+            if let Err(error) = table.reserve(pending + spec.drafter.block_size()) {
+                let committed = sequence.table.len();
+                sequence.table.truncate(committed);
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// One round for every sequence in `batch` (none of them finished): draft, build,
+    /// compile, verify, then accept, commit and emit per sequence.
+    pub fn step(
+        &self,
+        batch: &mut [&mut Sequence<'_>],
+        pools: &mut Pools,
+        on_text: &mut impl FnMut(u64, &str),
+    ) -> Result<StepResult, EngineError> {
+        let mut timings = StepTimings {
+            sequences: batch.len(),
+            ..StepTimings::default()
+        };
+        let start = Instant::now();
+        let candidates = self.draft(batch, pools)?;
+        timings.draft = start.elapsed();
+
+        let start = Instant::now();
+        let trees: Vec<DraftTree> = batch
+            .iter()
+            .zip(&candidates)
+            .map(|(sequence, candidates)| {
+                let budget = match sequence.method {
+                    Method::Tree { budget, .. } => budget,
+                    _ => candidates.len(),
+                };
+                DraftTree::build(sequence.anchor, candidates, budget)
+            })
+            .collect();
+        let bases: Vec<usize> = batch.iter().map(|s| s.table.len()).collect();
+        let plan = VerifyPlan::new(&trees.iter().collect::<Vec<_>>(), &bases);
+        timings.tree_build = start.elapsed();
+        timings.verified_rows = plan.rows();
+
+        let start = Instant::now();
+        let (logits, taps) = self.verify(batch, &plan, pools)?;
+        timings.verify = start.elapsed();
+
+        // The rows are read where the model wrote them (a copy of Qwen2.5's 151936 logits took
+        // 110-150 us of every decoding step).
+        let vocab = logits.dim(1).map_err(ModelError::from)?;
+        let accept_all = |logits: &[f32]| -> Result<Vec<Vec<TokenId>>, EngineError> {
+            let mut emitted = Vec::with_capacity(batch.len());
+            for ((sequence, tree), segment) in batch.iter_mut().zip(&trees).zip(&plan.segments) {
+                let rows =
+                    &logits[segment.logits_rows.start * vocab..][..tree.tokens.len() * vocab];
+                let id = sequence.id;
+                let commit_start = Instant::now();
+                let result =
+                    self.accept_and_commit(sequence, tree, segment, rows, taps.as_ref(), pools)?;
+                let commit = commit_start.elapsed();
+                timings.commit += commit;
+                let phases = &mut sequence.phases;
+                phases.draft += timings.draft.as_micros() as u64;
+                phases.tree_build += timings.tree_build.as_micros() as u64;
+                phases.verify += timings.verify.as_micros() as u64;
+                phases.commit += commit.as_micros() as u64;
+                let mut on_text = |text: &str| on_text(id, text);
+                emitted.push(sequence.emit_round(result, tree.len(), &mut on_text)?);
+            }
+            Ok(emitted)
+        };
+        let emitted = with_host_values(&logits, accept_all).map_err(ModelError::from)??;
+        Ok(StepResult { timings, emitted })
+    }
+
+    /// The target's forward over `plan`'s rows; returns its logits and, when speculating, the
+    /// taps of every row (`[rows, taps * hidden]`).
+    fn verify(
+        &self,
+        batch: &mut [&mut Sequence<'_>],
+        plan: &VerifyPlan,
+        pools: &mut Pools,
+    ) -> Result<(Tensor, Option<Tensor>), EngineError> {
+        for (sequence, segment) in batch.iter_mut().zip(&plan.segments) {
+            sequence.table.reserve(segment.tokens.len())?;
+        }
+        let segments = batch
+            .iter()
+            .zip(&plan.segments)
+            .map(|(sequence, segment)| Segment {
+                table: &sequence.table,
+                context_len: segment.base,
+                tokens: &segment.tokens,
+                positions: &segment.positions,
+                visibility: Visibility::Tree {
+                    parents: segment.parents.clone(),
+                },
+                logits: LogitRows::All,
+            })
+            .collect();
+        let forward = ForwardBatch {
+            segments,
+            taps: self.taps(),
+        };
+        let output = self.model.forward(&forward, &mut pools.kv)?;
+        let taps = if output.taps.is_empty() {
+            None
+        } else {
+            Some(Tensor::cat(&output.taps, 1).map_err(ModelError::from)?)
+        };
+        Ok((output.logits, taps))
+    }
+
+    /// Walks the target's choices through `tree` (`logits`: its rows, `[rows, vocab]`), moves
+    /// the accepted path's K/V to contiguous positions (no re-rotation: a node's position
+    /// already is base + depth; rows off the path are freed) and queues the path's taps for
+    /// the drafter. The anchor becomes the bonus token.
+    fn accept_and_commit(
+        &self,
+        sequence: &mut Sequence<'_>,
+        tree: &DraftTree,
+        segment: &SegmentPlan,
+        logits: &[f32],
+        taps: Option<&Tensor>,
+        pools: &mut Pools,
+    ) -> Result<AcceptResult, EngineError> {
+        let vocab = logits.len() / tree.tokens.len();
+        // The target's choice at each visited node, drawn once per node in path order; nodes
+        // off the path are never sampled.
+        let result = AcceptResult::walk(tree, |node| {
+            sequence.sampler.sample(&logits[node * vocab..][..vocab])
+        });
+        sequence
+            .table
+            .commit_path(&mut pools.kv, segment.base, &result.path);
+        if let (Some(taps), true) = (taps, sequence.method.drafts()) {
+            let first = segment.logits_rows.start;
+            let picked: Vec<u32> = result.path.iter().map(|&n| (first + n) as u32).collect();
+            let picked = Tensor::from_vec(picked, result.path.len(), &candle_core::Device::Cpu)
+                .map_err(ModelError::from)?;
+            let mut features = taps.index_select(&picked, 0).map_err(ModelError::from)?;
+            // A round that drafted nothing left earlier features pending: keep them in order.
+            if let Some(earlier) = sequence.pending_features.take() {
+                features = Tensor::cat(&[earlier, features], 0).map_err(ModelError::from)?;
+            }
+            sequence.pending_features = Some(features);
+        }
+        sequence.anchor = result.bonus;
+        Ok(result)
+    }
+
+    /// Per-depth candidates for each sequence's tree (empty: a root-only tree), from one
+    /// batched drafter pass over the sequences that draft.
+    fn draft(
+        &self,
+        batch: &mut [&mut Sequence<'_>],
+        pools: &mut Pools,
+    ) -> Result<Vec<Vec<DepthCandidates>>, EngineError> {
+        let mut candidates = vec![Vec::new(); batch.len()];
+        let Some(spec) = self.speculation else {
+            return Ok(candidates);
+        };
+        let block_size = spec.drafter.block_size();
+        let shapes: Vec<(usize, usize)> = batch
+            .iter()
+            .map(|s| s.method.draft_shape(block_size, s.remaining()))
+            .collect();
+        let mut blocks = Vec::new();
+        let mut drafting = Vec::new();
+        for (index, (sequence, &(depths, _))) in batch.iter_mut().zip(&shapes).enumerate() {
+            if depths == 0 {
+                continue;
+            }
+            let position = sequence.table.len();
+            let draft_table = sequence
+                .draft_table
+                .as_mut()
+                .expect("speculating sequences have a drafter table");
+            if let Some(features) = sequence.pending_features.take() {
+                spec.drafter
+                    .extend(&mut pools.draft_kv, draft_table, &features)?;
+            }
+            blocks.push(DraftBlock {
+                table: draft_table,
+                anchor: sequence.anchor,
+                position,
+            });
+            drafting.push(index);
+        }
+        if blocks.is_empty() {
+            return Ok(candidates);
+        }
+        let logits = spec
+            .drafter
+            .draft(self.model, &mut pools.draft_kv, &mut blocks)?;
+        for (index, logits) in drafting.into_iter().zip(logits) {
+            let (depths, k) = shapes[index];
+            let rows: Vec<Vec<f32>> = logits
+                .narrow(0, 0, depths)
+                .and_then(|l| l.to_vec2())
+                .map_err(ModelError::from)?;
+            // The reference drafts from raw logits at every temperature (exact: see sampler.rs).
+            candidates[index] = rows
+                .iter()
+                .map(|row| top_k_candidates(row, k, self.options.vocab_shards))
+                .collect();
+        }
+        Ok(candidates)
+    }
+}

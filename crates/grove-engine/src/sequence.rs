@@ -1,0 +1,188 @@
+//! One request in flight and how it finishes: its page tables, sampler, emitted text and
+//! statistics, and the output it turns into.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use grove_core::{FinishReason, TokenId};
+use grove_kv::{KvStore, PagePool, PageTable};
+use grove_spec::{AcceptResult, AcceptanceStats};
+
+use crate::emitter::Emitter;
+use crate::request::{GenerateOutput, GenerateRequest, GenerateStats};
+use crate::sampler::Sampler;
+use crate::speculation::{self, Method};
+use crate::EngineError;
+
+/// KV memory shared by the sequences of one engine.
+pub(crate) struct Pools {
+    pub pool: PagePool,
+    pub kv: KvStore,
+    pub draft_pool: PagePool,
+    pub draft_kv: KvStore,
+}
+
+/// Time a sequence's rounds spent in each phase, in microseconds (draft, tree build and verify
+/// are a step's, charged to every sequence in it; commit is the sequence's own).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PhaseMicros {
+    pub draft: u64,
+    pub tree_build: u64,
+    pub verify: u64,
+    pub commit: u64,
+}
+
+/// One request in flight. Its KV may be dropped (preemption) and rebuilt by a new prefill
+/// of everything it committed; the sampler and the emitted text carry on untouched.
+pub(crate) struct Sequence<'r> {
+    pub id: u64,
+    pub request: Arc<GenerateRequest>,
+    /// What its rounds draft (resolved from the request within the engine's ceiling).
+    pub method: Method,
+    pub table: PageTable,
+    /// The drafter's context for this sequence (speculation only).
+    pub draft_table: Option<PageTable>,
+    /// Taps of committed tokens not yet in the drafter's context, `[rows, taps * hidden]`.
+    pub pending_features: Option<Tensor>,
+    /// The last chosen token; not yet in KV.
+    pub anchor: TokenId,
+    pub sampler: Sampler,
+    pub emitter: Emitter<'r>,
+    pub acceptance: AcceptanceStats,
+    pub phases: PhaseMicros,
+    pub emitted: usize,
+    pub finish: Option<FinishReason>,
+    /// Its KV is empty: it waits for a (re)prefill.
+    pub needs_prefill: bool,
+    pub t_prefill: Duration,
+    pub decode_start: Instant,
+}
+
+impl<'r> Sequence<'r> {
+    /// A sequence for `request` that holds no KV yet; `max_depth` is the deepest draft its
+    /// rounds can make.
+    pub fn new(
+        id: u64,
+        request: Arc<GenerateRequest>,
+        method: Method,
+        emitter: Emitter<'r>,
+        pools: &Pools,
+        max_depth: usize,
+    ) -> Self {
+        Self {
+            id,
+            method,
+            table: pools.pool.new_table(),
+            draft_table: method.drafts().then(|| pools.draft_pool.new_table()),
+            pending_features: None,
+            anchor: 0,
+            sampler: Sampler::new(request.sampling.clone()),
+            emitter,
+            acceptance: AcceptanceStats::new(max_depth),
+            phases: PhaseMicros::default(),
+            request,
+            emitted: 0,
+            finish: None,
+            needs_prefill: true,
+            t_prefill: Duration::ZERO,
+            decode_start: Instant::now(),
+        }
+    }
+
+    /// Tokens it may still emit.
+    pub fn remaining(&self) -> usize {
+        self.request.stop.max_new_tokens - self.emitted
+    }
+
+    /// Tokens whose K/V the sequence holds once prefilled: the prompt and every emitted token
+    /// but the last (the anchor).
+    pub fn committed_tokens(&self) -> Vec<TokenId> {
+        let emitted = self.emitter.token_ids();
+        let mut tokens = self.request.prompt.clone();
+        tokens.extend_from_slice(&emitted[..emitted.len().saturating_sub(1)]);
+        tokens
+    }
+
+    /// KV slots a prefill of everything it committed and its first round take.
+    pub fn prefill_need(&self) -> usize {
+        speculation::kv_need(self.committed_tokens().len(), self.method)
+    }
+
+    /// Emits the round's new tokens until one ends the request (the round is cut there), and
+    /// records it; returns the tokens emitted.
+    pub fn emit_round(
+        &mut self,
+        mut result: AcceptResult,
+        tree_nodes: usize,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Vec<TokenId>, EngineError> {
+        let mut tokens = Vec::new();
+        for token in result.new_tokens().collect::<Vec<_>>() {
+            tokens.push(token);
+            self.finish = self.emitter.emit(token, on_text)?;
+            if self.finish.is_some() {
+                break;
+            }
+        }
+        result.cut(tokens.len());
+        self.emitted += tokens.len();
+        self.acceptance.record(&result, tree_nodes);
+        Ok(tokens)
+    }
+
+    /// Drops the sequence's KV (its pages return to the pools) until the next prefill.
+    pub fn release(&mut self, pools: &Pools) {
+        self.table = pools.pool.new_table();
+        self.draft_table = self
+            .draft_table
+            .as_ref()
+            .map(|_| pools.draft_pool.new_table());
+        self.pending_features = None;
+        self.needs_prefill = true;
+    }
+
+    /// Flushes a finished sequence's text and completes its statistics; its pages return.
+    pub fn into_output(
+        self,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<GenerateOutput, EngineError> {
+        let t_decode = self.decode_start.elapsed();
+        let finish_reason = self.finish.expect("finished");
+        let prompt_tokens = self.request.prompt.len();
+        let (token_ids, text) = self.emitter.finish(on_text)?;
+        let seconds = |d: Duration| d.as_secs_f64().max(1e-9);
+        let emitted_in_rounds = token_ids.len() - 1;
+        let acceptance = self.acceptance;
+        let stats = GenerateStats {
+            algorithm: self.method.algorithm(),
+            budget: self.method.budget(),
+            prompt_tokens,
+            new_tokens: token_ids.len(),
+            rounds: acceptance.rounds(),
+            mean_accept_length: acceptance.mean_accept_length(),
+            accept_lengths: acceptance.accept_lengths,
+            accepted_per_position: acceptance.accepted_per_position,
+            prefill_tokens_per_s: prompt_tokens as f64 / seconds(self.t_prefill),
+            decode_tokens_per_s: if emitted_in_rounds == 0 {
+                0.0
+            } else {
+                emitted_in_rounds as f64 / seconds(t_decode)
+            },
+            t_prefill_us: self.t_prefill.as_micros() as u64,
+            t_decode_us: t_decode.as_micros() as u64,
+            tree_nodes: acceptance.tree_nodes,
+            accepted_depth_histogram: acceptance.accepted_depth_histogram,
+            t_draft_us: self.phases.draft,
+            t_tree_build_us: self.phases.tree_build,
+            t_verify_us: self.phases.verify,
+            t_commit_us: self.phases.commit,
+        };
+        Ok(GenerateOutput {
+            token_ids,
+            text,
+            finish_reason,
+            stats,
+        })
+    }
+}
