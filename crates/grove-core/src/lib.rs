@@ -5,9 +5,11 @@
 
 mod sampling;
 mod stop;
+mod validation;
 
 pub use sampling::{SamplingParams, GREEDY_TEMPERATURE_EPSILON};
 pub use stop::{FinishReason, StopCondition};
+pub use validation::{Naming, ValidationError};
 
 /// A token id in the model's vocabulary.
 pub type TokenId = u32;
@@ -15,30 +17,3 @@ pub type TokenId = u32;
 /// Identifies one sequence (request) inside the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u64);
-
-/// Bad input, rejected at the edge. Every variant names the field and the limit it broke.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ValidationError {
-    #[error("`{field}` must be {limit}, got {value}")]
-    OutOfRange {
-        field: &'static str,
-        limit: &'static str,
-        value: String,
-    },
-    #[error("`{field}` must not be empty")]
-    Empty { field: &'static str },
-    #[error(
-        "prompt of {prompt_tokens} tokens plus `max_new_tokens` {max_new_tokens} exceeds the model's context of {context} tokens"
-    )]
-    ContextOverflow {
-        prompt_tokens: usize,
-        max_new_tokens: usize,
-        context: usize,
-    },
-    #[error("token id {id} in `{field}` is outside the vocabulary of {vocab_size} tokens")]
-    TokenOutOfVocab {
-        field: &'static str,
-        id: u64,
-        vocab_size: usize,
-    },
-}

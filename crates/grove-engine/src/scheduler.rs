@@ -85,10 +85,11 @@ impl<'a> Engine<'a> {
             speculation::kv_need(request.prompt.len() + request.stop.max_new_tokens, method);
         let capacity = self.pools.pool.num_slots();
         if needed > capacity {
-            return Err(ValidationError::OutOfRange {
-                field: "max_new_tokens",
-                limit: "such that prompt + max_new_tokens + one verify fits the KV pool (--max-total-tokens)",
-                value: format!("{} + {} needs {needed} slots of {capacity}", request.prompt.len(), request.stop.max_new_tokens),
+            return Err(ValidationError::KvOverflow {
+                prompt_tokens: request.prompt.len(),
+                max_new_tokens: request.stop.max_new_tokens,
+                needed,
+                capacity,
             }
             .into());
         }

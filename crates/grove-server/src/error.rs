@@ -5,7 +5,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use grove_core::ValidationError;
+use grove_core::{Naming, ValidationError};
 use grove_engine::EngineError;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -36,14 +36,6 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::InvalidRequest {
-            message: message.into(),
-            param: Some(param.into()),
-            code: None,
-        }
-    }
-
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
@@ -117,29 +109,13 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The engine speaks in its own parameter names; clients know OpenAI's.
-fn openai_param(field: &str) -> &str {
-    match field {
-        "max_new_tokens" => "max_tokens",
-        other => other,
-    }
-}
-
 impl From<ValidationError> for ApiError {
+    /// The refusal in OpenAI's names (`max_tokens`, not the engine's `max_new_tokens`).
     fn from(error: ValidationError) -> Self {
-        let message = error.to_string().replace("max_new_tokens", "max_tokens");
-        let (param, code) = match &error {
-            ValidationError::OutOfRange { field, .. } => (openai_param(field), None),
-            ValidationError::Empty { field } => (openai_param(field), None),
-            ValidationError::TokenOutOfVocab { field, .. } => (openai_param(field), None),
-            ValidationError::ContextOverflow { .. } => {
-                ("max_tokens", Some("context_length_exceeded"))
-            }
-        };
         Self::InvalidRequest {
-            message,
-            param: Some(param.to_owned()),
-            code,
+            message: error.message(Naming::OpenAi),
+            param: Some(error.field(Naming::OpenAi).into_owned()),
+            code: error.code(),
         }
     }
 }

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
+use grove_core::ValidationError;
 use grove_engine::{GenerateOutput, GenerateRequest, SpecAlgorithm};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -75,7 +76,8 @@ async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let valid = validate::<CompletionRequest>(&state, &headers, body, ModelLimits::completion);
+    let valid =
+        validate::<CompletionRequest>(&state, &headers, body, ModelLimits::completion).await;
     run(state, valid, Endpoint::Completions).await
 }
 
@@ -84,21 +86,27 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let valid = validate::<ChatRequest>(&state, &headers, body, ModelLimits::chat);
+    let valid = validate::<ChatRequest>(&state, &headers, body, ModelLimits::chat).await;
     run(state, valid, Endpoint::Chat).await
 }
 
 /// The edge checks every endpoint shares (key, body, JSON, model), then the endpoint's own.
-fn validate<T: serde::de::DeserializeOwned>(
-    state: &Shared,
+async fn validate<T: serde::de::DeserializeOwned + Send + 'static>(
+    state: &AppState,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    endpoint: fn(&ModelLimits, (T, CommonFields)) -> Result<ValidRequest, ApiError>,
+    endpoint: fn(&ModelLimits, (T, CommonFields)) -> Result<ValidRequest, ValidationError>,
 ) -> Result<ValidRequest, ApiError> {
     authorize(state, headers)?;
     let request = parse_json::<T>(&body_bytes(body)?)?;
     check_model(state, &request.1.model)?;
-    endpoint(&state.limits, request)
+    // Tokenizing a long prompt or rendering a chat template is milliseconds of CPU: it runs on
+    // the blocking pool, not on the async workers that serve every other connection.
+    let state = Arc::clone(state);
+    tokio::task::spawn_blocking(move || endpoint(&state.limits, request))
+        .await
+        .map_err(|error| ApiError::Internal(format!("validation task failed: {error}")))?
+        .map_err(ApiError::from)
 }
 
 fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
