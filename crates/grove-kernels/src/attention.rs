@@ -61,24 +61,7 @@ pub fn attend(
     // Shorter rows keep the normalize-then-sum form below rather than one piece (sum, then
     // divide): that rounds differently, and these are the rows the golden references and
     // every short-context result were computed with.
-    if key_slots.iter().any(|slots| slots.len() > KEY_PIECE) {
-        output
-            .par_chunks_mut(row_width)
-            .zip(queries.par_chunks(row_width))
-            .zip(key_slots.par_iter())
-            .filter(|(_, slots)| slots.len() > KEY_PIECE)
-            .for_each(|((out_row, query_row), slots)| {
-                let context = PieceContext {
-                    layout,
-                    scale,
-                    query_row,
-                    keys,
-                    values,
-                    slots,
-                };
-                context.attend_in_pieces(out_row);
-            });
-    }
+    attend_long_rows(key_slots, layout, scale, queries, keys, values, &mut output);
     // The short rows, one task per (row, KV head, part of its query heads): the query heads
     // that share a KV head read its keys and values together, once. A decode step's single
     // row is cut into enough parts for every thread (on one thread its attention was a tenth
@@ -135,6 +118,38 @@ pub fn attend(
         }
     }
     output
+}
+
+/// The rows of [`attend`] that see more than [`KEY_PIECE`] keys, in pieces, in parallel with
+/// each other (a long prompt's rows) and within.
+fn attend_long_rows(
+    key_slots: &[Vec<usize>],
+    layout: HeadLayout,
+    scale: f32,
+    queries: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    output: &mut [f32],
+) {
+    let row_width = layout.num_heads * layout.head_dim;
+    if key_slots.iter().any(|slots| slots.len() > KEY_PIECE) {
+        output
+            .par_chunks_mut(row_width)
+            .zip(queries.par_chunks(row_width))
+            .zip(key_slots.par_iter())
+            .filter(|(_, slots)| slots.len() > KEY_PIECE)
+            .for_each(|((out_row, query_row), slots)| {
+                let context = PieceContext {
+                    layout,
+                    scale,
+                    query_row,
+                    keys,
+                    values,
+                    slots,
+                };
+                context.attend_in_pieces(out_row);
+            });
+    }
 }
 
 /// `outs[j] += weights[j * n + i] * value(i)` for each value in order, element by element
@@ -505,6 +520,13 @@ mod tests {
 
     #[test]
     fn weighted_sums_equal_the_portable_loop_bit_for_bit() {
+        // Without AVX-512 both sides are the portable loop: say so (or fail where CI requires it).
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx512 = false;
+        let test = "weighted_sums_equal_the_portable_loop_bit_for_bit (its AVX-512 path)";
+        crate::skip_without("avx512", avx512, test);
         // Value widths of whole vectors (one pass, several, a partial tile) and one that is
         // not (the portable loop itself).
         for width in [16, 64, 80, 128, 256, 24] {

@@ -18,3 +18,20 @@ pub mod dense;
 pub mod memory;
 pub mod quant;
 pub mod threads;
+
+/// Test support: whether a test whose kernel this CPU lacks should run. It prints what it
+/// skips, and fails instead where `GROVE_REQUIRE_<FEATURE>=1` says the CPU has the feature
+/// (CI sets it from /proc/cpuinfo), so a test cannot pass silently on the wrong machine.
+#[cfg(test)]
+pub(crate) fn skip_without(feature: &str, present: bool, test: &str) -> bool {
+    if present {
+        return false;
+    }
+    let switch = format!("GROVE_REQUIRE_{}", feature.to_ascii_uppercase());
+    assert!(
+        std::env::var(&switch).as_deref() != Ok("1"),
+        "{test}: {switch}=1 but this CPU (or build) lacks {feature}"
+    );
+    eprintln!("{test}: skipped, no {feature} on this CPU");
+    true
+}

@@ -164,6 +164,21 @@ fn finish<M: Model>(
     Ok(())
 }
 
+/// The post-processor that puts `bos` before every sequence (and pair).
+fn bos_template(tokens: &[String], bos: u32) -> Result<PostProcessorWrapper, String> {
+    let name = tokens
+        .get(bos as usize)
+        .ok_or_else(|| format!("bos id {bos} is outside the vocabulary"))?;
+    let processor = TemplateProcessing::builder()
+        .try_single(format!("{name} $A"))
+        .and_then(|b| b.try_pair(format!("{name} $A {name} $B")))
+        .map_err(|e| format!("bos template: {e}"))?
+        .special_tokens(vec![(name.clone(), bos)])
+        .build()
+        .map_err(|e| format!("bos template: {e}"))?;
+    Ok(PostProcessorWrapper::Template(processor))
+}
+
 pub(crate) fn build(
     metadata: &HashMap<String, Value>,
     path: &Path,
@@ -207,19 +222,7 @@ pub(crate) fn build(
         Some(Value::Bool(true))
     );
     let bos_template = match (add_bos, bos) {
-        (true, Some(bos)) => {
-            let name = tokens
-                .get(bos as usize)
-                .ok_or_else(|| error(format!("bos id {bos} is outside the vocabulary")))?;
-            let processor = TemplateProcessing::builder()
-                .try_single(format!("{name} $A"))
-                .and_then(|b| b.try_pair(format!("{name} $A {name} $B")))
-                .map_err(|e| error(format!("bos template: {e}")))?
-                .special_tokens(vec![(name.clone(), bos)])
-                .build()
-                .map_err(|e| error(format!("bos template: {e}")))?;
-            Some(PostProcessorWrapper::Template(processor))
-        }
+        (true, Some(bos)) => Some(bos_template(&tokens, bos).map_err(error)?),
         _ => None,
     };
     let backend = if sentencepiece {

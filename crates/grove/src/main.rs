@@ -6,9 +6,6 @@
 #![forbid(unsafe_code)]
 
 mod bench;
-mod bench_llama;
-mod bench_report;
-mod bench_serve;
 mod generate;
 mod loading;
 mod serve;

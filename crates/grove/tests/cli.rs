@@ -184,7 +184,16 @@ fn bench_prints_the_verify_cost_curve() {
     let json: Value = serde_json::from_slice(&output.stdout).unwrap();
     let curve = json["verify_cost"].as_array().unwrap();
     assert_eq!(curve.len(), 4);
-    assert_eq!(curve[0]["ratio_to_one_row"], 1.0);
+    // Each point's ratio is its median time over the one-row median, measured in this run.
+    let ms = |point: &Value| point["ms"]["median"].as_f64().unwrap();
+    let one_row = ms(&curve[0]);
+    assert!(one_row > 0.0, "{json}");
+    for (point, rows) in curve.iter().zip([1, 2, 4, 8]) {
+        assert_eq!(point["rows"], rows);
+        let ratio = point["ratio_to_one_row"].as_f64().unwrap();
+        assert!((ratio - ms(point) / one_row).abs() < 1e-9, "{point}");
+        assert!(point["ms"]["min"].as_f64().unwrap() <= ms(point));
+    }
     assert!(
         json["methods"][0]["decode_tokens_per_s"]["median"]
             .as_f64()
@@ -504,7 +513,20 @@ fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
         .map(|m| m["method"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["none", "dflash", "ddtree-b2", "ddtree-b8"]);
-    assert_eq!(json["methods"][1]["decode_speedup_vs_dflash"], 1.0);
+    // Each ratio is the method's median over the baseline's, measured in the same run.
+    let median = |m: &Value| m["decode_tokens_per_s"]["median"].as_f64().unwrap();
+    let methods = json["methods"].as_array().unwrap();
+    let (none, dflash) = (median(&methods[0]), median(&methods[1]));
+    assert!(none > 0.0 && dflash > 0.0, "{json}");
+    for method in methods {
+        let ratio = |key: &str| method[key].as_f64().unwrap();
+        assert!((ratio("decode_speedup_vs_none") - median(method) / none).abs() < 1e-9);
+        assert!((ratio("decode_speedup_vs_dflash") - median(method) / dflash).abs() < 1e-9);
+        assert!(ratio("mean_accept_length") >= 1.0, "{method}");
+    }
+    // A tree never verifies more nodes than its budget.
+    assert!(methods[2]["mean_tree_nodes"].as_f64().unwrap() <= 2.0);
+    assert!(methods[3]["mean_tree_nodes"].as_f64().unwrap() <= 8.0);
 
     let zero = failure(&[
         "generate",
@@ -562,7 +584,31 @@ fn bench_report_writes_json_and_charts() {
         .map(|m| m["method"].as_str().unwrap())
         .collect();
     assert_eq!(methods, ["none", "dflash", "ddtree-b1", "ddtree-b4"]);
-    assert_eq!(report["methods"][0]["speedup_vs_none"], 1.0);
+    // Speedups are medians over plain decoding's; tau is the histogram's mean.
+    let results = report["methods"].as_array().unwrap();
+    let median = |m: &Value| m["decode_tokens_per_s"]["median"].as_f64().unwrap();
+    let none = median(&results[0]);
+    assert!(none > 0.0, "{report}");
+    for method in results {
+        let speedup = method["speedup_vs_none"].as_f64().unwrap();
+        assert!((speedup - median(method) / none).abs() < 1e-9, "{method}");
+        let histogram: Vec<u64> = method["accept_histogram"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        let rounds: u64 = histogram.iter().sum();
+        let tokens: u64 = histogram.iter().zip(1..).map(|(n, tau)| n * tau).sum();
+        assert!(rounds > 0, "{method}");
+        let tau = method["mean_accept_length"].as_f64().unwrap();
+        assert!(
+            (tau - tokens as f64 / rounds as f64).abs() < 1e-9,
+            "{method}"
+        );
+    }
+    // Plain decoding emits one token a round.
+    assert_eq!(results[0]["mean_accept_length"], 1.0);
     if stderr(&output).contains("charts skipped") {
         eprintln!("skipped the chart check: {}", stderr(&output));
     } else {

@@ -296,8 +296,10 @@ fn a_mapped_source_released_while_copied_still_reads_the_same() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn q5_0_kernels_with_and_without_gfni_give_the_same_bits() {
-    if Kernel::detect() == Kernel::Scalar || !std::arch::is_x86_feature_detected!("gfni") {
-        eprintln!("skipped: no AVX-512 VNNI and GFNI on this CPU");
+    let test = "q5_0_kernels_with_and_without_gfni_give_the_same_bits";
+    if crate::skip_without("avx512", Kernel::detect() != Kernel::Scalar, test)
+        || crate::skip_without("gfni", std::arch::is_x86_feature_detected!("gfni"), test)
+    {
         return;
     }
     // Decode rows and tiles, a partial chunk group, a row group past the last row.
@@ -316,8 +318,11 @@ fn q5_0_kernels_with_and_without_gfni_give_the_same_bits() {
 #[test]
 fn simd_and_scalar_agree_closely() {
     let simd = Kernel::detect();
-    if simd == Kernel::Scalar {
-        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+    if crate::skip_without(
+        "avx512",
+        simd != Kernel::Scalar,
+        "simd_and_scalar_agree_closely",
+    ) {
         return;
     }
     for (format, rows) in FORMATS.into_iter().flat_map(|f| [(f, 1), (f, 6)]) {
@@ -353,14 +358,24 @@ fn bad_shapes_are_refused() {
 
 #[test]
 fn streaming_sum_is_the_wrapping_sum() {
-    // Whole lines, a tail, and values that wrap.
+    // Whole lines, a tail, and values that wrap; the expected sum in 128 bits, reduced.
+    let vnni = Kernel::detect() != Kernel::Scalar;
     for len in [0usize, 7, 8, 1001, 4096] {
         let words: Vec<u64> = (0..len as u64)
             .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
             .collect();
-        let expected = words.iter().fold(0u64, |a, &b| a.wrapping_add(b));
+        let expected = words.iter().map(|&w| u128::from(w)).sum::<u128>() as u64;
         assert_eq!(super::streaming_sum(&words), expected, "len {len}");
+        #[cfg(target_arch = "x86_64")]
+        if vnni {
+            assert_eq!(super::simd::streaming_sum(&words), expected, "len {len}");
+        }
     }
+    crate::skip_without(
+        "avx512",
+        vnni,
+        "streaming_sum_is_the_wrapping_sum (its AVX-512 loop)",
+    );
 }
 
 #[test]
@@ -391,8 +406,12 @@ fn one_pass_over_several_matrices_equals_one_at_a_time() {
 
 #[test]
 fn vector_quantizer_equals_the_reference_exactly() {
-    if Kernel::detect() == Kernel::Scalar {
-        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+    let vnni = Kernel::detect() != Kernel::Scalar;
+    if crate::skip_without(
+        "avx512",
+        vnni,
+        "vector_quantizer_equals_the_reference_exactly",
+    ) {
         return;
     }
     for block in [32, 256] {

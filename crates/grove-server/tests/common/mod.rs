@@ -12,7 +12,7 @@ use grove_engine::{Drafter, EngineLimits, GeneratorOptions, SpecAlgorithm, Specu
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use grove_server::{EngineSettings, EngineStatus, ServedModel, ServerConfig};
 use grove_testkit::random_checkpoint::{RandomCheckpoint, RandomDrafter};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -174,4 +174,12 @@ pub fn token_ids(response: &Value) -> Vec<u64> {
         .iter()
         .map(|t| t.as_u64().unwrap())
         .collect()
+}
+
+/// A greedy completion of `prompt` on the golden pair with `algorithm`, token ids returned.
+pub fn greedy_body(prompt: &[u32], max_tokens: usize, algorithm: &str) -> Value {
+    json!({
+        "model": "golden", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "return_token_ids": true, "speculative": {"algorithm": algorithm},
+    })
 }

@@ -25,7 +25,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::bench::{print_verify_curve, verify_curve, BenchArgs, Spread, VerifyPoint};
+use super::args::BenchArgs;
+use super::measure::{print_verify_curve, verify_curve, Spread, VerifyPoint};
 use crate::loading;
 
 #[derive(Debug, Serialize)]
@@ -86,60 +87,17 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
         |n: usize| -> Vec<TokenId> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
     let prompt = random_tokens(args.prompt_tokens);
 
-    let generator = Generator::new(model, None, GeneratorOptions::default());
-    let request = GenerateRequest {
-        prompt: prompt.clone(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCondition {
-            max_new_tokens: args.new_tokens,
-            ..Default::default()
-        },
-        speculation: Default::default(),
-    };
     let repetitions = args.repetitions.max(1);
-    let (mut ours, mut theirs) = (Samples::default(), Samples::default());
-    let mut llama_rss = 0;
-    let mut grove_rss = 0;
-    // One floor per repetition (tokens/s), and each side's decode over it.
-    let mut bandwidths = Vec::new();
-    let (mut grove_fractions, mut llama_fractions) = (Vec::new(), Vec::new());
-    let mut memory_test = None;
-    for repetition in 0..repetitions + 1 {
-        let stats = generator.generate(&request, |_| {})?.stats;
-        if repetition == 0 {
-            // The generation's peak, before the bandwidth test's 1 GiB buffer exists (the
-            // verify curve's longer context and 64-row logits are not counted either).
-            grove_rss = peak_rss_bytes()?;
-            let answer = llama_cpp_bench(&path, &prompt, args.new_tokens, threads)?;
-            llama_rss = answer["peak_rss_bytes"].as_u64().unwrap_or(0);
-            memory_test = Some(MemoryTest::new());
-            continue; // warm-up
-        }
-        let bandwidth = memory_test
-            .as_ref()
-            .expect("made in the warm-up")
-            .gb_per_s();
-        let answer = llama_cpp_bench(&path, &prompt, args.new_tokens, threads)?;
-        llama_rss = llama_rss.max(answer["peak_rss_bytes"].as_u64().unwrap_or(0));
-        ours.prefill.push(stats.prefill_tokens_per_s);
-        ours.decode.push(stats.decode_tokens_per_s);
-        theirs.prefill.push(first(&answer, "prefill_tokens_per_s")?);
-        theirs.decode.push(first(&answer, "decode_tokens_per_s")?);
-        let floor = bandwidth * 1e9 / weight_bytes_per_token as f64;
-        let llama_decode = *theirs.decode.last().expect("pushed");
-        bandwidths.push(bandwidth);
-        grove_fractions.push(stats.decode_tokens_per_s / floor);
-        llama_fractions.push(llama_decode / floor);
-        eprintln!(
-            "  repetition {repetition}: decode grove {:.1} / llama.cpp {:.1} tok/s; \
-             bandwidth {bandwidth:.1} GB/s: {:.0}% / {:.0}% of its floor",
-            stats.decode_tokens_per_s,
-            llama_decode,
-            100.0 * stats.decode_tokens_per_s / floor,
-            100.0 * llama_decode / floor,
-        );
-    }
-    drop(memory_test);
+    let runs = alternate(model, args, &path, &prompt, weight_bytes_per_token, threads)?;
+    let Alternation {
+        ours,
+        theirs,
+        grove_rss,
+        llama_rss,
+        bandwidths,
+        grove_fractions,
+        llama_fractions,
+    } = runs;
     let verify_cost = verify_curve(model, args, repetitions, &mut random_tokens)?;
 
     let grove = ours.side(grove_rss);
@@ -196,6 +154,86 @@ impl Samples {
             peak_rss_bytes,
         }
     }
+}
+
+/// What grove and llama.cpp measured, alternating run by run.
+#[derive(Default)]
+struct Alternation {
+    ours: Samples,
+    theirs: Samples,
+    grove_rss: u64,
+    llama_rss: u64,
+    /// One floor per repetition (GB/s), and each side's decode over it.
+    bandwidths: Vec<f64>,
+    grove_fractions: Vec<f64>,
+    llama_fractions: Vec<f64>,
+}
+
+/// Greedy decoding of `prompt` by grove then llama.cpp, each repetition after a warm-up, with
+/// a memory read test beside each for the bandwidth floor.
+fn alternate(
+    model: &dyn Model,
+    args: &BenchArgs,
+    path: &Path,
+    prompt: &[TokenId],
+    weight_bytes_per_token: u64,
+    threads: usize,
+) -> Result<Alternation> {
+    let repetitions = args.repetitions.max(1);
+    let generator = Generator::new(model, None, GeneratorOptions::default());
+    let request = GenerateRequest {
+        prompt: prompt.to_vec(),
+        sampling: SamplingParams::greedy(),
+        stop: StopCondition {
+            max_new_tokens: args.new_tokens,
+            ..Default::default()
+        },
+        speculation: Default::default(),
+    };
+    let mut runs = Alternation::default();
+    let mut memory_test = None;
+    for repetition in 0..repetitions + 1 {
+        let stats = generator.generate(&request, |_| {})?.stats;
+        if repetition == 0 {
+            // The generation's peak, before the bandwidth test's 1 GiB buffer exists (the
+            // verify curve's longer context and 64-row logits are not counted either).
+            runs.grove_rss = peak_rss_bytes()?;
+            let answer = llama_cpp_bench(path, prompt, args.new_tokens, threads)?;
+            runs.llama_rss = answer["peak_rss_bytes"].as_u64().unwrap_or(0);
+            memory_test = Some(MemoryTest::new());
+            continue; // warm-up
+        }
+        let bandwidth = memory_test
+            .as_ref()
+            .expect("made in the warm-up")
+            .gb_per_s();
+        let answer = llama_cpp_bench(path, prompt, args.new_tokens, threads)?;
+        runs.llama_rss = runs
+            .llama_rss
+            .max(answer["peak_rss_bytes"].as_u64().unwrap_or(0));
+        runs.ours.prefill.push(stats.prefill_tokens_per_s);
+        runs.ours.decode.push(stats.decode_tokens_per_s);
+        runs.theirs
+            .prefill
+            .push(first(&answer, "prefill_tokens_per_s")?);
+        runs.theirs
+            .decode
+            .push(first(&answer, "decode_tokens_per_s")?);
+        let floor = bandwidth * 1e9 / weight_bytes_per_token as f64;
+        let llama_decode = *runs.theirs.decode.last().expect("pushed");
+        runs.bandwidths.push(bandwidth);
+        runs.grove_fractions.push(stats.decode_tokens_per_s / floor);
+        runs.llama_fractions.push(llama_decode / floor);
+        eprintln!(
+            "  repetition {repetition}: decode grove {:.1} / llama.cpp {:.1} tok/s; \
+             bandwidth {bandwidth:.1} GB/s: {:.0}% / {:.0}% of its floor",
+            stats.decode_tokens_per_s,
+            llama_decode,
+            100.0 * stats.decode_tokens_per_s / floor,
+            100.0 * llama_decode / floor,
+        );
+    }
+    Ok(runs)
 }
 
 fn first(answer: &Value, key: &str) -> Result<f64> {

@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::bench::BenchArgs;
+use super::args::BenchArgs;
 use crate::loading;
 
 /// One streamed request as the client saw it.
@@ -112,66 +112,100 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         .collect()
                 })
                 .collect();
-            // Warm-up (not counted): one request per method.
-            for method in &methods {
-                request(&client, &base, &prompts[0], args.new_tokens, method).await?;
-            }
-            let mut timings: Vec<(usize, Vec<Timing>, f64)> = Vec::new();
-            for (index, method) in methods.iter().enumerate() {
-                let start = Instant::now();
-                let per_client = futures_util::future::join_all((0..concurrency).map(|c| {
-                    let client = &client;
-                    let base = &base;
-                    let prompts = &prompts;
-                    async move {
-                        let mut own = Vec::new();
-                        for r in 0..args.requests_per_client {
-                            let prompt = &prompts[c * args.requests_per_client + r];
-                            own.push(request(client, base, prompt, args.new_tokens, method).await?);
-                        }
-                        anyhow::Ok(own)
-                    }
-                }))
-                .await;
-                let wall = start.elapsed().as_secs_f64();
-                let all: Vec<Timing> = per_client
-                    .into_iter()
-                    .collect::<Result<Vec<_>>>()?
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                timings.push((index, all, wall));
-            }
-            let mut none_throughput = None;
-            for (index, all, wall) in timings {
-                let tokens: usize = all.iter().map(|t| t.tokens).sum();
-                let ttft: Vec<f64> = all.iter().map(|t| t.ttft * 1e3).collect();
-                let gaps: Vec<f64> = all
-                    .iter()
-                    .flat_map(|t| t.gaps.iter().map(|g| g * 1e3))
-                    .collect();
-                let e2e: Vec<f64> = all.iter().map(|t| t.e2e * 1e3).collect();
-                let throughput = tokens as f64 / wall;
-                let baseline = *none_throughput.get_or_insert(throughput);
-                points.push(ServePoint {
-                    method: methods[index].into(),
-                    concurrency,
-                    requests: all.len(),
-                    output_tokens_per_s: throughput,
-                    requests_per_s: all.len() as f64 / wall,
-                    ttft_ms_p50: percentile(&ttft, 0.5),
-                    ttft_ms_p90: percentile(&ttft, 0.9),
-                    inter_token_ms_p50: percentile(&gaps, 0.5),
-                    e2e_ms_p50: percentile(&e2e, 0.5),
-                    e2e_ms_p90: percentile(&e2e, 0.9),
-                    mean_accept_length: all.iter().map(|t| t.tau).sum::<f64>()
-                        / all.len().max(1) as f64,
-                    throughput_vs_none: throughput / baseline,
-                });
-            }
+            let load = Load {
+                client: &client,
+                base: &base,
+                args,
+                prompts: &prompts,
+                concurrency,
+            };
+            points.extend(load.run(&methods).await?);
         }
         anyhow::Ok(points)
     })?;
+    report(args, threads, &points)
+}
+
+/// One concurrency level's requests against the running server.
+struct Load<'a> {
+    client: &'a reqwest::Client,
+    base: &'a str,
+    args: &'a BenchArgs,
+    /// `[concurrency * requests_per_client]`; client `c` sends its own slice in order.
+    prompts: &'a [Vec<u32>],
+    concurrency: usize,
+}
+
+impl Load<'_> {
+    /// Each method in turn after a warm-up request of each: its point, throughput as a ratio
+    /// to plain decoding at the same concurrency.
+    async fn run(&self, methods: &[&str]) -> Result<Vec<ServePoint>> {
+        let new_tokens = self.args.new_tokens;
+        for method in methods {
+            request(self.client, self.base, &self.prompts[0], new_tokens, method).await?;
+        }
+        let mut points: Vec<ServePoint> = Vec::new();
+        for method in methods {
+            let start = Instant::now();
+            let all = self.clients(method).await?;
+            let wall = start.elapsed().as_secs_f64();
+            let baseline = points.first().map(|p| p.output_tokens_per_s);
+            points.push(self.point(method, &all, wall, baseline));
+        }
+        Ok(points)
+    }
+
+    /// Every client's requests for `method`, the clients concurrent.
+    async fn clients(&self, method: &str) -> Result<Vec<Timing>> {
+        let per_client = self.args.requests_per_client;
+        let per_client =
+            futures_util::future::join_all((0..self.concurrency).map(|c| async move {
+                let mut own = Vec::new();
+                for prompt in &self.prompts[c * per_client..(c + 1) * per_client] {
+                    own.push(
+                        request(self.client, self.base, prompt, self.args.new_tokens, method)
+                            .await?,
+                    );
+                }
+                anyhow::Ok(own)
+            }))
+            .await;
+        Ok(per_client
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
+    fn point(&self, method: &str, all: &[Timing], wall: f64, none: Option<f64>) -> ServePoint {
+        let tokens: usize = all.iter().map(|t| t.tokens).sum();
+        let ttft: Vec<f64> = all.iter().map(|t| t.ttft * 1e3).collect();
+        let gaps: Vec<f64> = all
+            .iter()
+            .flat_map(|t| t.gaps.iter().map(|g| g * 1e3))
+            .collect();
+        let e2e: Vec<f64> = all.iter().map(|t| t.e2e * 1e3).collect();
+        let throughput = tokens as f64 / wall;
+        ServePoint {
+            method: method.into(),
+            concurrency: self.concurrency,
+            requests: all.len(),
+            output_tokens_per_s: throughput,
+            requests_per_s: all.len() as f64 / wall,
+            ttft_ms_p50: percentile(&ttft, 0.5),
+            ttft_ms_p90: percentile(&ttft, 0.9),
+            inter_token_ms_p50: percentile(&gaps, 0.5),
+            e2e_ms_p50: percentile(&e2e, 0.5),
+            e2e_ms_p90: percentile(&e2e, 0.9),
+            mean_accept_length: all.iter().map(|t| t.tau).sum::<f64>() / all.len().max(1) as f64,
+            throughput_vs_none: throughput / none.unwrap_or(throughput),
+        }
+    }
+}
+
+/// The table on stderr, the JSON on stdout (and in `--json`).
+fn report(args: &BenchArgs, threads: usize, points: &[ServePoint]) -> Result<()> {
     eprintln!(
         "grove bench --serve | model {} | threads {threads} | {} prompt + {} new tokens | {} requests per client",
         args.model.model_dir().display(),
@@ -180,7 +214,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         args.requests_per_client
     );
     eprintln!("  method  conc  reqs    tok/s  x none   req/s  ttft p50/p90 ms   itl p50 ms  e2e p50/p90 ms   tau");
-    for p in &points {
+    for p in points {
         eprintln!(
             "  {:<7} {:>4} {:>5} {:>8.1} {:>7.2} {:>7.2} {:>7.1}/{:<7.1} {:>10.2} {:>8.1}/{:<8.1} {:>5.2}",
             p.method, p.concurrency, p.requests, p.output_tokens_per_s, p.throughput_vs_none,

@@ -11,7 +11,8 @@ use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, Generator
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::bench::{BenchArgs, Spread};
+use super::args::BenchArgs;
+use super::measure::Spread;
 use crate::loading;
 
 /// Code prompts: function headers and docstrings of the kind HumanEval poses.
@@ -71,36 +72,7 @@ fn report(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
     } else {
         args.budgets.clone()
     };
-    let options = GeneratorOptions {
-        page_size: args.model.page_size,
-        ..Default::default()
-    };
-    let model = &loaded.model;
-    let mut methods: Vec<(String, usize, Generator)> = vec![
-        (
-            "none".into(),
-            0,
-            Generator::new(model, Some(tokenizer), options.clone()),
-        ),
-        (
-            "dflash".into(),
-            block - 1,
-            Generator::new(model, Some(tokenizer), options.clone()).with_dflash(DFlashSpec {
-                drafter: &drafter,
-                num_draft_tokens: block,
-            })?,
-        ),
-    ];
-    for &budget in &budgets {
-        let top_k = args.spec.speculative_ddtree_topk.unwrap_or(budget);
-        let generator =
-            Generator::new(model, Some(tokenizer), options.clone()).with_ddtree(DDTreeSpec {
-                drafter: &drafter,
-                budget,
-                top_k,
-            })?;
-        methods.push((format!("ddtree-b{budget}"), budget, generator));
-    }
+    let methods = methods_to_compare(args, &loaded.model, tokenizer, &drafter, &budgets)?;
     let requests: Vec<GenerateRequest> = PROMPTS
         .iter()
         .map(|text| {
@@ -117,10 +89,76 @@ fn report(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let repetitions = args.repetitions.max(1);
+    let results = measure(&methods, &requests, repetitions, block)?;
+    let report = Report {
+        model: loaded.dir.display().to_string(),
+        drafter: args.spec.speculative_draft_model_path.as_ref().map_or_else(
+            || "the default pair's drafter".into(),
+            |p| p.display().to_string(),
+        ),
+        threads,
+        prompts: PROMPTS.len(),
+        new_tokens: args.new_tokens,
+        repetitions,
+        methods: results,
+    };
+    write(&report, dir)
+}
+
+/// Plain decoding, DFlash with the drafter's block and DDTree at each of `budgets`, each with
+/// its budget.
+fn methods_to_compare<'a>(
+    args: &BenchArgs,
+    model: &'a grove_model::Decoder,
+    tokenizer: &'a grove_model::TextTokenizer,
+    drafter: &'a grove_model::DFlashDrafter,
+    budgets: &[usize],
+) -> Result<Vec<(String, usize, Generator<'a>)>> {
+    let block = drafter.config().block_size;
+    let options = GeneratorOptions {
+        page_size: args.model.page_size,
+        ..Default::default()
+    };
+    let mut methods: Vec<(String, usize, Generator)> = vec![
+        (
+            "none".into(),
+            0,
+            Generator::new(model, Some(tokenizer), options.clone()),
+        ),
+        (
+            "dflash".into(),
+            block - 1,
+            Generator::new(model, Some(tokenizer), options.clone()).with_dflash(DFlashSpec {
+                drafter,
+                num_draft_tokens: block,
+            })?,
+        ),
+    ];
+    for &budget in budgets {
+        let top_k = args.spec.speculative_ddtree_topk.unwrap_or(budget);
+        let generator =
+            Generator::new(model, Some(tokenizer), options.clone()).with_ddtree(DDTreeSpec {
+                drafter,
+                budget,
+                top_k,
+            })?;
+        methods.push((format!("ddtree-b{budget}"), budget, generator));
+    }
+    Ok(methods)
+}
+
+/// Decode speed and acceptance of every method on every prompt, methods alternating, after
+/// one warm-up repetition.
+fn measure(
+    methods: &[(String, usize, Generator)],
+    requests: &[GenerateRequest],
+    repetitions: usize,
+    block: usize,
+) -> Result<Vec<MethodResult>> {
     let mut speeds: Vec<Vec<f64>> = vec![Vec::new(); methods.len()];
     let mut histograms: Vec<Vec<usize>> = vec![vec![0; block]; methods.len()];
     for repetition in 0..repetitions + 1 {
-        for request in &requests {
+        for request in requests {
             // Methods alternate on each prompt, so drift on a shared machine hits all alike.
             for (index, (_, _, generator)) in methods.iter().enumerate() {
                 let stats = generator.generate(request, |_| {})?.stats;
@@ -153,22 +191,15 @@ fn report(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
             }
         })
         .collect();
-    let report = Report {
-        model: loaded.dir.display().to_string(),
-        drafter: args.spec.speculative_draft_model_path.as_ref().map_or_else(
-            || "the default pair's drafter".into(),
-            |p| p.display().to_string(),
-        ),
-        threads,
-        prompts: PROMPTS.len(),
-        new_tokens: args.new_tokens,
-        repetitions,
-        methods: results,
-    };
+    Ok(results)
+}
+
+/// `report.json`, the table on stderr and the charts.
+fn write(report: &Report, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(
         dir.join("report.json"),
-        serde_json::to_string_pretty(&report)?,
+        serde_json::to_string_pretty(report)?,
     )?;
     eprintln!("  method       budget  decode tok/s   x none   tau");
     for m in &report.methods {
@@ -183,7 +214,7 @@ fn report(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
     }
     match register_font() {
         Ok(()) => {
-            charts(&report, dir)?;
+            charts(report, dir)?;
             eprintln!(
                 "wrote {}/report.json, budget.png, acceptance.png",
                 dir.display()
@@ -225,6 +256,16 @@ fn charts(report: &Report, dir: &Path) -> Result<()> {
         .iter()
         .find(|m| m.method == "dflash")
         .context("dflash ran")?;
+    budget_chart(&trees, dflash, dir)?;
+    let best = trees
+        .iter()
+        .max_by(|a, b| a.speedup_vs_none.total_cmp(&b.speedup_vs_none))
+        .context("a ddtree budget ran")?;
+    acceptance_chart(dflash, best, dir)
+}
+
+/// `budget.png`: speedup and tau of each DDTree budget, DFlash and plain decoding as lines.
+fn budget_chart(trees: &[&MethodResult], dflash: &MethodResult, dir: &Path) -> Result<()> {
     let xs: Vec<f64> = trees.iter().map(|m| (m.budget as f64).log2()).collect();
     let x_range = xs.first().copied().unwrap_or(0.0) - 0.3..xs.last().copied().unwrap_or(1.0) + 0.3;
 
@@ -300,11 +341,11 @@ fn charts(report: &Report, dir: &Path) -> Result<()> {
             .draw()?;
     }
     root.present()?;
+    Ok(())
+}
 
-    let best = trees
-        .iter()
-        .max_by(|a, b| a.speedup_vs_none.total_cmp(&b.speedup_vs_none))
-        .context("a ddtree budget ran")?;
+/// `acceptance.png`: how many tokens DFlash's and the best budget's rounds emitted.
+fn acceptance_chart(dflash: &MethodResult, best: &MethodResult, dir: &Path) -> Result<()> {
     let path = dir.join("acceptance.png");
     let root = BitMapBackend::new(&path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
