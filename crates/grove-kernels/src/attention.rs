@@ -61,7 +61,15 @@ pub fn attend(
     // Shorter rows keep the normalize-then-sum form below rather than one piece (sum, then
     // divide): that rounds differently, and these are the rows the golden references and
     // every short-context result were computed with.
-    attend_long_rows(key_slots, layout, scale, queries, keys, values, &mut output);
+    let inputs = Inputs {
+        key_slots,
+        layout,
+        scale,
+        queries,
+        keys,
+        values,
+    };
+    inputs.attend_long_rows(&mut output);
     // The short rows, one task per (row, KV head, part of its query heads): the query heads
     // that share a KV head read its keys and values together, once. A decode step's single
     // row is cut into enough parts for every thread (on one thread its attention was a tenth
@@ -120,35 +128,47 @@ pub fn attend(
     output
 }
 
-/// The rows of [`attend`] that see more than [`KEY_PIECE`] keys, in pieces, in parallel with
-/// each other (a long prompt's rows) and within.
-fn attend_long_rows(
-    key_slots: &[Vec<usize>],
+/// [`attend`]'s arguments.
+struct Inputs<'a> {
+    key_slots: &'a [Vec<usize>],
     layout: HeadLayout,
     scale: f32,
-    queries: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    output: &mut [f32],
-) {
-    let row_width = layout.num_heads * layout.head_dim;
-    if key_slots.iter().any(|slots| slots.len() > KEY_PIECE) {
-        output
-            .par_chunks_mut(row_width)
-            .zip(queries.par_chunks(row_width))
-            .zip(key_slots.par_iter())
-            .filter(|(_, slots)| slots.len() > KEY_PIECE)
-            .for_each(|((out_row, query_row), slots)| {
-                let context = PieceContext {
-                    layout,
-                    scale,
-                    query_row,
-                    keys,
-                    values,
-                    slots,
-                };
-                context.attend_in_pieces(out_row);
-            });
+    queries: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+}
+
+impl Inputs<'_> {
+    /// The rows that see more than [`KEY_PIECE`] keys, in pieces, in parallel with each other
+    /// (a long prompt's rows) and within.
+    fn attend_long_rows(&self, output: &mut [f32]) {
+        let Self {
+            key_slots,
+            layout,
+            scale,
+            queries,
+            keys,
+            values,
+        } = *self;
+        let row_width = layout.num_heads * layout.head_dim;
+        if key_slots.iter().any(|slots| slots.len() > KEY_PIECE) {
+            output
+                .par_chunks_mut(row_width)
+                .zip(queries.par_chunks(row_width))
+                .zip(key_slots.par_iter())
+                .filter(|(_, slots)| slots.len() > KEY_PIECE)
+                .for_each(|((out_row, query_row), slots)| {
+                    let context = PieceContext {
+                        layout,
+                        scale,
+                        query_row,
+                        keys,
+                        values,
+                        slots,
+                    };
+                    context.attend_in_pieces(out_row);
+                });
+        }
     }
 }
 
