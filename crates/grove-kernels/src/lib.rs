@@ -35,3 +35,23 @@ pub(crate) fn skip_without(feature: &str, present: bool, test: &str) -> bool {
     eprintln!("{test}: skipped, no {feature} on this CPU");
     true
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_required_feature_that_is_missing_fails_the_test() {
+        // A feature name no other test asks about, so setting its switch races with nothing.
+        assert!(!crate::skip_without("testonly_feature", true, "present"));
+        assert!(crate::skip_without(
+            "testonly_feature",
+            false,
+            "absent, not required"
+        ));
+        std::env::set_var("GROVE_REQUIRE_TESTONLY_FEATURE", "1");
+        let required = std::panic::catch_unwind(|| {
+            crate::skip_without("testonly_feature", false, "absent, required")
+        });
+        std::env::remove_var("GROVE_REQUIRE_TESTONLY_FEATURE");
+        assert!(required.is_err(), "a required feature's absence must fail");
+    }
+}
