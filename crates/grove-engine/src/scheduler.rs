@@ -150,16 +150,15 @@ impl<'a> Engine<'a> {
         self.last_step = StepTimings::default();
         if !self.running.is_empty() {
             let mut batch: Vec<&mut Sequence<'a>> = self.running.iter_mut().collect();
-            let mut texts = Vec::new();
-            let mut on_text = |id: RequestId, text: &str| texts.push((id, text.to_owned()));
+            let mut on_text = |id: RequestId, text: &str| {
+                events.push(EngineEvent::Text {
+                    id,
+                    text: text.to_owned(),
+                })
+            };
             let result = self
                 .runner
                 .step(&mut batch, &mut self.pools, &mut on_text)?;
-            events.extend(
-                texts
-                    .into_iter()
-                    .map(|(id, text)| EngineEvent::Text { id, text }),
-            );
             for (sequence, tokens) in self.running.iter().zip(result.emitted) {
                 events.push(EngineEvent::Tokens {
                     id: sequence.id,

@@ -104,9 +104,11 @@ impl<'r> Sequence<'r> {
         tokens
     }
 
-    /// KV slots a prefill of everything it committed and its first round take.
+    /// KV slots a prefill of everything it committed and its first round take (asked of the
+    /// queue's front every step: counted, not listed).
     pub fn prefill_need(&self) -> usize {
-        speculation::kv_need(self.committed_tokens().len(), self.method)
+        let committed = self.request.prompt.len() + self.emitted.saturating_sub(1);
+        speculation::kv_need(committed, self.method)
     }
 
     /// Emits the round's new tokens until one ends the request (the round is cut there), and
