@@ -16,6 +16,7 @@
 //! `sum_lanes(dx * (s * dot4(u, q) - m * sum4(q)))`.
 
 mod arena;
+mod columns;
 mod interleave;
 mod kpermute;
 mod products;
@@ -24,6 +25,8 @@ mod scalar;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd32;
+#[cfg(target_arch = "x86_64")]
+mod simd_columns;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -180,15 +183,18 @@ pub enum Layout {
     /// GGUF's, with each super-block's quants reordered so that a kernel lane covers one
     /// sub-block (`kpermute.rs`): what the AVX-512 kernels read Q4_K and Q6_K in.
     Permuted,
+    /// Strips of 16 rows, a vector holding the same four weights of each
+    /// (`columns.rs`): what the AVX-512 kernels read every format in.
+    Columns,
 }
 
 impl Layout {
     /// The layout `kernel` multiplies `format` in.
     pub fn for_kernel(format: QuantFormat, kernel: Kernel) -> Self {
-        match (kernel, format.block_weights()) {
-            (Kernel::Avx512Vnni, 32) => Self::Interleaved,
-            (Kernel::Avx512Vnni, _) => Self::Permuted,
-            _ => Self::Gguf,
+        let _ = format;
+        match kernel {
+            Kernel::Avx512Vnni => Self::Columns,
+            Kernel::Scalar => Self::Gguf,
         }
     }
 }
@@ -212,6 +218,11 @@ pub(crate) enum WeightRow<'a> {
     /// Row `p` of an interleaved row group.
     Interleaved {
         group: &'a [u8],
+        p: usize,
+    },
+    /// Row `p` of a strip of the column layout.
+    Column {
+        strip: &'a [u8],
         p: usize,
     },
 }
@@ -302,6 +313,7 @@ impl QMatrix {
             Layout::Gguf => true,
             Layout::Interleaved => format.block_weights() == 32,
             Layout::Permuted => format.block_weights() == kpermute::SUPER,
+            Layout::Columns => true,
         };
         if !kept {
             let name = format!("{layout:?}").to_lowercase();
@@ -313,11 +325,19 @@ impl QMatrix {
             Layout::Interleaved => {
                 let group_bytes = GROUP_ROWS * row_bytes;
                 let groups = interleave::row_groups(n);
-                copied(&bytes, group_bytes, groups, |src, g, out| {
+                copied(&bytes, group_bytes, group_bytes, groups, |src, g, out| {
                     interleave::interleave_group(format, k, src, g, out)
                 })?
             }
-            Layout::Permuted => copied(&bytes, row_bytes, n, |src, j, out| {
+            Layout::Columns => {
+                let source_bytes = columns::STRIP * row_bytes;
+                let strip_bytes = columns::strip_bytes(format, k);
+                let strips = columns::strips(n);
+                copied(&bytes, source_bytes, strip_bytes, strips, |src, s, out| {
+                    columns::write_strip(format, n, k, src, s, out)
+                })?
+            }
+            Layout::Permuted => copied(&bytes, row_bytes, row_bytes, n, |src, j, out| {
                 let row = &src[j * row_bytes..(j + 1) * row_bytes];
                 let size = format.block_bytes();
                 for (block, out) in row.chunks_exact(size).zip(out.chunks_exact_mut(size)) {
@@ -380,7 +400,17 @@ impl QMatrix {
                 group: self.row_group(j / GROUP_ROWS),
                 p: j % GROUP_ROWS,
             },
+            Layout::Columns => WeightRow::Column {
+                strip: self.strips(j / columns::STRIP, 1),
+                p: j % columns::STRIP,
+            },
         }
+    }
+
+    /// Strips `first..first + count` of the column layout.
+    fn strips(&self, first: usize, count: usize) -> &[u8] {
+        let size = columns::strip_bytes(self.format, self.k);
+        &self.bytes.as_slice()[first * size..(first + count) * size]
     }
 
     /// Interleaved row group `g` (rows `4g..4g + 4`).
@@ -483,6 +513,26 @@ impl QMatrix {
         } else {
             Kernel::Scalar
         };
+        #[cfg(target_arch = "x86_64")]
+        if kernel == Kernel::Avx512Vnni && self.layout == Layout::Columns {
+            debug_assert!(first.is_multiple_of(columns::STRIP));
+            let strips = self.strips(first / columns::STRIP, columns::strips(w));
+            for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
+                let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
+                let out = &mut outputs[block_start * w..];
+                simd_columns::dot_strips(
+                    self.format,
+                    strips,
+                    w,
+                    acts,
+                    block_start,
+                    block_rows,
+                    out,
+                    w,
+                );
+            }
+            return;
+        }
         for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
             let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
             let out = &mut outputs[block_start * w..];
@@ -556,16 +606,22 @@ fn gguf_bytes(format: QuantFormat, k: usize, row: WeightRow<'_>) -> Cow<'_, [u8]
             interleave::gguf_row(format, k, group, p, &mut out);
             Cow::Owned(out)
         }
+        WeightRow::Column { strip, p } => {
+            let mut out = vec![0u8; format.row_bytes(k).expect("whole chunks")];
+            columns::gguf_row(format, strip, p, &mut out);
+            Cow::Owned(out)
+        }
     }
 }
 
 /// `source` copied into another layout, `units` pieces of `unit_bytes` each
 /// (`fill(source, i, out)` writes piece `i`, in fresh zeroed memory), in huge pages where the
 /// kernel gives them (`arena.rs`). Mapped source pages are released slab by slab, piece `i`
-/// read from source bytes `i * unit_bytes..` on (the layouts keep a piece's bytes in place or
-/// within its rows).
+/// read from source bytes `i * source_bytes..(i + 1) * source_bytes` (the layouts keep a
+/// piece's rows together).
 fn copied(
     source: &Bytes,
+    source_bytes: usize,
     unit_bytes: usize,
     units: usize,
     fill: impl Fn(&[u8], usize, &mut [u8]) + Sync,
@@ -574,7 +630,7 @@ fn copied(
     let len = units * unit_bytes;
     let failed = |e: std::io::Error| format!("{len} bytes for the kernel's copy: {e}");
     let mut copy = arena::allocate(len).map_err(failed)?;
-    let slab_units = (INTERLEAVE_SLAB / unit_bytes).max(1);
+    let slab_units = (INTERLEAVE_SLAB / source_bytes).max(1);
     for (slab, out) in copy
         .bytes_mut()
         .chunks_mut(slab_units * unit_bytes)
@@ -584,8 +640,8 @@ fn copied(
         out.par_chunks_mut(unit_bytes)
             .enumerate()
             .for_each(|(i, out)| fill(src, first + i, out));
-        let end = ((first + slab_units) * unit_bytes).min(src.len());
-        source.release(first * unit_bytes..end);
+        let end = ((first + slab_units) * source_bytes).min(src.len());
+        source.release(first * source_bytes..end);
     }
     let (chunk, start, len) = copy.into_parts();
     Ok(Bytes::Copy { chunk, start, len })
@@ -644,6 +700,11 @@ pub struct QuantizedRows {
     q4k: Vec<i8>,
     /// The same for Q6_K.
     q6k: Vec<i8>,
+    /// `[rows, k / 32]` on AVX-512 CPUs (else empty): minus `sum32`, where the column
+    /// kernels' integer sums of a 32-weight block start (shifted by the zero point's bits).
+    neg_sum32: Vec<i32>,
+    /// `[rows, k / 16]` alongside `neg_sum32` with 256-value blocks: minus `sum16` (Q6_K's).
+    neg_sum16: Vec<i32>,
     /// `[rows, k / 16]` alongside `q6k`: -32 times each 16 values' sum, where the Q6_K
     /// kernel's integer sums start (its zero point's term).
     q6k_zero: Vec<i32>,
@@ -675,6 +736,8 @@ impl QuantizedRows {
             q4k: Vec::new(),
             q6k: Vec::new(),
             q6k_zero: Vec::new(),
+            neg_sum32: Vec::new(),
+            neg_sum16: Vec::new(),
         };
         quantize(x, &mut quantized);
         let simd = Kernel::detect() == Kernel::Avx512Vnni;
@@ -695,7 +758,24 @@ impl QuantizedRows {
             // Only the AVX-512 kernels read the lane-blocked copy.
             (quantized.lanes, quantized.lane_sums) = interleave::lane_blocked(&quantized.q, k);
         }
+        if simd {
+            let negated = |sums: &[i32]| sums.iter().map(|&sum| -sum).collect();
+            quantized.neg_sum32 = negated(&quantized.sum32);
+            if block == 256 {
+                quantized.neg_sum16 = negated(&quantized.sum16);
+            }
+        }
         quantized
+    }
+
+    /// Whether what `format`'s column kernel reads beside the values was made.
+    fn ready_for(&self, format: QuantFormat) -> bool {
+        let sums32 = self.neg_sum32.len() == self.sum32.len();
+        match format {
+            QuantFormat::Q8_0 | QuantFormat::Q5_0 => sums32,
+            QuantFormat::Q4K => self.scaled_sum32.len() == self.sum32.len(),
+            QuantFormat::Q6K => self.neg_sum16.len() == self.sum16.len(),
+        }
     }
 
     /// The block size and the buffers a quantizer fills: values, scales, sums of 16 and 32.

@@ -122,7 +122,7 @@ fn layouts() -> Vec<(QuantFormat, Layout)> {
         .into_iter()
         .flat_map(|format| {
             let interleaved = (format.block_weights() == 32).then_some(Layout::Interleaved);
-            [Some(Layout::Gguf), interleaved]
+            [Some(Layout::Gguf), interleaved, Some(Layout::Columns)]
                 .into_iter()
                 .flatten()
                 .map(move |layout| (format, layout))
@@ -439,6 +439,8 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 q4k: Vec::new(),
                 q6k: Vec::new(),
                 q6k_zero: Vec::new(),
+                neg_sum32: Vec::new(),
+                neg_sum16: Vec::new(),
             };
             if vector {
                 super::simd::quantize(&x, &mut rows);

@@ -1,0 +1,455 @@
+//! The column layout the AVX-512 kernels read every format in, made once at load: weight rows
+//! in *strips* of [`STRIP`], each strip's weights arranged so that one 64-byte vector holds
+//! the same four consecutive weights of all 16 rows.
+//!
+//! A product then needs no horizontal sum and no per-row bookkeeping: `vpdpbusd` of such a
+//! vector with four activation bytes broadcast to every lane adds four products into each of
+//! the 16 rows' sums, a block's scales are 16 lanes that multiply 16 sums in one instruction,
+//! and a decoded weight vector serves every activation row of a tile. GGUF's row-major blocks
+//! make a product of `R` rows pay one reduction and one scaling per (weight row, activation
+//! row) pair and block; that bookkeeping, not the integer dots, was most of a verify's time.
+//! (llama.cpp repacks into `block_q4_0x8`-style layouts for its AVX kernels with the same aim;
+//! this layout is ours, for `vpdpbusd`'s 16 lanes.)
+//!
+//! A strip is a sequence of *units* (a pair of 32-weight blocks, or a K-quant super-block),
+//! each the 16 rows' headers then their payloads. A *group* is 4 consecutive weights; a
+//! group's vector holds row `p`'s 4 weights at bytes `4p..4p + 4` (unsigned: `u`, with
+//! `weight = scale * (u - zero)` or, for Q4_K, `d * sc * u - dmin * m`). Per unit:
+//!
+//! ```text
+//! Q8_0 (1088 B): scales (2 blocks x 16 rows f16) | per block: 8 group vectors of q + 128
+//! Q5_0 (704 B):  scales (the same)               | per block: 4 nibble vectors (low nibbles
+//!                groups 0-3, high nibbles groups 4-7), 8 x 8 bytes of fifth bits (one bit
+//!                per byte of group g's vector: a mask register)
+//! Q4_K (2368 B): d (16 f16) | dmin (16 f16) | 8 x 16 scales | 8 x 16 mins (a byte each) |
+//!                per sub-block of 32: 4 nibble vectors as Q5_0's
+//! Q6_K (3392 B): d (16 f16) | 32 bytes unused | 16 x 16 scales (i8) | per 32 weights: 4
+//!                nibble vectors as above, 2 vectors of top bits (bits 2s, 2s + 1 of vector
+//!                h's byte are group 4h + s's)
+//! ```
+//!
+//! Rows past `n` in the last strip are zeros (zero scales: zero outputs, never written out).
+//! Q4_K's 12 packed bytes of scales and mins become 16 bytes (2.8% more bytes than GGUF; the
+//! kernels load a sub-block's 16 scales as one vector instead of unpacking 16 rows' bit
+//! fields); the other formats keep GGUF's size (Q6_K's unused 32 bytes align its payloads).
+
+use super::QuantFormat;
+
+/// Weight rows per strip: one 32-bit lane of a 512-bit vector each.
+pub const STRIP: usize = 16;
+/// Weights per group: the four bytes `vpdpbusd` sums into a lane.
+const GROUP: usize = 4;
+/// Bytes of one group's vector: `GROUP` weights of each of the `STRIP` rows.
+pub const VECTOR: usize = STRIP * GROUP;
+
+/// Weights per unit.
+pub const fn unit_weights(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 => 64,
+        QuantFormat::Q4K | QuantFormat::Q6K => 256,
+    }
+}
+
+/// Bytes of one unit of a strip.
+pub const fn unit_bytes(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Q8_0 => 1088,
+        QuantFormat::Q5_0 => 704,
+        QuantFormat::Q4K => 2368,
+        QuantFormat::Q6K => 3392,
+    }
+}
+
+/// Offsets inside a unit (see the module's table).
+pub mod at {
+    /// 32-weight formats: block `b`'s 16 f16 scales.
+    pub const fn block_scales(b: usize) -> usize {
+        32 * b
+    }
+    /// Q8_0: block `b`'s group vectors.
+    pub const fn q8_block(b: usize) -> usize {
+        64 + 512 * b
+    }
+    /// Q5_0: block `b`'s nibble vectors; its fifth bits follow at `+ 256`.
+    pub const fn q5_block(b: usize) -> usize {
+        64 + 320 * b
+    }
+    pub const Q5_BITS: usize = 256;
+    /// K-quants: the 16 rows' `d` (f16); Q4_K's `dmin` follow at 32.
+    pub const D: usize = 0;
+    pub const DMIN: usize = 32;
+    /// Q4_K: sub-block `j`'s 16 scales, 16 mins.
+    pub const fn q4k_scales(j: usize) -> usize {
+        64 + 16 * j
+    }
+    pub const fn q4k_mins(j: usize) -> usize {
+        192 + 16 * j
+    }
+    /// Q4_K: sub-block `j`'s 4 nibble vectors.
+    pub const fn q4k_quants(j: usize) -> usize {
+        320 + 256 * j
+    }
+    /// Q6_K: sub-block `i`'s (16 weights) 16 scales.
+    pub const fn q6k_scales(i: usize) -> usize {
+        64 + 16 * i
+    }
+    /// Q6_K: weights `32j..32j + 32`: 4 nibble vectors, then 2 of top bits at `+ 256`.
+    pub const fn q6k_quants(j: usize) -> usize {
+        320 + 384 * j
+    }
+    pub const Q6_TOPS: usize = 256;
+}
+
+/// Bytes of a strip of `k`-weight rows.
+pub fn strip_bytes(format: QuantFormat, k: usize) -> usize {
+    k / unit_weights(format) * unit_bytes(format)
+}
+
+/// Strips holding `n` rows.
+pub fn strips(n: usize) -> usize {
+    n.div_ceil(STRIP)
+}
+
+/// One row's unit, decoded: the unsigned values `u` and the header fields as stored.
+#[derive(Clone, Copy)]
+struct Unit {
+    u: [u8; 256],
+    /// f16 bits: Q8_0/Q5_0 the two blocks' scales, Q4_K `d` and `dmin`, Q6_K `d`.
+    d: [u16; 2],
+    /// Q4_K: scales 0-7 and mins 0-7 (6 bits each); Q6_K: the 16 scales (i8 bits).
+    sc: [u8; 16],
+}
+
+impl Unit {
+    const ZERO: Self = Self {
+        u: [0; 256],
+        d: [0; 2],
+        sc: [0; 16],
+    };
+}
+
+fn f16_bits(bytes: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([bytes[at], bytes[at + 1]])
+}
+
+/// Unit `i` of a GGUF row, decoded.
+fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
+    let size = unit_weights(format) / format.block_weights() * format.block_bytes();
+    let bytes = &row[i * size..(i + 1) * size];
+    let mut unit = Unit::ZERO;
+    match format {
+        QuantFormat::Q8_0 => {
+            for (b, block) in bytes.chunks_exact(34).enumerate() {
+                unit.d[b] = f16_bits(block, 0);
+                for (u, &q) in unit.u[32 * b..32 * b + 32].iter_mut().zip(&block[2..]) {
+                    *u = q ^ 0x80;
+                }
+            }
+        }
+        QuantFormat::Q5_0 => {
+            for (b, block) in bytes.chunks_exact(22).enumerate() {
+                unit.d[b] = f16_bits(block, 0);
+                let high = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                let u = &mut unit.u[32 * b..32 * b + 32];
+                for (j, &q) in block[6..22].iter().enumerate() {
+                    u[j] = (q & 0x0F) | (((high >> j) & 1) as u8) << 4;
+                    u[j + 16] = (q >> 4) | (((high >> (j + 16)) & 1) as u8) << 4;
+                }
+            }
+        }
+        QuantFormat::Q4K => {
+            unit.d = [f16_bits(bytes, 0), f16_bits(bytes, 2)];
+            for j in 0..8 {
+                let (scale, min) = super::scalar::q4k_scale_min(&bytes[4..16], j);
+                (unit.sc[j], unit.sc[8 + j]) = (scale, min);
+            }
+            for c in 0..4 {
+                for (i, &q) in bytes[16 + 32 * c..16 + 32 * c + 32].iter().enumerate() {
+                    unit.u[64 * c + i] = q & 0x0F;
+                    unit.u[64 * c + 32 + i] = q >> 4;
+                }
+            }
+        }
+        QuantFormat::Q6K => {
+            unit.d[0] = f16_bits(bytes, 208);
+            unit.sc.copy_from_slice(&bytes[192..208]);
+            for h in 0..2 {
+                let (low, top) = (&bytes[64 * h..], &bytes[128 + 32 * h..]);
+                for l in 0..32 {
+                    let w = 128 * h + l;
+                    unit.u[w] = (low[l] & 0x0F) | (top[l] & 3) << 4;
+                    unit.u[w + 32] = (low[l + 32] & 0x0F) | ((top[l] >> 2) & 3) << 4;
+                    unit.u[w + 64] = (low[l] >> 4) | ((top[l] >> 4) & 3) << 4;
+                    unit.u[w + 96] = (low[l + 32] >> 4) | ((top[l] >> 6) & 3) << 4;
+                }
+            }
+        }
+    }
+    unit
+}
+
+/// The inverse of [`read_gguf`]: unit `i` of a GGUF row written from `unit`.
+fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
+    let size = unit_weights(format) / format.block_weights() * format.block_bytes();
+    let bytes = &mut row[i * size..(i + 1) * size];
+    match format {
+        QuantFormat::Q8_0 => {
+            for (b, block) in bytes.chunks_exact_mut(34).enumerate() {
+                block[..2].copy_from_slice(&unit.d[b].to_le_bytes());
+                for (q, &u) in block[2..].iter_mut().zip(&unit.u[32 * b..]) {
+                    *q = u ^ 0x80;
+                }
+            }
+        }
+        QuantFormat::Q5_0 => {
+            for (b, block) in bytes.chunks_exact_mut(22).enumerate() {
+                block[..2].copy_from_slice(&unit.d[b].to_le_bytes());
+                let u = &unit.u[32 * b..32 * b + 32];
+                let high = (0..32).fold(0u32, |h, j| h | u32::from(u[j] >> 4) << j);
+                block[2..6].copy_from_slice(&high.to_le_bytes());
+                for j in 0..16 {
+                    block[6 + j] = (u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4;
+                }
+            }
+        }
+        QuantFormat::Q4K => {
+            bytes[..2].copy_from_slice(&unit.d[0].to_le_bytes());
+            bytes[2..4].copy_from_slice(&unit.d[1].to_le_bytes());
+            let (scales, mins) = unit.sc.split_at(8);
+            let packed = &mut bytes[4..16];
+            for j in 0..4 {
+                packed[j] = scales[j] | (scales[j + 4] >> 4) << 6;
+                packed[j + 4] = mins[j] | (mins[j + 4] >> 4) << 6;
+                packed[j + 8] = (scales[j + 4] & 0x0F) | (mins[j + 4] & 0x0F) << 4;
+            }
+            for c in 0..4 {
+                for i in 0..32 {
+                    bytes[16 + 32 * c + i] = unit.u[64 * c + i] | unit.u[64 * c + 32 + i] << 4;
+                }
+            }
+        }
+        QuantFormat::Q6K => {
+            bytes[208..210].copy_from_slice(&unit.d[0].to_le_bytes());
+            bytes[192..208].copy_from_slice(&unit.sc);
+            for h in 0..2 {
+                for l in 0..32 {
+                    let w = 128 * h + l;
+                    let u = [w, w + 32, w + 64, w + 96].map(|w| unit.u[w]);
+                    bytes[64 * h + l] = (u[0] & 0x0F) | (u[2] & 0x0F) << 4;
+                    bytes[64 * h + l + 32] = (u[1] & 0x0F) | (u[3] & 0x0F) << 4;
+                    bytes[128 + 32 * h + l] = (0..4).fold(0, |top, s| top | (u[s] >> 4) << (2 * s));
+                }
+            }
+        }
+    }
+}
+
+/// The byte of a nibble vector (row `p`, weight `i` of its group) for groups `t` and `t + 4`
+/// of the 32 weights at `u`.
+fn nibbles(u: &[u8], t: usize, i: usize) -> u8 {
+    (u[GROUP * t + i] & 0x0F) | (u[GROUP * (t + 4) + i] & 0x0F) << 4
+}
+
+/// Writes the 32 weights at `rows[p][from..]` of the 16 rows as 4 nibble vectors at `out`.
+fn write_nibbles(rows: &[Unit; STRIP], from: usize, out: &mut [u8]) {
+    for t in 0..4 {
+        for (p, row) in rows.iter().enumerate() {
+            for i in 0..GROUP {
+                out[VECTOR * t + GROUP * p + i] = nibbles(&row.u[from..], t, i);
+            }
+        }
+    }
+}
+
+/// Reads 32 weights of row `p` (`u[from..from + 32]`, low 4 bits) from nibble vectors.
+fn read_nibbles(vectors: &[u8], p: usize, u: &mut [u8]) {
+    for t in 0..4 {
+        for i in 0..GROUP {
+            let byte = vectors[VECTOR * t + GROUP * p + i];
+            u[GROUP * t + i] = byte & 0x0F;
+            u[GROUP * (t + 4) + i] = byte >> 4;
+        }
+    }
+}
+
+/// Writes one unit of a strip (`out`, [`unit_bytes`]) from the 16 rows' decoded units.
+fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
+    let halves = |out: &mut [u8], at: usize, value: &dyn Fn(&Unit) -> u16| {
+        for (p, row) in rows.iter().enumerate() {
+            out[at + 2 * p..at + 2 * p + 2].copy_from_slice(&value(row).to_le_bytes());
+        }
+    };
+    match format {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 => {
+            for b in 0..2 {
+                halves(out, at::block_scales(b), &|row| row.d[b]);
+                if format == QuantFormat::Q8_0 {
+                    let vectors = &mut out[at::q8_block(b)..];
+                    for g in 0..8 {
+                        for (p, row) in rows.iter().enumerate() {
+                            let from = 32 * b + GROUP * g;
+                            vectors[VECTOR * g + GROUP * p..][..GROUP]
+                                .copy_from_slice(&row.u[from..from + GROUP]);
+                        }
+                    }
+                    continue;
+                }
+                let block = &mut out[at::q5_block(b)..];
+                write_nibbles(rows, 32 * b, block);
+                for g in 0..8 {
+                    let mask = (0..VECTOR).fold(0u64, |mask, byte| {
+                        let u = rows[byte / GROUP].u[32 * b + GROUP * g + byte % GROUP];
+                        mask | u64::from(u >> 4) << byte
+                    });
+                    block[at::Q5_BITS + 8 * g..][..8].copy_from_slice(&mask.to_le_bytes());
+                }
+            }
+        }
+        QuantFormat::Q4K => {
+            halves(out, at::D, &|row| row.d[0]);
+            halves(out, at::DMIN, &|row| row.d[1]);
+            for j in 0..8 {
+                for (p, row) in rows.iter().enumerate() {
+                    out[at::q4k_scales(j) + p] = row.sc[j];
+                    out[at::q4k_mins(j) + p] = row.sc[8 + j];
+                }
+                write_nibbles(rows, 32 * j, &mut out[at::q4k_quants(j)..]);
+            }
+        }
+        QuantFormat::Q6K => {
+            halves(out, at::D, &|row| row.d[0]);
+            for i in 0..16 {
+                for (p, row) in rows.iter().enumerate() {
+                    out[at::q6k_scales(i) + p] = row.sc[i];
+                }
+            }
+            for j in 0..8 {
+                let quants = &mut out[at::q6k_quants(j)..];
+                write_nibbles(rows, 32 * j, quants);
+                for (h, tops) in quants[at::Q6_TOPS..][..2 * VECTOR]
+                    .chunks_exact_mut(VECTOR)
+                    .enumerate()
+                {
+                    for (byte, top) in tops.iter_mut().enumerate() {
+                        let (p, i) = (byte / GROUP, byte % GROUP);
+                        *top = (0..4).fold(0, |top, s| {
+                            let u = rows[p].u[32 * j + GROUP * (4 * h + s) + i];
+                            top | (u >> 4) << (2 * s)
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Row `p`'s unit from a strip's unit (the inverse of [`write_unit`] for one row).
+fn read_unit(format: QuantFormat, unit: &[u8], p: usize) -> Unit {
+    let mut row = Unit::ZERO;
+    let half = |at: usize| f16_bits(unit, at + 2 * p);
+    match format {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 => {
+            for b in 0..2 {
+                row.d[b] = half(at::block_scales(b));
+                let u = &mut row.u[32 * b..32 * b + 32];
+                if format == QuantFormat::Q8_0 {
+                    for g in 0..8 {
+                        let at = at::q8_block(b) + VECTOR * g + GROUP * p;
+                        u[GROUP * g..GROUP * g + GROUP].copy_from_slice(&unit[at..at + GROUP]);
+                    }
+                    continue;
+                }
+                read_nibbles(&unit[at::q5_block(b)..], p, u);
+                for g in 0..8 {
+                    let at = at::q5_block(b) + at::Q5_BITS + 8 * g;
+                    let mask = u64::from_le_bytes(unit[at..at + 8].try_into().expect("8 bytes"));
+                    for i in 0..GROUP {
+                        u[GROUP * g + i] |= (((mask >> (GROUP * p + i)) & 1) as u8) << 4;
+                    }
+                }
+            }
+        }
+        QuantFormat::Q4K => {
+            row.d = [half(at::D), half(at::DMIN)];
+            for j in 0..8 {
+                row.sc[j] = unit[at::q4k_scales(j) + p];
+                row.sc[8 + j] = unit[at::q4k_mins(j) + p];
+                read_nibbles(&unit[at::q4k_quants(j)..], p, &mut row.u[32 * j..]);
+            }
+        }
+        QuantFormat::Q6K => {
+            row.d[0] = half(at::D);
+            for i in 0..16 {
+                row.sc[i] = unit[at::q6k_scales(i) + p];
+            }
+            for j in 0..8 {
+                let quants = &unit[at::q6k_quants(j)..];
+                let u = &mut row.u[32 * j..32 * j + 32];
+                read_nibbles(quants, p, u);
+                for (g, value) in u.chunks_exact_mut(GROUP).enumerate() {
+                    let tops = &quants[at::Q6_TOPS + VECTOR * (g / 4) + GROUP * p..];
+                    for (i, value) in value.iter_mut().enumerate() {
+                        *value |= ((tops[i] >> (2 * (g % 4))) & 3) << 4;
+                    }
+                }
+            }
+        }
+    }
+    row
+}
+
+/// Writes strip `s` (rows `16 s..`) of the `[n, k]` GGUF matrix `source` into `out`
+/// ([`strip_bytes`]); rows past `n` become zeros.
+pub fn write_strip(
+    format: QuantFormat,
+    n: usize,
+    k: usize,
+    source: &[u8],
+    s: usize,
+    out: &mut [u8],
+) {
+    let row_bytes = format.row_bytes(k).expect("whole chunks");
+    let unit_size = unit_bytes(format);
+    for (i, out) in out.chunks_exact_mut(unit_size).enumerate() {
+        let rows: [Unit; STRIP] = std::array::from_fn(|p| {
+            let j = STRIP * s + p;
+            if j < n {
+                read_gguf(format, &source[j * row_bytes..(j + 1) * row_bytes], i)
+            } else {
+                Unit::ZERO
+            }
+        });
+        write_unit(format, &rows, out);
+    }
+}
+
+/// Row `p` of the strip `strip` as GGUF blocks, into `row` (`format.row_bytes(k)` bytes).
+pub fn gguf_row(format: QuantFormat, strip: &[u8], p: usize, row: &mut [u8]) {
+    for (i, unit) in strip.chunks_exact(unit_bytes(format)).enumerate() {
+        write_gguf(format, &read_unit(format, unit, p), row, i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_are_as_large_as_their_offsets_say() {
+        assert_eq!(at::q8_block(2), unit_bytes(QuantFormat::Q8_0));
+        assert_eq!(at::q5_block(2), unit_bytes(QuantFormat::Q5_0));
+        assert_eq!(at::q4k_quants(8), unit_bytes(QuantFormat::Q4K));
+        assert_eq!(at::q6k_quants(8), unit_bytes(QuantFormat::Q6K));
+        assert_eq!(at::q6k_scales(16), at::q6k_quants(0));
+        assert_eq!(at::q4k_mins(8), at::q4k_quants(0));
+        // Every group vector starts on a cache line where the unit does.
+        for format in [
+            QuantFormat::Q8_0,
+            QuantFormat::Q5_0,
+            QuantFormat::Q4K,
+            QuantFormat::Q6K,
+        ] {
+            assert_eq!(unit_bytes(format) % 64, 0, "{}", format.name());
+        }
+    }
+}

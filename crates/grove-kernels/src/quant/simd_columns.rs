@@ -1,0 +1,382 @@
+//! The AVX-512 VNNI kernels of the column layout (`columns.rs`): a strip of 16 weight rows
+//! against a tile of `R` activation rows, 16 outputs per activation row.
+//!
+//! For each group of four weights the strip's vector (decoded once, for all `R` rows) meets
+//! each activation row's four bytes broadcast to every lane: one `vpdpbusd` adds into 16
+//! rows' integer sums. A block's (or sub-block's) sums are converted and scaled once for the
+//! 16 rows, and nothing is reduced horizontally: the sums end in the lanes of the outputs.
+//! With one activation row (a decode step) each block's dots alternate between two sums, so
+//! consecutive `vpdpbusd`s do not wait on each other; with more, the rows give that.
+// SAFETY (all of the module): every function is compiled for the features
+// `simd::available` checks and reached only after it did (`Kernel::detect`); every pointer is
+// inside a strip `QMatrix::new` sized (`columns::strip_bytes`) or an activation row
+// `QuantizedRows::new` sized, which `dot_strips` asserts.
+#![allow(unsafe_code)]
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::columns::{self, at, STRIP, VECTOR};
+use super::x86::prefetch;
+use super::{QuantFormat, QuantizedRows};
+
+/// Raw pointers into `R` activation rows, so the inner loops do no slicing.
+struct Acts<const R: usize> {
+    q: [*const i8; R],
+    /// One per block (32 or 256 values).
+    scale: [*const f32; R],
+    /// Minus the sums of every 32 (Q8_0, Q5_0) or 16 (Q6_K) values: where a block's integer
+    /// sums start, shifted by the zero point's bits.
+    neg_sum: [*const i32; R],
+    /// Q4_K: each 32 values' sum times its super-block's scale (the mins' term).
+    scaled_sum32: [*const f32; R],
+}
+
+impl<const R: usize> Acts<R> {
+    fn new(acts: &QuantizedRows, format: QuantFormat, start: usize) -> Self {
+        let k = acts.k;
+        let row = |r: usize, per_row: usize| (start + r) * per_row;
+        let (neg_sum, per) = match format {
+            QuantFormat::Q6K => (&acts.neg_sum16, 16),
+            _ => (&acts.neg_sum32, 32),
+        };
+        Self {
+            q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(row(r, k))),
+            scale: std::array::from_fn(|r| {
+                acts.scale.as_ptr().wrapping_add(row(r, k / acts.block))
+            }),
+            neg_sum: std::array::from_fn(|r| neg_sum.as_ptr().wrapping_add(row(r, k / per))),
+            scaled_sum32: std::array::from_fn(|r| {
+                acts.scaled_sum32.as_ptr().wrapping_add(row(r, k / 32))
+            }),
+        }
+    }
+}
+
+/// `G` groups (from activation offset `at`) into each row's integer sums, which start at
+/// `start`; `u(g)` decodes group `g`'s weight vector.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn dots<const R: usize, const G: usize>(
+    start: [__m512i; R],
+    x: &Acts<R>,
+    at: usize,
+    u: impl Fn(usize) -> __m512i,
+) -> [__m512i; R] {
+    let mut sums = start;
+    let mut odd = [_mm512_setzero_si512(); R];
+    for g in 0..G {
+        let u = u(g);
+        for r in 0..R {
+            let values = _mm512_set1_epi32(x.q[r].add(at + 4 * g).cast::<i32>().read_unaligned());
+            if R <= 2 && g % 2 == 1 {
+                odd[r] = _mm512_dpbusd_epi32(odd[r], u, values);
+            } else {
+                sums[r] = _mm512_dpbusd_epi32(sums[r], u, values);
+            }
+        }
+    }
+    if R <= 2 {
+        for r in 0..R {
+            sums[r] = _mm512_add_epi32(sums[r], odd[r]);
+        }
+    }
+    sums
+}
+
+/// Each row's sums starting at minus `2^SHIFT` times the sum at `neg_sum[r] + index`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn zero_start<const R: usize, const SHIFT: u32>(x: &Acts<R>, index: usize) -> [__m512i; R] {
+    std::array::from_fn(|r| _mm512_slli_epi32::<SHIFT>(_mm512_set1_epi32(*x.neg_sum[r].add(index))))
+}
+
+/// 16 f16 at `p` as f32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn halves(p: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+}
+
+/// 16 bytes at `p` (unsigned, or signed where `SIGNED`) as f32 times `d`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: __m512) -> __m512 {
+    let bytes = _mm_loadu_si128(p.cast());
+    let ints = if SIGNED {
+        _mm512_cvtepi8_epi32(bytes)
+    } else {
+        _mm512_cvtepu8_epi32(bytes)
+    };
+    _mm512_mul_ps(_mm512_cvtepi32_ps(ints), d)
+}
+
+/// The 8 groups of 32 weights in 4 nibble vectors at `p` (low nibbles groups 0-3, high 4-7).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn nibble_groups(p: *const u8) -> [__m512i; 8] {
+    let mask = _mm512_set1_epi8(0x0F);
+    let v: [__m512i; 4] = std::array::from_fn(|t| _mm512_loadu_si512(p.add(VECTOR * t).cast()));
+    std::array::from_fn(|g| {
+        if g < 4 {
+            _mm512_and_si512(v[g], mask)
+        } else {
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v[g - 4]), mask)
+        }
+    })
+}
+
+/// One format's unit (`columns::unit_bytes`) of a strip against `R` activation rows, added
+/// into the rows' 16 outputs.
+trait Format {
+    const FORMAT: QuantFormat;
+    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]);
+}
+
+struct Q8_0;
+struct Q5_0;
+struct Q4K;
+struct Q6K;
+
+/// A 32-weight block's sums scaled into `acc`: by the 16 rows' scales at `scales` and each
+/// row's activation scale of block `b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn scale_block<const R: usize>(
+    sums: [__m512i; R],
+    scales: *const u8,
+    x: &Acts<R>,
+    b: usize,
+    acc: &mut [__m512; R],
+) {
+    let d = halves(scales);
+    for r in 0..R {
+        let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.scale[r].add(b)));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scale, acc[r]);
+    }
+}
+
+impl Format for Q8_0 {
+    const FORMAT: QuantFormat = QuantFormat::Q8_0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]) {
+        for b in 0..2 {
+            let block = 2 * i + b;
+            // Stored as q + 128: the sums start at -128 times the activations' sum.
+            let start = zero_start::<R, 7>(x, block);
+            let vectors = unit.add(at::q8_block(b));
+            let sums = dots::<R, 8>(start, x, 32 * block, |g| {
+                _mm512_loadu_si512(vectors.add(VECTOR * g).cast())
+            });
+            scale_block(sums, unit.add(at::block_scales(b)), x, block, acc);
+        }
+    }
+}
+
+impl Format for Q5_0 {
+    const FORMAT: QuantFormat = QuantFormat::Q5_0;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]) {
+        let sixteen = _mm512_set1_epi8(16);
+        for b in 0..2 {
+            let block = 2 * i + b;
+            let start = zero_start::<R, 4>(x, block);
+            let quants = unit.add(at::q5_block(b));
+            let low = nibble_groups(quants);
+            let bits = quants.add(at::Q5_BITS).cast::<u64>();
+            let sums = dots::<R, 8>(start, x, 32 * block, |g| {
+                // The fifth bit of every byte is one bit of a mask register.
+                let fifth: __mmask64 = bits.add(g).read_unaligned();
+                _mm512_mask_add_epi8(low[g], fifth, low[g], sixteen)
+            });
+            scale_block(sums, unit.add(at::block_scales(b)), x, block, acc);
+        }
+    }
+}
+
+impl Format for Q4K {
+    const FORMAT: QuantFormat = QuantFormat::Q4K;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]) {
+        let (d, dmin) = (halves(unit.add(at::D)), halves(unit.add(at::DMIN)));
+        // The super-block's scaled sums, before its activation scale.
+        let mut block = [_mm512_setzero_ps(); R];
+        for j in 0..8 {
+            let scales = byte_scales::<false>(unit.add(at::q4k_scales(j)), d);
+            let mins = byte_scales::<false>(unit.add(at::q4k_mins(j)), dmin);
+            let u = nibble_groups(unit.add(at::q4k_quants(j)));
+            let zero = [_mm512_setzero_si512(); R];
+            let sums = dots::<R, 8>(zero, x, 256 * i + 32 * j, |g| u[g]);
+            for r in 0..R {
+                block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
+                let x_sum = _mm512_set1_ps(*x.scaled_sum32[r].add(8 * i + j));
+                acc[r] = _mm512_fnmadd_ps(mins, x_sum, acc[r]);
+            }
+        }
+        for r in 0..R {
+            acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+        }
+    }
+}
+
+impl Format for Q6K {
+    const FORMAT: QuantFormat = QuantFormat::Q6K;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]) {
+        let d = halves(unit.add(at::D));
+        let tops_mask = _mm512_set1_epi8(0x30);
+        let mut block = [_mm512_setzero_ps(); R];
+        for j in 0..8 {
+            let quants = unit.add(at::q6k_quants(j));
+            let low = nibble_groups(quants);
+            let tops: [__m512i; 2] = std::array::from_fn(|h| {
+                _mm512_loadu_si512(quants.add(at::Q6_TOPS + VECTOR * h).cast())
+            });
+            // Group g's two top bits (bits 2 (g mod 4) of its tops vector) moved to bits 4-5,
+            // then joined to its low nibble (`a | (b & 0x30)`: one `vpternlogd`).
+            let u = |g: usize| {
+                let t = tops[g / 4];
+                let moved = match g % 4 {
+                    0 => _mm512_slli_epi16::<4>(t),
+                    1 => _mm512_slli_epi16::<2>(t),
+                    2 => t,
+                    _ => _mm512_srli_epi16::<2>(t),
+                };
+                _mm512_ternarylogic_epi32::<0xF8>(low[g], moved, tops_mask)
+            };
+            for half in 0..2 {
+                // Sub-block 2j + half: 16 weights, zero point 32.
+                let sub = 2 * j + half;
+                let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub)), d);
+                let start = zero_start::<R, 5>(x, 16 * i + sub);
+                let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u(4 * half + g));
+                for r in 0..R {
+                    block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+        }
+    }
+}
+
+/// A product's share: `count` strips laid end to end at `strips` (the last with `last` rows)
+/// against activation rows `first..` of `acts`, row `first + r`'s outputs at
+/// `out + r * stride` (strip `s`'s at `+ 16 s`).
+struct Share<'a> {
+    strips: *const u8,
+    count: usize,
+    last: usize,
+    acts: &'a QuantizedRows,
+    first: usize,
+    out: *mut f32,
+    stride: usize,
+}
+
+/// The share's strips against its activation rows `start..start + R`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn strips<F: Format, const R: usize>(share: &Share<'_>, start: usize) {
+    let x = Acts::<R>::new(share.acts, F::FORMAT, share.first + start);
+    let units = share.acts.k / columns::unit_weights(F::FORMAT);
+    let unit_bytes = columns::unit_bytes(F::FORMAT);
+    let out = share.out.add(start * share.stride);
+    for s in 0..share.count {
+        let strip = share.strips.add(s * units * unit_bytes);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for i in 0..units {
+            let unit = strip.add(i * unit_bytes);
+            prefetch(unit, unit_bytes);
+            F::unit::<R>(unit, i, &x, &mut acc);
+        }
+        let rows = if s + 1 == share.count {
+            share.last
+        } else {
+            STRIP
+        };
+        let mask = ((1u32 << rows) - 1) as __mmask16;
+        for r in 0..R {
+            _mm512_mask_storeu_ps(out.add(r * share.stride + STRIP * s), mask, acc[r]);
+        }
+    }
+}
+
+/// [`strips`] for activation rows `0..rows` of the share, in tiles of 8, 4, 2 and 1.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
+    let mut done = 0;
+    while done < rows {
+        done += match rows - done {
+            8.. => {
+                strips::<F, 8>(share, done);
+                8
+            }
+            4.. => {
+                strips::<F, 4>(share, done);
+                4
+            }
+            2.. => {
+                strips::<F, 2>(share, done);
+                2
+            }
+            _ => {
+                strips::<F, 1>(share, done);
+                1
+            }
+        };
+    }
+}
+
+/// `out[r * stride + j]` = weight row `j` of the strips in `bytes` (`j < outputs`) dotted with
+/// activation row `first + r`, for `r < rows`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn dot_strips(
+    format: QuantFormat,
+    bytes: &[u8],
+    outputs: usize,
+    acts: &QuantizedRows,
+    first: usize,
+    rows: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let count = columns::strips(outputs);
+    assert_eq!(bytes.len(), count * columns::strip_bytes(format, acts.k));
+    assert!(rows > 0 && outputs > 0 && (first + rows) * acts.k <= acts.q.len());
+    assert!(out.len() >= (rows - 1) * stride + outputs && stride >= outputs);
+    assert!(
+        acts.block == format.activation_block() && acts.ready_for(format),
+        "activations not quantized for {}",
+        format.name()
+    );
+    let share = Share {
+        strips: bytes.as_ptr(),
+        count,
+        last: outputs - (count - 1) * STRIP,
+        acts,
+        first,
+        out: out.as_mut_ptr(),
+        stride,
+    };
+    // SAFETY: the caller (Kernel::detect) checked the features; `bytes` holds `count` whole
+    // strips of `k`-weight rows (asserted); rows `first..first + rows` exist in `acts`,
+    // quantized for `format` (asserted); every store is masked to the `outputs` columns of
+    // its row, inside `out` (asserted).
+    unsafe {
+        match format {
+            QuantFormat::Q8_0 => tiles::<Q8_0>(&share, rows),
+            QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
+            QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
+            QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
+        }
+    }
+}
