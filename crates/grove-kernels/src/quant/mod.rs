@@ -4,10 +4,9 @@
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
 //! activation row is quantized to 8 bits per 32 values (per 256 for the K-quants; as llama.cpp
-//! does) and the product is an integer dot (AVX-512 VNNI `vpdpbusd`) per 64 weights, scaled in
-//! f32 (`simd.rs`, `simd32.rs`). On those CPUs the 32-weight formats live in an interleaved
-//! layout made at load, and the K-quants' super-blocks have their quants reordered
-//! ([`Layout`], `interleave.rs`, `kpermute.rs`).
+//! does) and the product is integer dots (AVX-512 VNNI `vpdpbusd`), scaled in f32 per block. On
+//! those CPUs every matrix lives in the column layout made at load ([`Layout`], `columns.rs`),
+//! which one kernel reads for one activation row or many (`simd_columns.rs`).
 //!
 //! The reference (`scalar.rs`, also the fallback on other CPUs) describes every format the same
 //! way: a row is a sequence of 64-weight *chunks*, and a chunk decodes to 64 unsigned integers
@@ -17,23 +16,16 @@
 
 mod arena;
 mod columns;
-mod interleave;
-mod kpermute;
 mod products;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(target_arch = "x86_64")]
-mod simd32;
-#[cfg(target_arch = "x86_64")]
 mod simd_columns;
-#[cfg(target_arch = "x86_64")]
-mod x86;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use interleave::GROUP_ROWS;
 pub use products::{matmul_gated, matmul_gated_with, matmul_many, matmul_many_with};
 
 use rayon::prelude::*;
@@ -177,14 +169,8 @@ impl Bytes {
 pub enum Layout {
     /// GGUF's: row after row, block after block.
     Gguf,
-    /// Four rows interleaved chunk by chunk, their scales gathered per 16 blocks
-    /// (`interleave.rs`): what the AVX-512 kernels read Q8_0 and Q5_0 in.
-    Interleaved,
-    /// GGUF's, with each super-block's quants reordered so that a kernel lane covers one
-    /// sub-block (`kpermute.rs`): what the AVX-512 kernels read Q4_K and Q6_K in.
-    Permuted,
-    /// Strips of 16 rows, a vector holding the same four weights of each
-    /// (`columns.rs`): what the AVX-512 kernels read every format in.
+    /// Strips of 16 rows, a vector holding the same four weights of each (`columns.rs`): what
+    /// the AVX-512 kernels read every format in.
     Columns,
 }
 
@@ -213,13 +199,6 @@ pub enum MatrixUse {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum WeightRow<'a> {
     Gguf(&'a [u8]),
-    /// A row of K-quant super-blocks in the permuted layout.
-    Permuted(&'a [u8]),
-    /// Row `p` of an interleaved row group.
-    Interleaved {
-        group: &'a [u8],
-        p: usize,
-    },
     /// Row `p` of a strip of the column layout.
     Column {
         strip: &'a [u8],
@@ -309,26 +288,9 @@ impl QMatrix {
                 n * row_bytes
             ));
         }
-        let kept = match layout {
-            Layout::Gguf => true,
-            Layout::Interleaved => format.block_weights() == 32,
-            Layout::Permuted => format.block_weights() == kpermute::SUPER,
-            Layout::Columns => true,
-        };
-        if !kept {
-            let name = format!("{layout:?}").to_lowercase();
-            return Err(format!("{} is not kept {name}", format.name()));
-        }
         let layout = if n == 0 { Layout::Gguf } else { layout };
         let bytes = match layout {
             Layout::Gguf => bytes,
-            Layout::Interleaved => {
-                let group_bytes = GROUP_ROWS * row_bytes;
-                let groups = interleave::row_groups(n);
-                copied(&bytes, group_bytes, group_bytes, groups, |src, g, out| {
-                    interleave::interleave_group(format, k, src, g, out)
-                })?
-            }
             Layout::Columns => {
                 let source_bytes = columns::STRIP * row_bytes;
                 let strip_bytes = columns::strip_bytes(format, k);
@@ -337,13 +299,6 @@ impl QMatrix {
                     columns::write_strip(format, n, k, src, s, out)
                 })?
             }
-            Layout::Permuted => copied(&bytes, row_bytes, row_bytes, n, |src, j, out| {
-                let row = &src[j * row_bytes..(j + 1) * row_bytes];
-                let size = format.block_bytes();
-                for (block, out) in row.chunks_exact(size).zip(out.chunks_exact_mut(size)) {
-                    kpermute::permute_block(format, block, out);
-                }
-            })?,
         };
         Ok(Self {
             format,
@@ -395,11 +350,6 @@ impl QMatrix {
         let contiguous = || &self.bytes.as_slice()[j * self.row_bytes..(j + 1) * self.row_bytes];
         match self.layout {
             Layout::Gguf => WeightRow::Gguf(contiguous()),
-            Layout::Permuted => WeightRow::Permuted(contiguous()),
-            Layout::Interleaved => WeightRow::Interleaved {
-                group: self.row_group(j / GROUP_ROWS),
-                p: j % GROUP_ROWS,
-            },
             Layout::Columns => WeightRow::Column {
                 strip: self.strips(j / columns::STRIP, 1),
                 p: j % columns::STRIP,
@@ -411,12 +361,6 @@ impl QMatrix {
     fn strips(&self, first: usize, count: usize) -> &[u8] {
         let size = columns::strip_bytes(self.format, self.k);
         &self.bytes.as_slice()[first * size..(first + count) * size]
-    }
-
-    /// Interleaved row group `g` (rows `4g..4g + 4`).
-    fn row_group(&self, g: usize) -> &[u8] {
-        let size = GROUP_ROWS * self.row_bytes;
-        &self.bytes.as_slice()[g * size..(g + 1) * size]
     }
 
     /// Row `j`'s blocks as GGUF stores them.
@@ -454,45 +398,6 @@ impl QMatrix {
     pub fn matmul_with(&self, kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
         let mut outputs = matmul_many_with(kernel, &[self], x, rows);
         outputs.pop().expect("one matrix, one output")
-    }
-
-    /// `out[..]` = weight rows `first..` dotted with activation row `act`, as many whole
-    /// groups of the multi-row kernel as fit in `w`; returns how many rows it did (0 on the
-    /// scalar kernel).
-    fn dot_weight_rows(
-        &self,
-        kernel: Kernel,
-        acts: &QuantizedRows,
-        act: usize,
-        first: usize,
-        w: usize,
-        out: &mut [f32],
-    ) -> usize {
-        #[cfg(target_arch = "x86_64")]
-        if kernel == Kernel::Avx512Vnni {
-            const P: usize = simd::WEIGHT_ROWS;
-            if self.layout == Layout::Interleaved {
-                debug_assert!(first.is_multiple_of(GROUP_ROWS));
-                let (start, count) = (first / GROUP_ROWS, w / GROUP_ROWS);
-                let group_bytes = GROUP_ROWS * self.row_bytes;
-                let groups = &self.bytes.as_slice()[start * group_bytes..][..count * group_bytes];
-                simd::dot_groups(self.format, groups, acts, act, out);
-                return count * GROUP_ROWS;
-            }
-            let mut done = 0;
-            while done + P <= w {
-                let j = first + done;
-                let rows = std::array::from_fn(|p| match self.row(j + p) {
-                    WeightRow::Permuted(row) => row,
-                    _ => unreachable!("K-quants in their kernel's layout"),
-                });
-                simd::dot_weight_rows(self.format, rows, acts, act, &mut out[done..]);
-                done += P;
-            }
-            return done;
-        }
-        let _ = (kernel, acts, act, first, w, out);
-        0
     }
 
     /// Weight rows `first..first + w` (`w = outputs.len() / rows`) dotted with every
@@ -533,27 +438,10 @@ impl QMatrix {
             }
             return;
         }
-        for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
-            let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
-            let out = &mut outputs[block_start * w..];
-            // One activation row: several weight rows per kernel call where the kernel has it.
-            let first_single = match block_rows {
-                1 => self.dot_weight_rows(kernel, acts, block_start, first, w, out),
-                _ => 0,
-            };
-            for offset in first_single..w {
-                let row = self.row(first + offset);
-                let out = &mut outputs[block_start * w + offset..];
-                dot_rows(
-                    kernel,
-                    self.format,
-                    row,
-                    acts,
-                    block_start,
-                    block_rows,
-                    out,
-                    w,
-                );
+        for offset in 0..w {
+            let row = gguf_bytes(self.format, self.k, self.row(first + offset));
+            for r in 0..rows {
+                outputs[r * w + offset] = scalar::dot(self.format, &row, acts, r);
             }
         }
     }
@@ -589,23 +477,10 @@ impl Kernel {
     }
 }
 
-/// `row`'s blocks as GGUF stores them (a copy for the interleaved layout).
+/// `row`'s blocks as GGUF stores them (a copy for the column layout).
 fn gguf_bytes(format: QuantFormat, k: usize, row: WeightRow<'_>) -> Cow<'_, [u8]> {
     match row {
         WeightRow::Gguf(row) => Cow::Borrowed(row),
-        WeightRow::Permuted(row) => {
-            let mut out = vec![0u8; row.len()];
-            let size = format.block_bytes();
-            for (block, out) in row.chunks_exact(size).zip(out.chunks_exact_mut(size)) {
-                kpermute::gguf_block(format, block, out);
-            }
-            Cow::Owned(out)
-        }
-        WeightRow::Interleaved { group, p } => {
-            let mut out = vec![0u8; format.row_bytes(k).expect("whole chunks")];
-            interleave::gguf_row(format, k, group, p, &mut out);
-            Cow::Owned(out)
-        }
         WeightRow::Column { strip, p } => {
             let mut out = vec![0u8; format.row_bytes(k).expect("whole chunks")];
             columns::gguf_row(format, strip, p, &mut out);
@@ -647,30 +522,6 @@ fn copied(
     Ok(Bytes::Copy { chunk, start, len })
 }
 
-/// `out[i * stride] = W_row . x[first + i]` for `i < count`.
-#[allow(clippy::too_many_arguments)]
-fn dot_rows(
-    kernel: Kernel,
-    format: QuantFormat,
-    row: WeightRow<'_>,
-    acts: &QuantizedRows,
-    first: usize,
-    count: usize,
-    out: &mut [f32],
-    stride: usize,
-) {
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Vnni => simd::dot_rows(format, row, acts, first, count, out, stride),
-        _ => {
-            let row = gguf_bytes(format, acts.k, row);
-            for i in 0..count {
-                out[i * stride] = scalar::dot(format, &row, acts, first + i);
-            }
-        }
-    }
-}
-
 /// Activation rows quantized to 8 bits, one f32 scale per `block` values (32 for the
 /// 32-weight formats, 256 for the K-quants, matching their blocks as llama.cpp's Q8_0 / Q8_K
 /// do), with the integer sums the zero-point and min terms need.
@@ -686,28 +537,16 @@ pub struct QuantizedRows {
     sum16: Vec<i32>,
     /// `[rows, k / 32]`: sums of 32 consecutive values.
     sum32: Vec<i32>,
-    /// `[rows, k / 32]` with 256-value blocks (else empty): each 32-value sum times its
-    /// block's scale, the activations' side of a K-quant's min terms.
+    /// `[rows, k / 32]` for Q4_K on AVX-512 CPUs (else empty): each 32-value sum times its
+    /// block's scale, the activations' side of the mins' term.
     scaled_sum32: Vec<f32>,
-    /// `[rows, k]` with 32-value blocks on AVX-512 CPUs (else empty): `q` in the lane-blocked
-    /// order of the interleaved layout (`interleave.rs`).
-    lanes: Vec<i8>,
-    /// `[rows, chunk groups, 16]` alongside `lanes` (else empty): the sum of each 32-bit
-    /// lane's values over a chunk group of `lanes` (a lane's share of the zero point's term).
-    lane_sums: Vec<i32>,
-    /// `[rows, k]` with 256-value blocks on AVX-512 CPUs (else empty): `q` in the order of
-    /// the permuted Q4_K layout (`kpermute::activation_order`).
-    q4k: Vec<i8>,
-    /// The same for Q6_K.
-    q6k: Vec<i8>,
-    /// `[rows, k / 32]` on AVX-512 CPUs (else empty): minus `sum32`, where the column
-    /// kernels' integer sums of a 32-weight block start (shifted by the zero point's bits).
+    /// `[rows, k / 32]` for the 32-weight formats on AVX-512 CPUs (else empty): minus
+    /// `sum32`, where the column kernels' integer sums of a block start (shifted by the zero
+    /// point's bits: the zero point's term).
     neg_sum32: Vec<i32>,
-    /// `[rows, k / 16]` alongside `neg_sum32` with 256-value blocks: minus `sum16` (Q6_K's).
+    /// `[rows, k / 16]` for Q6_K on AVX-512 CPUs (else empty): minus `sum16`, the same for
+    /// its 16-weight sub-blocks.
     neg_sum16: Vec<i32>,
-    /// `[rows, k / 16]` alongside `q6k`: -32 times each 16 values' sum, where the Q6_K
-    /// kernel's integer sums start (its zero point's term).
-    q6k_zero: Vec<i32>,
 }
 
 impl QuantizedRows {
@@ -731,37 +570,23 @@ impl QuantizedRows {
             sum16: vec![0i32; rows * k / 16],
             sum32: vec![0i32; rows * k / 32],
             scaled_sum32: Vec::new(),
-            lanes: Vec::new(),
-            lane_sums: Vec::new(),
-            q4k: Vec::new(),
-            q6k: Vec::new(),
-            q6k_zero: Vec::new(),
             neg_sum32: Vec::new(),
             neg_sum16: Vec::new(),
         };
         quantize(x, &mut quantized);
-        let simd = Kernel::detect() == Kernel::Avx512Vnni;
-        if block == 256 {
-            let QuantizedRows { scale, sum32, .. } = &quantized;
-            quantized.scaled_sum32 = (sum32.iter().enumerate())
-                .map(|(i, &sum)| scale[i / 8] * sum as f32)
-                .collect();
-            // Only the AVX-512 kernels read the permuted copies, each only its format's.
-            if simd && formats.contains(&QuantFormat::Q4K) {
-                quantized.q4k = kpermute::activation_order(QuantFormat::Q4K, &quantized.q);
-            }
-            if simd && formats.contains(&QuantFormat::Q6K) {
-                quantized.q6k = kpermute::activation_order(QuantFormat::Q6K, &quantized.q);
-                quantized.q6k_zero = quantized.sum16.iter().map(|&sum| -32 * sum).collect();
-            }
-        } else if simd {
-            // Only the AVX-512 kernels read the lane-blocked copy.
-            (quantized.lanes, quantized.lane_sums) = interleave::lane_blocked(&quantized.q, k);
-        }
-        if simd {
+        // What the column kernels read beside the values, each only where a format needs it.
+        if Kernel::detect() == Kernel::Avx512Vnni {
             let negated = |sums: &[i32]| sums.iter().map(|&sum| -sum).collect();
-            quantized.neg_sum32 = negated(&quantized.sum32);
-            if block == 256 {
+            if block == 32 {
+                quantized.neg_sum32 = negated(&quantized.sum32);
+            }
+            if formats.contains(&QuantFormat::Q4K) {
+                let QuantizedRows { scale, sum32, .. } = &quantized;
+                quantized.scaled_sum32 = (sum32.iter().enumerate())
+                    .map(|(i, &sum)| scale[i / 8] * sum as f32)
+                    .collect();
+            }
+            if formats.contains(&QuantFormat::Q6K) {
                 quantized.neg_sum16 = negated(&quantized.sum16);
             }
         }
@@ -788,17 +613,6 @@ impl QuantizedRows {
             &mut self.sum16,
             &mut self.sum32,
         )
-    }
-
-    /// Whether the copies in kernel order that `format`'s AVX-512 kernel reads were made.
-    fn in_order_for(&self, format: QuantFormat) -> bool {
-        let whole = |copy: &[i8]| copy.len() == self.q.len();
-        format.activation_block() == self.block
-            && match format {
-                QuantFormat::Q8_0 | QuantFormat::Q5_0 => whole(&self.lanes),
-                QuantFormat::Q4K => whole(&self.q4k) && !self.scaled_sum32.is_empty(),
-                QuantFormat::Q6K => whole(&self.q6k) && self.q6k_zero.len() == self.sum16.len(),
-            }
     }
 
     fn q(&self, row: usize) -> &[i8] {

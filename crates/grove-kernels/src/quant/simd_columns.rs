@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::columns::{self, at, STRIP, VECTOR};
-use super::x86::prefetch;
+use super::simd::prefetch;
 use super::{QuantFormat, QuantizedRows};
 
 /// Raw pointers into `R` activation rows, so the inner loops do no slicing.

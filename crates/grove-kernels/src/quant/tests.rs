@@ -116,17 +116,11 @@ fn kernels_match_dequantize_then_matmul() {
     }
 }
 
-/// Every format in every layout it can have.
+/// Every format in every layout.
 fn layouts() -> Vec<(QuantFormat, Layout)> {
     FORMATS
         .into_iter()
-        .flat_map(|format| {
-            let interleaved = (format.block_weights() == 32).then_some(Layout::Interleaved);
-            [Some(Layout::Gguf), interleaved, Some(Layout::Columns)]
-                .into_iter()
-                .flatten()
-                .map(move |layout| (format, layout))
-        })
+        .flat_map(|format| [(format, Layout::Gguf), (format, Layout::Columns)])
         .collect()
 }
 
@@ -137,134 +131,25 @@ fn in_layout(matrix: &QMatrix, layout: Layout) -> QMatrix {
 }
 
 #[test]
-fn lane_blocking_places_every_word_once_in_its_blocks_lanes() {
-    for chunks in [1, 2, 4, 8] {
-        let mut seen = vec![false; chunks * CHUNK / 4];
-        for b in 0..2 * chunks {
-            for d in 0..8 {
-                let at = interleave::lane_offset(chunks, b, d);
-                assert_eq!(at % 4, 0);
-                assert!(
-                    !std::mem::replace(&mut seen[at / 4], true),
-                    "{chunks}: {b} {d}"
-                );
-                // Every lane holds one block: the one the kernels' spread scales give it.
-                assert_eq!((at % CHUNK / 4) % (2 * chunks), b);
-            }
-        }
-        assert!(seen.iter().all(|&s| s));
-    }
-    // Rows of 15 chunks: groups of 8, 4, 2 and 1, one after another.
-    let spans: Vec<_> = (0..interleave::group_count(15))
-        .map(|q| interleave::group_span(15, q))
-        .collect();
-    assert_eq!(spans, [(0, 8), (8, 4), (12, 2), (14, 1)]);
-    // Any row: the groups tile it in order, in powers of two no larger than 8, shrinking.
-    for chunks in 1..=70 {
-        let mut next = 0;
-        let mut last = usize::MAX;
-        for q in 0..interleave::group_count(chunks) {
-            let (first, count) = interleave::group_span(chunks, q);
-            assert_eq!(first, next, "{chunks} chunks, group {q}");
-            assert!(count.is_power_of_two() && count <= 8 && count <= last);
-            (next, last) = (first + count, count);
-        }
-        assert_eq!(next, chunks, "{chunks} chunks");
-    }
-}
-
-#[test]
-fn no_q5_0_load_straddles_two_cache_lines() {
-    // The kernels read a row's 32 nibble bytes and 8 bytes of fifth bits of each chunk. The
-    // interleaved copy starts on a page; with an even chunk count per row (widths that are
-    // multiples of 128, as every real model's are) each row group is a multiple of 32 bytes,
-    // and no load of any row group may cross a 64-byte line.
-    let format = QuantFormat::Q5_0;
-    for chunks in (2..=80).step_by(2) {
-        let k = chunks * CHUNK;
-        let group_bytes = interleave::GROUP_ROWS * format.row_bytes(k).unwrap();
-        for g in 0..2 {
-            for q in 0..interleave::group_count(chunks) {
-                let group = interleave::ChunkGroup::new(format, chunks, q);
-                for i in 0..group.chunks {
-                    for p in 0..interleave::GROUP_ROWS {
-                        let chunk = g * group_bytes + group.chunk(format, i);
-                        let (nibbles, bits) = interleave::payload_parts(format, p);
-                        for (at, len) in [(chunk + nibbles, 32), (chunk + bits, 8)] {
-                            assert_eq!(at / 64, (at + len - 1) / 64, "k {k}, group {g}, {i} {p}");
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn interleaving_keeps_every_block() {
-    // Row counts around the 4-row groups, chunk counts around the 8-chunk groups.
-    for format in [QuantFormat::Q8_0, QuantFormat::Q5_0] {
-        for n in [1, 3, 4, 5, 9] {
-            for k in [64, 448, 512, 576, 1088] {
-                let gguf = QMatrix::random(format, n, k, (n * k) as u64);
-                let gguf = in_layout(&gguf, Layout::Gguf);
-                let interleaved = in_layout(&gguf, Layout::Interleaved);
-                assert_eq!(interleaved.layout(), Layout::Interleaved);
+fn the_column_layout_keeps_every_block() {
+    // Row counts around the 16-row strips, widths of one and several units.
+    for format in FORMATS {
+        for n in [1, 15, 16, 17, 40] {
+            for k in [256, 512, 1280] {
+                let gguf = in_layout(&QMatrix::random(format, n, k, (n * k) as u64), Layout::Gguf);
+                let columns = in_layout(&gguf, Layout::Columns);
+                assert_eq!(columns.layout(), Layout::Columns);
+                let name = format!("{} [{n}, {k}]", format.name());
+                assert_eq!(columns.to_bytes(), gguf.to_bytes(), "{name}");
+                assert_eq!(columns.dequantize(), gguf.dequantize(), "{name}");
+                let strip = super::columns::strip_bytes(format, k);
                 assert_eq!(
-                    interleaved.to_bytes(),
-                    gguf.to_bytes(),
-                    "{} [{n}, {k}]",
-                    format.name()
+                    columns.bytes.as_slice().len(),
+                    n.div_ceil(16) * strip,
+                    "{name}"
                 );
-                assert_eq!(interleaved.dequantize(), gguf.dequantize());
             }
         }
-    }
-    let bytes = Bytes::Owned(Arc::new(vec![0; 144]));
-    let error = QMatrix::with_layout(QuantFormat::Q4K, 1, 256, bytes, Layout::Interleaved);
-    assert!(error.unwrap_err().contains("not kept interleaved"));
-}
-
-#[test]
-fn permuting_k_quants_keeps_every_super_block() {
-    for format in [QuantFormat::Q4K, QuantFormat::Q6K] {
-        for (n, k) in [(1, 256), (3, 512), (5, 1536)] {
-            let gguf = QMatrix::random(format, n, k, (n * k) as u64);
-            let gguf = in_layout(&gguf, Layout::Gguf);
-            let permuted = in_layout(&gguf, Layout::Permuted);
-            assert_eq!(permuted.layout(), Layout::Permuted);
-            let name = format!("{} [{n}, {k}]", format.name());
-            assert_eq!(permuted.to_bytes(), gguf.to_bytes(), "{name}");
-            assert_eq!(permuted.dequantize(), gguf.dequantize(), "{name}");
-            // The layout moves quants, not headers, and changes the bytes.
-            assert_ne!(permuted.bytes.as_slice(), gguf.bytes.as_slice(), "{name}");
-        }
-    }
-    let bytes = Bytes::Owned(Arc::new(vec![0; 44]));
-    let error = QMatrix::with_layout(QuantFormat::Q5_0, 1, 64, bytes, Layout::Permuted);
-    assert!(error.unwrap_err().contains("not kept permuted"));
-}
-
-#[test]
-fn a_permuted_lane_holds_one_sub_block() {
-    use super::kpermute::at;
-    for (format, sub_block) in [(QuantFormat::Q4K, 32), (QuantFormat::Q6K, 16)] {
-        let mut seen = [false; 256];
-        for l in 0..16 {
-            let lane: Vec<usize> = (0..4)
-                .flat_map(|v| (0..4).map(move |b| at(format, v, l, b)))
-                .collect();
-            let first = lane[0] / sub_block;
-            assert!(lane.iter().all(|&w| w / sub_block == first), "{lane:?}");
-            for w in lane {
-                assert!(!std::mem::replace(&mut seen[w], true), "weight {w} twice");
-            }
-        }
-        assert!(
-            seen.iter().all(|&s| s),
-            "{}: every weight placed",
-            format.name()
-        );
     }
 }
 
@@ -285,34 +170,12 @@ fn a_mapped_source_released_while_copied_still_reads_the_same() {
         start: 0,
         len: source.len(),
     };
-    let matrix = QMatrix::with_layout(QuantFormat::Q8_0, n, k, bytes, Layout::Interleaved);
+    let matrix = QMatrix::with_layout(QuantFormat::Q8_0, n, k, bytes, Layout::Columns);
     let matrix = matrix.unwrap();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(matrix.to_bytes(), source);
     // The released pages read back from the file.
     assert!(map[..] == source[..]);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn q5_0_kernels_with_and_without_gfni_give_the_same_bits() {
-    let test = "q5_0_kernels_with_and_without_gfni_give_the_same_bits";
-    if crate::skip_without("avx512", Kernel::detect() != Kernel::Scalar, test)
-        || crate::skip_without("gfni", std::arch::is_x86_feature_detected!("gfni"), test)
-    {
-        return;
-    }
-    // Decode rows and tiles, a partial chunk group, a row group past the last row.
-    let (n, k) = (37, 1280);
-    let matrix = QMatrix::random(QuantFormat::Q5_0, n, k, 5);
-    for rows in [1, 3, 9] {
-        let x = random_input(rows, k, rows as u64);
-        let with = matrix.matmul(&x, rows);
-        super::simd32::set_gfni_allowed(false);
-        let without = matrix.matmul(&x, rows);
-        super::simd32::set_gfni_allowed(true);
-        assert_eq!(with, without, "{rows} rows");
-    }
 }
 
 #[test]
@@ -325,11 +188,19 @@ fn simd_and_scalar_agree_closely() {
     ) {
         return;
     }
-    for (format, rows) in FORMATS.into_iter().flat_map(|f| [(f, 1), (f, 6)]) {
-        let (n, k) = (300, 1024);
+    eprintln!("comparing the {simd:?} kernel with the scalar reference");
+    // Every tile size and its remainders (rows 1..=67), a last strip of 5 rows, and a larger
+    // matrix in several tasks.
+    let shapes = (1..=67)
+        .map(|rows| (37, 512, rows))
+        .chain([(300, 1024, 1), (300, 1024, 6)]);
+    for (format, (n, k, rows)) in FORMATS
+        .into_iter()
+        .flat_map(|f| shapes.clone().map(move |s| (f, s)))
+    {
         let matrix = QMatrix::random(format, n, k, 7);
         assert_eq!(matrix.layout(), Layout::for_kernel(format, simd));
-        let x = random_input(rows, k, 8);
+        let x = random_input(rows, k, rows as u64);
         let a = matrix.matmul_with(Kernel::Scalar, &x, rows);
         let b = matrix.matmul_with(simd, &x, rows);
         // Same arithmetic, other summation order: f32 rounding of terms as large as the
@@ -338,9 +209,37 @@ fn simd_and_scalar_agree_closely() {
         for (i, (a, b)) in a.iter().zip(&b).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * largest,
-                "{} x {rows} rows, output {i}: scalar {a}, simd {b}",
+                "{} [{n}, {k}] x {rows} rows, output {i}: scalar {a}, simd {b}",
                 format.name()
             );
+        }
+    }
+}
+
+/// A row's outputs do not depend on the rows multiplied beside it (which tile it fell in):
+/// a verify's row equals the same row decoded alone, bit for bit, on every kernel.
+#[test]
+fn a_rows_product_is_the_same_in_any_tile() {
+    let mut kernels = vec![Kernel::Scalar];
+    if Kernel::detect() != Kernel::Scalar {
+        kernels.push(Kernel::detect());
+    }
+    let (n, k, rows) = (37, 512, 19);
+    for format in FORMATS {
+        let matrix = QMatrix::random(format, n, k, 11);
+        let x = random_input(rows, k, 12);
+        for &kernel in &kernels {
+            let together = matrix.matmul_with(kernel, &x, rows);
+            for r in 0..rows {
+                let alone = matrix.matmul_with(kernel, &x[r * k..(r + 1) * k], 1);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&together[r * n..(r + 1) * n]),
+                    bits(&alone),
+                    "{} {kernel:?}, row {r} of {rows}",
+                    format.name()
+                );
+            }
         }
     }
 }
@@ -434,11 +333,6 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 sum16: vec![0i32; n / 16],
                 sum32: vec![0i32; n / 32],
                 scaled_sum32: Vec::new(),
-                lanes: Vec::new(),
-                lane_sums: Vec::new(),
-                q4k: Vec::new(),
-                q6k: Vec::new(),
-                q6k_zero: Vec::new(),
                 neg_sum32: Vec::new(),
                 neg_sum16: Vec::new(),
             };
