@@ -12,6 +12,10 @@ Reads one JSON request from stdin, writes one JSON answer to stdout:
    "repetitions": R}
       -> {"prefill_tokens_per_s": [...], "decode_tokens_per_s": [...],
           "peak_rss_bytes": ..., "rss_before_load_bytes": ...}
+  {"command": "verify", "model": PATH, "context": C, "rows": [N, ...], "threads": T,
+   "repetitions": R}
+      -> {"ms": [[R times], ...]}: one forward of N tokens after C tokens of context, every
+     row's logits computed (as a speculative verify needs them), per N
 
 Install: `pip install llama-cpp-python` builds llama.cpp from source (about 12 minutes on two
 cores). `.ci/run` keeps the built wheel in ~/.cache/grove/wheels and installs from there when it
@@ -24,7 +28,7 @@ import sys
 import time
 
 
-def load(path, threads=2, n_ctx=2048, f32_cache=False):
+def load(path, threads=2, n_ctx=2048, f32_cache=False, logits_all=False):
     """`f32_cache`: keys and values kept in f32 (llama.cpp's default is f16) for the
     correctness reference, so that its logits carry no rounding grove does not do."""
     from llama_cpp import Llama
@@ -38,7 +42,7 @@ def load(path, threads=2, n_ctx=2048, f32_cache=False):
         n_threads=threads,
         n_threads_batch=threads,
         n_batch=512,
-        logits_all=False,
+        logits_all=logits_all,
         verbose=False,
         **(cache if f32_cache else {}),
     )
@@ -142,9 +146,38 @@ def bench(request):
     }
 
 
+def verify(request):
+    import random
+
+    context, counts = request["context"], request["rows"]
+    llm = load(
+        request["model"],
+        threads=request.get("threads", 2),
+        n_ctx=context + max(counts) + 16,
+        logits_all=True,
+    )
+    rng = random.Random(0)
+    vocab = llm.n_vocab()
+    llm.eval([rng.randrange(vocab) for _ in range(context)])
+    times = []
+    for rows in counts:
+        tokens = [rng.randrange(vocab) for _ in range(rows)]
+        measured = []
+        # One untimed forward first, as grove's curve does.
+        for repetition in range(request.get("repetitions", 3) + 1):
+            # Back to the context: `eval` drops the cache past `n_tokens` before it runs.
+            llm.n_tokens = context
+            start = time.perf_counter()
+            llm.eval(tokens)
+            if repetition > 0:
+                measured.append((time.perf_counter() - start) * 1e3)
+        times.append(measured)
+    return {"ms": times}
+
+
 def main():
     request = json.load(sys.stdin)
-    commands = {"tokenize": tokenize, "greedy": greedy, "bench": bench}
+    commands = {"tokenize": tokenize, "greedy": greedy, "bench": bench, "verify": verify}
     command = commands.get(request.get("command"))
     if command is None:
         sys.exit(f"unknown command {request.get('command')!r}; one of {sorted(commands)}")

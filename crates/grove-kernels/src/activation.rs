@@ -38,8 +38,9 @@ pub fn gated(activation: Activation, gate: &[f32], up: &[f32]) -> Vec<f32> {
 /// [`gated`] into `out` (as long as `gate`), on the calling thread.
 pub fn gated_into(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature `gated_avx512` is compiled for was just detected on this CPU.
+    if crate::cpu::allows(crate::cpu::Level::Avx512) {
+        // SAFETY: the level includes the feature `gated_avx512` is compiled for, found on
+        // this CPU.
         #[allow(unsafe_code)]
         return unsafe { gated_avx512(activation, gate, up, out) };
     }

@@ -195,11 +195,12 @@ fn weighted_sums<'a>(
     );
     let n = weights.len() / queries;
     #[cfg(target_arch = "x86_64")]
-    if width.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
+    if width.is_multiple_of(16) && crate::cpu::allows(crate::cpu::Level::Avx512) {
         let mut first = 0;
         while first < queries {
             let (outs, weights) = (&mut outs[first * width..], &weights[first * n..]);
-            // SAFETY: the feature `weighted_sums_avx512` is compiled for was just detected.
+            // SAFETY: the level includes the feature `weighted_sums_avx512` is compiled for,
+            // found on this CPU.
             #[allow(unsafe_code)]
             let done = unsafe {
                 match queries - first {
@@ -369,8 +370,9 @@ impl PieceContext<'_> {
 
     fn piece(&self, kv_head: usize, index: usize) -> Piece {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature `piece_avx512` is compiled for was just detected.
+        if crate::cpu::allows(crate::cpu::Level::Avx512) {
+            // SAFETY: the level includes the feature `piece_avx512` is compiled for, found on
+            // this CPU.
             #[allow(unsafe_code)]
             return unsafe { self.piece_avx512(kv_head, index) };
         }

@@ -53,8 +53,9 @@ pub fn matmul_transposed(x: &[f32], rows: usize, weight: &[f32], n: usize, k: us
 /// Dot product; uses AVX2 + FMA when the CPU has them.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the features `dot_fma` is compiled for were just detected on this CPU.
+    if crate::cpu::allows(crate::cpu::Level::Avx2) {
+        // SAFETY: the level includes the features `dot_fma` is compiled for (AVX2, FMA), which
+        // `Level::supported` found on this CPU.
         #[allow(unsafe_code)]
         return unsafe { dot_fma(a, b) };
     }
@@ -90,12 +91,9 @@ pub fn scaled_dots_many<'a>(
     );
     let n = out.len() / queries.len();
     #[cfg(target_arch = "x86_64")]
-    if width.is_multiple_of(LANES)
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("fma")
-    {
-        // SAFETY: the feature `scaled_dots_avx512` is compiled for was just detected (with FMA,
-        // which `dot` uses where it is, so the bits are the same).
+    if width.is_multiple_of(LANES) && crate::cpu::allows(crate::cpu::Level::Avx512) {
+        // SAFETY: the level includes the features `scaled_dots_avx512` is compiled for (with
+        // FMA, which `dot` uses at this level, so the bits are the same), found on this CPU.
         #[allow(unsafe_code)]
         return unsafe { scaled_dots_avx512(queries, &key, scale, out, n) };
     }

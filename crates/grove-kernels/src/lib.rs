@@ -8,12 +8,14 @@
 //! - [`activation`]: gated MLP activations.
 //! - [`threads`]: the compute threads kept awake through a forward and its parallel sections.
 //! - [`memory`]: read-only file maps and returning freed heap to the OS.
+//! - [`cpu`]: which instruction sets the kernels use (the CPU's best, or `GROVE_KERNEL`'s).
 //!
-//! Each SIMD path is chosen at run time from the CPU's features, with a portable reference
-//! that tests compare it to.
+//! Each SIMD path is chosen at run time ([`cpu::level`]), with a portable reference that tests
+//! compare it to.
 
 pub mod activation;
 pub mod attention;
+pub mod cpu;
 pub mod dense;
 pub mod memory;
 pub mod quant;

@@ -130,7 +130,11 @@ fn generate(args: &GenerateArgs) -> Result<()> {
         }
     })?;
     match args.format {
-        OutputFormat::Json => println!("{}", serde_json::to_string(&output)?),
+        OutputFormat::Json => {
+            let mut json = serde_json::to_value(&output)?;
+            json["kernels"] = crate::kernels();
+            println!("{json}");
+        }
         OutputFormat::Text => {
             if !stream {
                 let ids: Vec<String> = output.token_ids.iter().map(|t| t.to_string()).collect();
@@ -140,7 +144,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
             }
             let s = &output.stats;
             eprintln!(
-                "[grove] {} prompt + {} new tokens, finish {:?}, {} rounds, tau {:.2}, prefill {:.1} tok/s, decode {:.1} tok/s (draft {:.1} ms, verify {:.1} ms, commit {:.1} ms)",
+                "[grove] {} prompt + {} new tokens, finish {:?}, {} rounds, tau {:.2}, prefill {:.1} tok/s, decode {:.1} tok/s (draft {:.1} ms, verify {:.1} ms, commit {:.1} ms), {}",
                 s.prompt_tokens,
                 s.new_tokens,
                 output.finish_reason,
@@ -150,7 +154,8 @@ fn generate(args: &GenerateArgs) -> Result<()> {
                 s.decode_tokens_per_s,
                 s.t_draft_us as f64 / 1e3,
                 s.t_verify_us as f64 / 1e3,
-                s.t_commit_us as f64 / 1e3
+                s.t_commit_us as f64 / 1e3,
+                crate::kernels_line()
             );
         }
     }

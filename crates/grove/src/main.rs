@@ -42,12 +42,35 @@ enum Command {
     TinyModel(loading::TinyModelArgs),
 }
 
+/// The kernels this process runs, as reports name them: the instruction level and the
+/// quantized products' kernel (`GROVE_KERNEL` forces a lower level).
+pub fn kernels() -> serde_json::Value {
+    serde_json::json!({
+        "level": grove_kernels::cpu::level().name(),
+        "quantized": grove_kernels::quant::Kernel::detect().name(),
+    })
+}
+
+/// [`kernels`] in words.
+pub fn kernels_line() -> String {
+    format!(
+        "kernels {} (quantized products {})",
+        grove_kernels::cpu::level().name(),
+        grove_kernels::quant::Kernel::detect().name()
+    )
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
+    // A bad GROVE_KERNEL is an error here, before any kernel would panic on it.
+    if let Err(error) = grove_kernels::cpu::Level::from_env() {
+        eprintln!("error: {error}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Serve(args) => serve::run(args),

@@ -90,6 +90,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        eprintln!("grove serve: {}", crate::kernels_line());
         // Tests and scripts read this line to find the port.
         eprintln!(
             "grove serve: model `{model_name}` listening on http://{}",

@@ -467,13 +467,21 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU runs.
+    /// The fastest kernel allowed here (this CPU's, unless `GROVE_KERNEL` asks for less).
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if simd::available() {
+        if crate::cpu::allows(crate::cpu::Level::Avx512) {
             return Self::Avx512Vnni;
         }
         Self::Scalar
+    }
+
+    /// The name reports print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scalar => "scalar",
+            Self::Avx512Vnni => "avx512-vnni",
+        }
     }
 }
 

@@ -2,23 +2,13 @@
 //! quantizer, the weights' prefetches and the memory test decode speed is compared with. The
 //! products themselves are in `simd_columns.rs`.
 // SAFETY (all of the module): every function is compiled for avx512f/bw/dq/vnni + f16c and
-// reached only after `available()` confirmed those features; every load reads inside slices
+// reached only where `cpu::Level::Avx512` (which has them) is allowed; every load reads inside slices
 // whose lengths the callers checked.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 
 use super::QuantizedRows;
-
-/// Whether this CPU runs the AVX-512 kernels.
-pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512dq")
-        && is_x86_feature_detected!("avx512vnni")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("bmi2")
-}
 
 /// How far ahead of the chunk being multiplied its weights are requested (`prefetch`). The
 /// hardware prefetcher alone left one row of decoding at 7.4 GB/s per core on a 151936 x 896
@@ -77,7 +67,7 @@ unsafe fn quantize_avx512(x: &[f32], rows: &mut QuantizedRows) {
 /// The wrapping sum of `words`, read as the kernels read weights (64-byte loads, requested
 /// [`PREFETCH`] bytes ahead): the memory test that decode speed is compared with.
 pub(super) fn streaming_sum(words: &[u64]) -> u64 {
-    // SAFETY: the caller checked the features (`available()`); loads stay inside `words`.
+    // SAFETY: the caller checked the features (`Kernel::detect`); loads stay inside `words`.
     unsafe { streaming_sum_avx512(words) }
 }
 

@@ -8,9 +8,9 @@
 //! With one activation row (a decode step) each block's dots alternate between two sums, so
 //! consecutive `vpdpbusd`s do not wait on each other; with more, the rows give that.
 // SAFETY (all of the module): every function is compiled for the features
-// `simd::available` checks and reached only after it did (`Kernel::detect`); every pointer is
-// inside a strip `QMatrix::new` sized (`columns::strip_bytes`) or an activation row
-// `QuantizedRows::new` sized, which `dot_strips` asserts.
+// `cpu::Level::Avx512` has, and reached only where that level is allowed (`Kernel::detect`);
+// every pointer is inside a strip `QMatrix::new` sized (`columns::strip_bytes`) or an
+// activation row `QuantizedRows::new` sized, which `dot_strips` asserts.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)]
 

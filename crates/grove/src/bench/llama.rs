@@ -26,7 +26,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::args::BenchArgs;
-use super::measure::{print_verify_curve, verify_curve, Spread, VerifyPoint};
+use super::measure::{verify_curve, Spread, VerifyPoint};
 use crate::loading;
 
 #[derive(Debug, Serialize)]
@@ -66,6 +66,8 @@ struct Comparison {
     grove_fraction_of_best_floor: f64,
     verify_context: usize,
     verify_cost: Vec<VerifyPoint>,
+    /// The same forwards in llama.cpp (every row's logits), after its own random context.
+    llama_cpp_verify_cost: Vec<VerifyPoint>,
 }
 
 pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
@@ -99,6 +101,7 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
         llama_fractions,
     } = runs;
     let verify_cost = verify_curve(model, args, repetitions, &mut random_tokens)?;
+    let llama_cpp_verify_cost = llama_cpp_verify_curve(&path, args, repetitions, threads)?;
 
     let grove = ours.side(grove_rss);
     let llama_cpp = theirs.side(llama_rss);
@@ -130,6 +133,7 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
         llama_cpp,
         verify_context: args.context,
         verify_cost,
+        llama_cpp_verify_cost,
     };
     print(&report);
     if let Some(path) = &args.json {
@@ -249,6 +253,30 @@ fn llama_cpp_bench(
     new_tokens: usize,
     threads: usize,
 ) -> Result<Value> {
+    reference(json!({
+        "command": "bench", "model": path, "prompt": prompt, "new_tokens": new_tokens,
+        "threads": threads, "repetitions": 1,
+    }))
+}
+
+/// llama.cpp's verify cost curve on the same context and row counts as grove's.
+fn llama_cpp_verify_curve(
+    path: &Path,
+    args: &BenchArgs,
+    repetitions: usize,
+    threads: usize,
+) -> Result<Vec<VerifyPoint>> {
+    let answer = reference(json!({
+        "command": "verify", "model": path, "context": args.context, "rows": args.rows,
+        "threads": threads, "repetitions": repetitions,
+    }))?;
+    let times: Vec<Vec<f64>> = serde_json::from_value(answer["ms"].clone())
+        .context("llama.cpp's verify answer lacks `ms`")?;
+    Ok(VerifyPoint::curve(args.rows.iter().copied().zip(times)))
+}
+
+/// One request to `scripts/llama_cpp_reference.py`, in a fresh process.
+fn reference(request: Value) -> Result<Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/llama_cpp_reference.py");
     let mut child = Command::new("python3")
         .arg(&script)
@@ -256,10 +284,6 @@ fn llama_cpp_bench(
         .stdout(Stdio::piped())
         .spawn()
         .context("running python3 (llama-cpp-python: bash scripts/install_llama_cpp.sh)")?;
-    let request = json!({
-        "command": "bench", "model": path, "prompt": prompt, "new_tokens": new_tokens,
-        "threads": threads, "repetitions": 1,
-    });
     child
         .stdin
         .take()
@@ -373,9 +397,20 @@ fn print(report: &Comparison) {
         100.0 * report.llama_cpp_fraction_of_floor,
         100.0 * report.grove_fraction_of_best_floor,
     );
-    print_verify_curve(
-        report.verify_context,
-        report.repetitions,
-        &report.verify_cost,
+    eprintln!(
+        "verify cost after {} tokens of context (median of {}), every row's logits:",
+        report.verify_context, report.repetitions
     );
+    eprintln!("  rows  grove ms  x 1-row  llama.cpp ms  x 1-row  llama.cpp / grove");
+    for (ours, theirs) in report.verify_cost.iter().zip(&report.llama_cpp_verify_cost) {
+        eprintln!(
+            "  {:>4} {:>9.2} {:>8.2} {:>13.2} {:>8.2} {:>18.2}",
+            ours.rows,
+            ours.ms.median,
+            ours.ratio_to_one_row,
+            theirs.ms.median,
+            theirs.ratio_to_one_row,
+            theirs.ms.median / ours.ms.median
+        );
+    }
 }

@@ -44,6 +44,23 @@ pub(crate) struct VerifyPoint {
     pub ratio_to_one_row: f64,
 }
 
+impl VerifyPoint {
+    /// The points of `(rows, times in ms)`, each one's ratio to the first one's median.
+    pub(crate) fn curve(times: impl IntoIterator<Item = (usize, Vec<f64>)>) -> Vec<Self> {
+        let mut points: Vec<Self> = Vec::new();
+        for (rows, times) in times {
+            let ms = Spread::of(times);
+            let one_row = points.first().map_or(ms.median, |p| p.ms.median);
+            points.push(Self {
+                rows,
+                ratio_to_one_row: ms.median / one_row,
+                ms,
+            });
+        }
+        points
+    }
+}
+
 /// Times one forward of `rows` causal rows (logits for every row, as a verify needs) after a
 /// prefilled context. The rows are never committed, so every measurement sees the same context.
 pub(crate) fn verify_curve(
@@ -72,7 +89,7 @@ pub(crate) fn verify_curve(
     model.forward(&batch, &mut kv)?;
     table.append(args.context);
 
-    let mut points: Vec<VerifyPoint> = Vec::new();
+    let mut curve = Vec::new();
     for &rows in &args.rows {
         let tokens = random_tokens(rows);
         let positions: Vec<usize> = (args.context..args.context + rows).collect();
@@ -88,15 +105,9 @@ pub(crate) fn verify_curve(
                 times.push(start.elapsed().as_secs_f64() * 1e3);
             }
         }
-        let ms = Spread::of(times);
-        let one_row = points.first().map_or(ms.median, |p| p.ms.median);
-        points.push(VerifyPoint {
-            rows,
-            ratio_to_one_row: ms.median / one_row,
-            ms,
-        });
+        curve.push((rows, times));
     }
-    Ok(points)
+    Ok(VerifyPoint::curve(curve))
 }
 
 pub(crate) fn print_verify_curve(context: usize, repetitions: usize, points: &[VerifyPoint]) {

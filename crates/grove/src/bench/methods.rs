@@ -42,6 +42,7 @@ struct MethodReport {
 #[derive(Debug, Serialize)]
 struct BenchReport {
     model: String,
+    kernels: serde_json::Value,
     drafter: Option<String>,
     threads: usize,
     page_size: usize,
@@ -72,6 +73,7 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
     let verify_cost = verify_curve(model, args, repetitions, &mut random_tokens)?;
     let report = BenchReport {
         model: loaded.dir.display().to_string(),
+        kernels: crate::kernels(),
         drafter: args
             .spec
             .speculative_draft_model_path
@@ -195,8 +197,11 @@ fn method_reports(methods: &[(String, Generator)], samples: Vec<Samples>) -> Vec
 fn print_report(report: &BenchReport) {
     let spread = |s: &Spread| format!("{:>8.1} (min {:.1}, max {:.1})", s.median, s.min, s.max);
     eprintln!(
-        "model {} | threads {} | page size {}",
-        report.model, report.threads, report.page_size
+        "model {} | threads {} | page size {} | {}",
+        report.model,
+        report.threads,
+        report.page_size,
+        crate::kernels_line()
     );
     eprintln!(
         "{} prompt tokens, {} new tokens, median of {} runs",

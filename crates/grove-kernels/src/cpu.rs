@@ -1,0 +1,134 @@
+//! Which instruction sets the kernels use: the best this CPU has, or the one `GROVE_KERNEL`
+//! names (to measure a path against another, or to test the portable one on any machine).
+//!
+//! Every SIMD path asks [`level`] (once per process it reads the CPU's features and the
+//! variable), so forcing a level forces it everywhere: quantized and dense products,
+//! attention, activations.
+
+use std::sync::OnceLock;
+
+/// The environment variable that forces a level.
+pub const VARIABLE: &str = "GROVE_KERNEL";
+
+/// A set of instructions the kernels may use, in order: each includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Portable Rust: the reference every SIMD path is tested against.
+    Scalar,
+    /// AVX2 and FMA (the dense dot products).
+    Avx2,
+    /// AVX-512 F/BW/DQ with VNNI, F16C and BMI2 (every kernel).
+    Avx512,
+}
+
+impl Level {
+    /// The name `GROVE_KERNEL` takes and reports print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scalar => "scalar",
+            Self::Avx2 => "avx2",
+            Self::Avx512 => "avx512",
+        }
+    }
+
+    /// The best level this CPU runs.
+    pub fn supported() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f")
+                && has!("avx512bw")
+                && has!("avx512dq")
+                && has!("avx512vnni")
+                && has!("f16c")
+                && has!("bmi2")
+                && has!("fma")
+            {
+                return Self::Avx512;
+            }
+            if has!("avx2") && has!("fma") {
+                return Self::Avx2;
+            }
+        }
+        Self::Scalar
+    }
+
+    /// The level `value` names (as `GROVE_KERNEL` would), if this CPU and build run it.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let supported = Self::supported();
+        let level = match value.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Self::Scalar,
+            "avx2" => Self::Avx2,
+            "avx512" => Self::Avx512,
+            "amx" => {
+                return Err(format!(
+                    "{VARIABLE}=amx: this build has no AMX kernels yet (levels: scalar, avx2, \
+                     avx512; this CPU runs up to {})",
+                    supported.name()
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "{VARIABLE}={other:?} is not a kernel level (scalar, avx2, avx512, amx)"
+                ))
+            }
+        };
+        if level > supported {
+            return Err(format!(
+                "{VARIABLE}={}: this CPU runs up to {}",
+                level.name(),
+                supported.name()
+            ));
+        }
+        Ok(level)
+    }
+
+    /// The level `GROVE_KERNEL` asks for, or the best supported where it is unset.
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var(VARIABLE) {
+            Ok(value) if !value.trim().is_empty() => Self::parse(&value),
+            _ => Ok(Self::supported()),
+        }
+    }
+}
+
+/// The level every kernel runs at in this process ([`Level::from_env`], read once). Programs
+/// check the variable first ([`Level::from_env`] at start-up) to report a bad value as an
+/// error; here it can only be a panic.
+pub fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| Level::from_env().unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// Whether the kernels may use `wanted`'s instructions.
+pub fn allows(wanted: Level) -> bool {
+    level() >= wanted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_parse_by_name_and_refuse_what_the_cpu_lacks() {
+        assert_eq!(Level::parse("scalar"), Ok(Level::Scalar));
+        assert_eq!(
+            Level::parse(" AVX512 ").map(Level::name),
+            match Level::supported() {
+                Level::Avx512 => Ok("avx512"),
+                best => Err(format!(
+                    "GROVE_KERNEL=avx512: this CPU runs up to {}",
+                    best.name()
+                )),
+            }
+        );
+        let amx = Level::parse("amx").unwrap_err();
+        assert!(amx.contains("no AMX kernels"), "{amx}");
+        let unknown = Level::parse("sse9").unwrap_err();
+        assert!(
+            unknown.contains("\"sse9\" is not a kernel level"),
+            "{unknown}"
+        );
+        assert!(Level::Scalar < Level::Avx2 && Level::Avx2 < Level::Avx512);
+    }
+}
