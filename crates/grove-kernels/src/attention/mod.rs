@@ -4,9 +4,9 @@
 //! bidirectional, tree ancestors, a sliding window) is the model's business (`KeyPlan` in
 //! grove-model); this module only needs the lists.
 
-use std::cell::RefCell;
+mod pieces;
 
-use rayon::prelude::*;
+use std::cell::RefCell;
 
 use crate::dense::scaled_dots_many;
 use crate::threads::for_each_chunk_mut;
@@ -105,7 +105,7 @@ pub fn attend(
             for scores in scores.chunks_exact_mut(n.max(1)) {
                 softmax_in_place(scores);
             }
-            weighted_sums(out, head_dim, scores, |i| value(slots[i]));
+            weighted_sums::<false>(out, head_dim, scores, |i| value(slots[i]));
         });
     };
     let work: usize = key_slots
@@ -138,47 +138,17 @@ struct Inputs<'a> {
     values: &'a [f32],
 }
 
-impl Inputs<'_> {
-    /// The rows that see more than [`KEY_PIECE`] keys, in pieces, in parallel with each other
-    /// (a long prompt's rows) and within.
-    fn attend_long_rows(&self, output: &mut [f32]) {
-        let Self {
-            key_slots,
-            layout,
-            scale,
-            queries,
-            keys,
-            values,
-        } = *self;
-        let row_width = layout.num_heads * layout.head_dim;
-        if key_slots.iter().any(|slots| slots.len() > KEY_PIECE) {
-            output
-                .par_chunks_mut(row_width)
-                .zip(queries.par_chunks(row_width))
-                .zip(key_slots.par_iter())
-                .filter(|(_, slots)| slots.len() > KEY_PIECE)
-                .for_each(|((out_row, query_row), slots)| {
-                    let context = PieceContext {
-                        layout,
-                        scale,
-                        query_row,
-                        keys,
-                        values,
-                        slots,
-                    };
-                    context.attend_in_pieces(out_row);
-                });
-        }
-    }
-}
-
 /// `outs[j] += weights[j * n + i] * value(i)` for each value in order, element by element
 /// (so the same bits on every build), with `outs` `[q, width]` and `weights` `[q, n]`. In
 /// 512-bit vectors where the CPU has them, with a few vectors of each output kept in registers
 /// across all the values (added into memory, value after value, each add waited on the store
 /// before it: 160 rows of 64 values in L2 here, 7.5-11.3 -> 4.7 ns a row), and each value
 /// loaded once for up to four outputs (query heads that share a KV head).
-fn weighted_sums<'a>(
+///
+/// `FUSED` does each `+=` as one fused multiply-add (`f32::mul_add`, one rounding: half the
+/// vector instructions) where it is set; the rows whose bits the golden references fix keep
+/// the separate multiply and add.
+fn weighted_sums<'a, const FUSED: bool>(
     outs: &mut [f32],
     width: usize,
     weights: &[f32],
@@ -204,9 +174,9 @@ fn weighted_sums<'a>(
             #[allow(unsafe_code)]
             let done = unsafe {
                 match queries - first {
-                    1 => weighted_sums_avx512::<1>(outs, width, weights, n, &value),
-                    2 | 3 => weighted_sums_avx512::<2>(outs, width, weights, n, &value),
-                    _ => weighted_sums_avx512::<4>(outs, width, weights, n, &value),
+                    1 => weighted_sums_avx512::<1, FUSED>(outs, width, weights, n, &value),
+                    2 | 3 => weighted_sums_avx512::<2, FUSED>(outs, width, weights, n, &value),
+                    _ => weighted_sums_avx512::<4, FUSED>(outs, width, weights, n, &value),
                 }
             };
             first += done;
@@ -217,7 +187,7 @@ fn weighted_sums<'a>(
         .chunks_exact_mut(width)
         .zip(weights.chunks_exact(n.max(1)))
     {
-        weighted_sum_portable(out, &weights[..n], (0..n).map(&value));
+        weighted_sum_portable::<FUSED>(out, &weights[..n], (0..n).map(&value));
     }
 }
 
@@ -225,8 +195,8 @@ fn weighted_sums<'a>(
 /// returns `Q`.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
-#[target_feature(enable = "avx512f")]
-unsafe fn weighted_sums_avx512<'a, const Q: usize>(
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn weighted_sums_avx512<'a, const Q: usize, const FUSED: bool>(
     outs: &mut [f32],
     width: usize,
     weights: &[f32],
@@ -238,12 +208,12 @@ unsafe fn weighted_sums_avx512<'a, const Q: usize>(
     let vectors = width / 16;
     let full = vectors / TILE * TILE;
     for first in (0..full).step_by(TILE) {
-        weighted_tile::<Q, TILE>(outs, width, weights, n, value, first);
+        weighted_tile::<Q, TILE, FUSED>(outs, width, weights, n, value, first);
     }
     match vectors - full {
-        1 => weighted_tile::<Q, 1>(outs, width, weights, n, value, full),
-        2 => weighted_tile::<Q, 2>(outs, width, weights, n, value, full),
-        3 => weighted_tile::<Q, 3>(outs, width, weights, n, value, full),
+        1 => weighted_tile::<Q, 1, FUSED>(outs, width, weights, n, value, full),
+        2 => weighted_tile::<Q, 2, FUSED>(outs, width, weights, n, value, full),
+        3 => weighted_tile::<Q, 3, FUSED>(outs, width, weights, n, value, full),
         _ => {}
     }
     Q
@@ -254,8 +224,8 @@ unsafe fn weighted_sums_avx512<'a, const Q: usize>(
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn weighted_tile<'a, const Q: usize, const N: usize>(
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn weighted_tile<'a, const Q: usize, const N: usize, const FUSED: bool>(
     outs: &mut [f32],
     width: usize,
     weights: &[f32],
@@ -284,7 +254,11 @@ unsafe fn weighted_tile<'a, const Q: usize, const N: usize>(
         for (j, acc) in acc.iter_mut().enumerate() {
             let weight = _mm512_set1_ps(weights[j * n + i]);
             for (acc, v) in acc.iter_mut().zip(v) {
-                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(weight, v));
+                *acc = if FUSED {
+                    _mm512_fmadd_ps(weight, v, *acc)
+                } else {
+                    _mm512_add_ps(*acc, _mm512_mul_ps(weight, v))
+                };
             }
         }
     }
@@ -296,130 +270,19 @@ unsafe fn weighted_tile<'a, const Q: usize, const N: usize>(
 }
 
 #[inline(always)]
-fn weighted_sum_portable<'a>(
+fn weighted_sum_portable<'a, const FUSED: bool>(
     out: &mut [f32],
     weights: &[f32],
     values: impl Iterator<Item = &'a [f32]>,
 ) {
     for (&weight, value) in weights.iter().zip(values) {
         for (o, v) in out.iter_mut().zip(value) {
-            *o += weight * v;
+            *o = if FUSED {
+                weight.mul_add(*v, *o)
+            } else {
+                *o + weight * v
+            };
         }
-    }
-}
-
-/// One long row's attention, cut into [`KEY_PIECE`]-key pieces per KV head.
-struct PieceContext<'a> {
-    layout: HeadLayout,
-    scale: f32,
-    query_row: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
-    /// The row's visible key slots, in order.
-    slots: &'a [usize],
-}
-
-/// A piece's softmax before normalization, per query head of its KV head's group: the largest
-/// score, the sum of `exp(score - largest)` and the values weighted by those terms.
-struct Piece {
-    max: Vec<f32>,
-    sum: Vec<f32>,
-    out: Vec<f32>,
-}
-
-impl PieceContext<'_> {
-    fn attend_in_pieces(&self, out_row: &mut [f32]) {
-        let HeadLayout {
-            num_kv_heads,
-            head_dim,
-            ..
-        } = self.layout;
-        let group = self.layout.num_heads / num_kv_heads;
-        let pieces_per_head = self.slots.len().div_ceil(KEY_PIECE);
-        let mut pieces: Vec<Option<Piece>> =
-            (0..num_kv_heads * pieces_per_head).map(|_| None).collect();
-        for_each_chunk_mut(&mut [&mut pieces], 1, |_, i, piece| {
-            piece[0] = Some(self.piece(i / pieces_per_head, i % pieces_per_head));
-        });
-        let pieces: Vec<Piece> = pieces
-            .into_iter()
-            .map(|p| p.expect("every piece ran"))
-            .collect();
-        for (kv_head, pieces) in pieces.chunks(pieces_per_head).enumerate() {
-            for g in 0..group {
-                let max = pieces
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |m, p| m.max(p.max[g]));
-                let weights: Vec<f32> = pieces.iter().map(|p| (p.max[g] - max).exp()).collect();
-                let sum: f32 = pieces.iter().zip(&weights).map(|(p, w)| p.sum[g] * w).sum();
-                let head = kv_head * group + g;
-                let out = &mut out_row[head * head_dim..][..head_dim];
-                for (piece, weight) in pieces.iter().zip(&weights) {
-                    let part = &piece.out[g * head_dim..][..head_dim];
-                    for (o, v) in out.iter_mut().zip(part) {
-                        *o += weight * v;
-                    }
-                }
-                let inverse = 1.0 / sum;
-                for o in out.iter_mut() {
-                    *o *= inverse;
-                }
-            }
-        }
-    }
-
-    fn piece(&self, kv_head: usize, index: usize) -> Piece {
-        #[cfg(target_arch = "x86_64")]
-        if crate::cpu::allows(crate::cpu::Level::Avx512) {
-            // SAFETY: the level includes the feature `piece_avx512` is compiled for, found on
-            // this CPU.
-            #[allow(unsafe_code)]
-            return unsafe { self.piece_avx512(kv_head, index) };
-        }
-        self.piece_portable(kv_head, index)
-    }
-
-    /// The same loops in 512-bit vectors (element-wise, so the same bits as the portable
-    /// build, which only has SSE2).
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn piece_avx512(&self, kv_head: usize, index: usize) -> Piece {
-        self.piece_portable(kv_head, index)
-    }
-
-    #[inline(always)]
-    fn piece_portable(&self, kv_head: usize, index: usize) -> Piece {
-        let HeadLayout {
-            num_heads,
-            num_kv_heads,
-            head_dim,
-        } = self.layout;
-        let group = num_heads / num_kv_heads;
-        let kv_width = num_kv_heads * head_dim;
-        let kv_offset = kv_head * head_dim;
-        let slots = &self.slots[index * KEY_PIECE..((index + 1) * KEY_PIECE).min(self.slots.len())];
-        let n = slots.len();
-        let mut scores = vec![0f32; group * n];
-        let key = |i: usize| &self.keys[slots[i] * kv_width + kv_offset..][..head_dim];
-        let queries: Vec<&[f32]> = (0..group)
-            .map(|g| &self.query_row[(kv_head * group + g) * head_dim..][..head_dim])
-            .collect();
-        scaled_dots_many(&queries, key, self.scale, &mut scores);
-        let mut max = vec![f32::NEG_INFINITY; group];
-        let mut sum = vec![0f32; group];
-        for g in 0..group {
-            let scores = &mut scores[g * n..(g + 1) * n];
-            max[g] = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            for score in scores.iter_mut() {
-                *score = (*score - max[g]).exp();
-                sum[g] += *score;
-            }
-        }
-        let mut out = vec![0f32; group * head_dim];
-        let value = |i: usize| &self.values[slots[i] * kv_width + kv_offset..][..head_dim];
-        weighted_sums(&mut out, head_dim, &scores, value);
-        Piece { max, sum, out }
     }
 }
 
@@ -507,6 +370,57 @@ mod tests {
             .install(run)
     }
 
+    /// Rows that share pieces (tree rows over a common context, a prompt's causal rows) get
+    /// the bits each row gets alone, on any number of threads.
+    #[test]
+    fn rows_sharing_pieces_get_the_bits_they_get_alone() {
+        let layout = HeadLayout {
+            num_heads: 6,
+            num_kv_heads: 2,
+            head_dim: 16,
+        };
+        let (width, kv_width) = (6 * 16, 2 * 16);
+        let slots_total = 1200;
+        let wave = |n: usize, seed: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i as f32 + seed) * 0.377).sin() * 1.5)
+                .collect()
+        };
+        let (keys, values) = (
+            wave(slots_total * kv_width, 1.0),
+            wave(slots_total * kv_width, 2.0),
+        );
+        // A context of 900 slots in scattered order, then a small tree: each row sees the
+        // context and its ancestors (slots 900..). Then causal prompt rows across a piece
+        // boundary, and a short row between them.
+        let context: Vec<usize> = (0..900).map(|i| (i * 7) % 900).collect();
+        let tree_paths: [&[usize]; 5] =
+            [&[900], &[900, 901], &[900, 902], &[900, 901, 903], &[904]];
+        let mut key_slots: Vec<Vec<usize>> = tree_paths
+            .iter()
+            .map(|path| context.iter().chain(path.iter()).copied().collect())
+            .collect();
+        key_slots.push((0..40).collect());
+        key_slots.extend((250..262).map(|len| (0..len).collect::<Vec<_>>()));
+        key_slots.extend((510..516).map(|len| (0..len).collect::<Vec<_>>()));
+        let rows = key_slots.len();
+        let queries = wave(rows * width, 3.0);
+        let scale = 0.25;
+        let alone: Vec<f32> = (0..rows)
+            .flat_map(|r| {
+                let query = &queries[r * width..(r + 1) * width];
+                attend(&key_slots[r..r + 1], layout, scale, query, &keys, &values)
+            })
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for threads in [1, 3] {
+            let together = on_threads(threads, || {
+                attend(&key_slots, layout, scale, &queries, &keys, &values)
+            });
+            assert_eq!(bits(&together), bits(&alone), "{threads} threads");
+        }
+    }
+
     #[test]
     fn long_rows_in_pieces_equal_the_formula_and_do_not_depend_on_threads() {
         for context in [255, 256, 700] {
@@ -549,6 +463,12 @@ mod tests {
         let avx512 = false;
         let test = "weighted_sums_equal_the_portable_loop_bit_for_bit (its AVX-512 path)";
         crate::skip_without("avx512", avx512, test);
+        check_weighted_sums::<false>();
+        check_weighted_sums::<true>();
+    }
+
+    /// [`weighted_sums`] against [`weighted_sum_portable`] with each multiply-add kind.
+    fn check_weighted_sums<const FUSED: bool>() {
         // Value widths of whole vectors (one pass, several, a partial tile) and one that is
         // not (the portable loop itself).
         for width in [16, 64, 80, 128, 256, 24] {
@@ -560,11 +480,15 @@ mod tests {
                 let value = |i: usize| &values[i * width..(i + 1) * width];
                 let start: Vec<f32> = (0..width).map(|e| e as f32 * 0.1).collect();
                 let mut ours = start.clone();
-                weighted_sums(&mut ours, width, &weights, value);
+                weighted_sums::<FUSED>(&mut ours, width, &weights, value);
                 let mut portable = start.clone();
-                weighted_sum_portable(&mut portable, &weights, (0..count).map(value));
+                weighted_sum_portable::<FUSED>(&mut portable, &weights, (0..count).map(value));
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&ours), bits(&portable), "width {width}, count {count}");
+                assert_eq!(
+                    bits(&ours),
+                    bits(&portable),
+                    "fused {FUSED}, width {width}, count {count}"
+                );
                 // Several outputs over the same values (1 to 7 query heads of a KV head), each
                 // with its own weights: each as the portable loop gives it alone.
                 for queries in 1..=7 {
@@ -572,11 +496,15 @@ mod tests {
                         .map(|i| (i as f32 * 0.53).cos())
                         .collect();
                     let mut ours: Vec<f32> = (0..queries).flat_map(|_| start.clone()).collect();
-                    weighted_sums(&mut ours, width, &weights, value);
+                    weighted_sums::<FUSED>(&mut ours, width, &weights, value);
                     for (j, ours) in ours.chunks_exact(width).enumerate() {
                         let mut portable = start.clone();
                         let weights = &weights[j * count..(j + 1) * count];
-                        weighted_sum_portable(&mut portable, weights, (0..count).map(value));
+                        weighted_sum_portable::<FUSED>(
+                            &mut portable,
+                            weights,
+                            (0..count).map(value),
+                        );
                         assert_eq!(bits(ours), bits(&portable), "{width} {count} {queries} {j}");
                     }
                 }
