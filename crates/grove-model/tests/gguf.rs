@@ -225,3 +225,92 @@ fn bad_gguf_files_give_clear_errors() {
     let message = load_with_architecture("mamba");
     assert!(message.contains("mamba"), "{message}");
 }
+
+/// A quantized model's tree rows compute exactly (bit for bit) what their ancestor paths run
+/// causally compute, over a context long enough for attention's pieces, in every block
+/// format: the products, attention and the rest give a row the same bits whatever rows are
+/// computed beside it, which a lossless verify needs (the kernels this CPU allows; CI runs
+/// this again under `GROVE_KERNEL=scalar`).
+#[test]
+fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
+    use grove_model::Visibility;
+    let spec = RandomCheckpoint {
+        hidden_size: 256,
+        intermediate_size: 512,
+        head_dim: 64,
+        max_position_embeddings: 1024,
+        ..checkpoint(Family::Qwen2)
+    };
+    let context: Vec<u32> = (0..300u32).map(|i| (i * 37 + 11) % 300).collect();
+    // Root 0; children 1, 2; 3 under 1; 4 under 3; 5 under 2; 6 under 1.
+    let parents = vec![None, Some(0), Some(0), Some(1), Some(3), Some(2), Some(1)];
+    let tokens: Vec<u32> = vec![11, 30, 31, 40, 50, 60, 41];
+    let path = |node: usize| {
+        let mut path = vec![node];
+        while let Some(p) = parents[*path.last().unwrap()] {
+            path.push(p);
+        }
+        path.reverse();
+        path
+    };
+    let dir = tempfile::tempdir().unwrap();
+    spec.write(dir.path()).unwrap();
+    for dtype in [
+        GgmlDType::Q8_0,
+        GgmlDType::Q5_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+    ] {
+        let file = dir.path().join(format!("model-{dtype:?}.gguf"));
+        write_gguf(dir.path(), &spec, "qwen2", dtype, &file);
+        let model = Decoder::load(&file, &Device::Cpu).unwrap();
+        let pool = PagePool::new(context.len() + 16, 1).unwrap();
+        let mut kv = model.new_kv_store(pool.num_slots());
+        let mut table = pool.new_table();
+        table.reserve(context.len() + tokens.len()).unwrap();
+        let positions: Vec<usize> = (0..context.len()).collect();
+        let prefill = Segment::causal(&table, &context, &positions, LogitRows::None);
+        let batch = ForwardBatch {
+            segments: vec![prefill],
+            taps: &[],
+        };
+        model.forward(&batch, &mut kv).unwrap();
+        table.append(context.len());
+        let positions: Vec<usize> = (0..tokens.len())
+            .map(|node| context.len() + path(node).len() - 1)
+            .collect();
+        let tree = Segment {
+            table: &table,
+            context_len: table.len(),
+            tokens: &tokens,
+            positions: &positions,
+            visibility: Visibility::Tree {
+                parents: parents.clone(),
+            },
+            logits: LogitRows::All,
+        };
+        let batch = ForwardBatch {
+            segments: vec![tree],
+            taps: &[],
+        };
+        let tree = model.forward(&batch, &mut kv).unwrap();
+        for node in 0..tokens.len() {
+            // The path as plain causal rows after the same committed context (never committed:
+            // each path writes over the slots the tree used).
+            let path_tokens: Vec<u32> = path(node).iter().map(|&i| tokens[i]).collect();
+            let positions: Vec<usize> = (0..path_tokens.len()).map(|i| context.len() + i).collect();
+            let chain = Segment::causal(&table, &path_tokens, &positions, LogitRows::All);
+            let batch = ForwardBatch {
+                segments: vec![chain],
+                taps: &[],
+            };
+            let chain = model.forward(&batch, &mut kv).unwrap();
+            let bits = |row: Vec<f32>| row.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(
+                bits(tree.logits_row(node).unwrap()),
+                bits(chain.logits_row(path_tokens.len() - 1).unwrap()),
+                "{dtype:?} node {node}"
+            );
+        }
+    }
+}
