@@ -548,13 +548,14 @@ pub struct QuantizedRows {
     /// `[rows, k / 32]` for Q4_K on AVX-512 CPUs (else empty): each 32-value sum times its
     /// block's scale, the activations' side of the mins' term.
     scaled_sum32: Vec<f32>,
-    /// `[rows, k / 32]` for the 32-weight formats on AVX-512 CPUs (else empty): minus
-    /// `sum32`, where the column kernels' integer sums of a block start (shifted by the zero
-    /// point's bits: the zero point's term).
-    neg_sum32: Vec<i32>,
-    /// `[rows, k / 16]` for Q6_K on AVX-512 CPUs (else empty): minus `sum16`, the same for
-    /// its 16-weight sub-blocks.
-    neg_sum16: Vec<i32>,
+    /// `[rows, k / 32]` for Q8_0 on AVX-512 CPUs (else empty): where the column kernel's
+    /// integer sums of a block start, minus the zero point (128) times the block's values' sum
+    /// (a broadcast load, no arithmetic, per block and row).
+    zero_q8: Vec<i32>,
+    /// The same for Q5_0 (zero point 16).
+    zero_q5: Vec<i32>,
+    /// `[rows, k / 16]`, the same for Q6_K's 16-weight sub-blocks (zero point 32).
+    zero_q6: Vec<i32>,
 }
 
 impl QuantizedRows {
@@ -578,15 +579,19 @@ impl QuantizedRows {
             sum16: vec![0i32; rows * k / 16],
             sum32: vec![0i32; rows * k / 32],
             scaled_sum32: Vec::new(),
-            neg_sum32: Vec::new(),
-            neg_sum16: Vec::new(),
+            zero_q8: Vec::new(),
+            zero_q5: Vec::new(),
+            zero_q6: Vec::new(),
         };
         quantize(x, &mut quantized);
         // What the column kernels read beside the values, each only where a format needs it.
         if Kernel::detect() == Kernel::Avx512Vnni {
-            let negated = |sums: &[i32]| sums.iter().map(|&sum| -sum).collect();
-            if block == 32 {
-                quantized.neg_sum32 = negated(&quantized.sum32);
+            let times = |zero: i32, sums: &[i32]| sums.iter().map(|&sum| -zero * sum).collect();
+            if formats.contains(&QuantFormat::Q8_0) {
+                quantized.zero_q8 = times(128, &quantized.sum32);
+            }
+            if formats.contains(&QuantFormat::Q5_0) {
+                quantized.zero_q5 = times(16, &quantized.sum32);
             }
             if formats.contains(&QuantFormat::Q4K) {
                 let QuantizedRows { scale, sum32, .. } = &quantized;
@@ -595,7 +600,7 @@ impl QuantizedRows {
                     .collect();
             }
             if formats.contains(&QuantFormat::Q6K) {
-                quantized.neg_sum16 = negated(&quantized.sum16);
+                quantized.zero_q6 = times(32, &quantized.sum16);
             }
         }
         quantized
@@ -603,11 +608,11 @@ impl QuantizedRows {
 
     /// Whether what `format`'s column kernel reads beside the values was made.
     fn ready_for(&self, format: QuantFormat) -> bool {
-        let sums32 = self.neg_sum32.len() == self.sum32.len();
         match format {
-            QuantFormat::Q8_0 | QuantFormat::Q5_0 => sums32,
+            QuantFormat::Q8_0 => self.zero_q8.len() == self.sum32.len(),
+            QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
             QuantFormat::Q4K => self.scaled_sum32.len() == self.sum32.len(),
-            QuantFormat::Q6K => self.neg_sum16.len() == self.sum16.len(),
+            QuantFormat::Q6K => self.zero_q6.len() == self.sum16.len(),
         }
     }
 

@@ -25,9 +25,9 @@ struct Acts<const R: usize> {
     q: [*const i8; R],
     /// One per block (32 or 256 values).
     scale: [*const f32; R],
-    /// Minus the sums of every 32 (Q8_0, Q5_0) or 16 (Q6_K) values: where a block's integer
-    /// sums start, shifted by the zero point's bits.
-    neg_sum: [*const i32; R],
+    /// Where a block's (Q6_K: a sub-block's) integer sums start: minus the zero point times
+    /// the activations' sum (`QuantizedRows::zero_q8`).
+    zero: [*const i32; R],
     /// Q4_K: each 32 values' sum times its super-block's scale (the mins' term).
     scaled_sum32: [*const f32; R],
 }
@@ -36,16 +36,19 @@ impl<const R: usize> Acts<R> {
     fn new(acts: &QuantizedRows, format: QuantFormat, start: usize) -> Self {
         let k = acts.k;
         let row = |r: usize, per_row: usize| (start + r) * per_row;
-        let (neg_sum, per) = match format {
-            QuantFormat::Q6K => (&acts.neg_sum16, 16),
-            _ => (&acts.neg_sum32, 32),
+        let (zero, per) = match format {
+            QuantFormat::Q8_0 => (&acts.zero_q8, 32),
+            QuantFormat::Q5_0 => (&acts.zero_q5, 32),
+            // Q4_K has mins instead (`scaled_sum32`).
+            QuantFormat::Q4K => (&acts.zero_q8, 32),
+            QuantFormat::Q6K => (&acts.zero_q6, 16),
         };
         Self {
             q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(row(r, k))),
             scale: std::array::from_fn(|r| {
                 acts.scale.as_ptr().wrapping_add(row(r, k / acts.block))
             }),
-            neg_sum: std::array::from_fn(|r| neg_sum.as_ptr().wrapping_add(row(r, k / per))),
+            zero: std::array::from_fn(|r| zero.as_ptr().wrapping_add(row(r, k / per))),
             scaled_sum32: std::array::from_fn(|r| {
                 acts.scaled_sum32.as_ptr().wrapping_add(row(r, k / 32))
             }),
@@ -84,11 +87,11 @@ unsafe fn dots<const R: usize, const G: usize>(
     sums
 }
 
-/// Each row's sums starting at minus `2^SHIFT` times the sum at `neg_sum[r] + index`.
+/// Each row's sums starting where block `index`'s zero point puts them.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn zero_start<const R: usize, const SHIFT: u32>(x: &Acts<R>, index: usize) -> [__m512i; R] {
-    std::array::from_fn(|r| _mm512_slli_epi32::<SHIFT>(_mm512_set1_epi32(*x.neg_sum[r].add(index))))
+unsafe fn zero_start<const R: usize>(x: &Acts<R>, index: usize) -> [__m512i; R] {
+    std::array::from_fn(|r| _mm512_set1_epi32(*x.zero[r].add(index)))
 }
 
 /// 16 f16 at `p` as f32.
@@ -165,7 +168,7 @@ impl Format for Q8_0 {
         for b in 0..2 {
             let block = 2 * i + b;
             // Stored as q + 128: the sums start at -128 times the activations' sum.
-            let start = zero_start::<R, 7>(x, block);
+            let start = zero_start::<R>(x, block);
             let vectors = unit.add(at::q8_block(b));
             let sums = dots::<R, 8>(start, x, 32 * block, |g| {
                 _mm512_loadu_si512(vectors.add(VECTOR * g).cast())
@@ -184,7 +187,7 @@ impl Format for Q5_0 {
         let sixteen = _mm512_set1_epi8(16);
         for b in 0..2 {
             let block = 2 * i + b;
-            let start = zero_start::<R, 4>(x, block);
+            let start = zero_start::<R>(x, block);
             let quants = unit.add(at::q5_block(b));
             let low = nibble_groups(quants);
             let bits = quants.add(at::Q5_BITS).cast::<u64>();
@@ -256,7 +259,7 @@ impl Format for Q6K {
                 // Sub-block 2j + half: 16 weights, zero point 32.
                 let sub = 2 * j + half;
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub)), d);
-                let start = zero_start::<R, 5>(x, 16 * i + sub);
+                let start = zero_start::<R>(x, 16 * i + sub);
                 let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u(4 * half + g));
                 for r in 0..R {
                     block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);

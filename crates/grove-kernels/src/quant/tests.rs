@@ -333,8 +333,9 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 sum16: vec![0i32; n / 16],
                 sum32: vec![0i32; n / 32],
                 scaled_sum32: Vec::new(),
-                neg_sum32: Vec::new(),
-                neg_sum16: Vec::new(),
+                zero_q8: Vec::new(),
+                zero_q5: Vec::new(),
+                zero_q6: Vec::new(),
             };
             if vector {
                 super::simd::quantize(&x, &mut rows);
