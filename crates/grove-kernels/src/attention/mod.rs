@@ -30,6 +30,13 @@ pub struct HeadLayout {
     pub head_dim: usize,
 }
 
+impl HeadLayout {
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+}
+
 /// `softmax(scale * q K^T) V` for every row and head, over the row's visible key slots
 /// (`key_slots[row]`, in order). `queries` is `[rows, heads * d]` (already rotated);
 /// `keys`/`values` are a layer of the KV store, `[slots, kv_heads * d]`. Returns

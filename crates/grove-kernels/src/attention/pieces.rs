@@ -102,11 +102,11 @@ impl Inputs<'_> {
     /// output.
     fn combine(&self, pieces: &[Piece], places: &[(usize, usize)], out_row: &mut [f32]) {
         let HeadLayout {
-            num_heads,
             num_kv_heads,
             head_dim,
+            ..
         } = self.layout;
-        let group = num_heads / num_kv_heads;
+        let group = self.layout.group();
         for kv_head in 0..num_kv_heads {
             // Each piece of the row, and where the row's query heads start in it.
             let parts: Vec<(&Piece, usize)> = places
@@ -162,13 +162,9 @@ impl Inputs<'_> {
 
     #[inline(always)]
     fn piece_portable(&self, job: &Job, kv_head: usize) -> Piece {
-        let HeadLayout {
-            num_heads,
-            num_kv_heads,
-            head_dim,
-        } = self.layout;
-        let group = num_heads / num_kv_heads;
-        let (kv_width, row_width) = (num_kv_heads * head_dim, num_heads * head_dim);
+        let (layout, head_dim) = (self.layout, self.layout.head_dim);
+        let group = layout.group();
+        let (kv_width, row_width) = (layout.num_kv_heads * head_dim, layout.num_heads * head_dim);
         let kv_offset = kv_head * head_dim;
         let slots = piece_slots(&self.key_slots[job.rows[0]], job.piece);
         let n = slots.len();
