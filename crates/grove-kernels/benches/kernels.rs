@@ -1,5 +1,6 @@
-//! The few-row products of decoding and small verifies: the streaming kernel against candle's
-//! gemm on a Qwen3-0.6B MLP weight (3072 x 1024) for 1, 4 and 8 rows; and the quantized kernels
+//! The few-row products of decoding and small verifies: the column strips (the dense kernel
+//! models use) and the streaming kernel against candle's gemm on a Qwen3-0.6B MLP weight
+//! (3072 x 1024) for 1, 4, 8 and 16 rows; and the quantized kernels
 //! against candle's quantized matmul on a Qwen2.5-0.5B MLP weight (4864 x 896) in each GGUF
 //! format. `cargo bench -p grove-kernels`; `QN` / `QK` set the quantized shape (a head:
 //! `QN=151936 QK=896`).
@@ -8,15 +9,20 @@ use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use grove_kernels::dense::matmul_transposed;
 use grove_kernels::quant::{QMatrix, QuantFormat};
+use grove_kernels::strips::DenseStrips;
 
 fn small_row_matmul(c: &mut Criterion) {
     let (n, k) = (3072, 1024);
     let weight = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
     let weight_host: Vec<f32> = weight.flatten_all().unwrap().to_vec1().unwrap();
+    let strips = DenseStrips::new(&weight_host, n, k);
     let mut group = c.benchmark_group("matmul_3072x1024");
-    for rows in [1usize, 4, 8] {
+    for rows in [1usize, 4, 8, 16] {
         let x = Tensor::randn(0f32, 1.0, (rows, k), &Device::Cpu).unwrap();
         let x_host: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        group.bench_with_input(BenchmarkId::new("strips", rows), &rows, |b, &rows| {
+            b.iter(|| strips.matmul(&x_host, rows))
+        });
         group.bench_with_input(BenchmarkId::new("streaming", rows), &rows, |b, &rows| {
             b.iter(|| matmul_transposed(&x_host, rows, &weight_host, n, k))
         });

@@ -3,6 +3,7 @@
 //! shared task lists, file maps). Every other crate denies it.
 //!
 //! - [`quant`]: GGUF block formats kept quantized, their load-time layouts and products.
+//! - [`strips`]: dense f32 matrices in column strips and their products (any row count).
 //! - [`dense`]: the streaming f32 product for few rows, and the dot kernels attention uses.
 //! - [`attention`]: softmax attention over lists of visible key slots.
 //! - [`activation`]: gated MLP activations.
@@ -19,6 +20,7 @@ pub mod cpu;
 pub mod dense;
 pub mod memory;
 pub mod quant;
+pub mod strips;
 pub mod threads;
 
 /// Test support: whether a test whose kernel this CPU lacks should run. It prints what it

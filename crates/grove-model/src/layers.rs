@@ -23,11 +23,11 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Self {
-            weight: Matrix::Dense(weight),
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> candle_core::Result<Self> {
+        Ok(Self {
+            weight: Matrix::dense(&weight)?,
             bias,
-        }
+        })
     }
 
     pub fn from_matrix(weight: Matrix, bias: Option<Tensor>) -> Self {

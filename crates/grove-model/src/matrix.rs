@@ -4,22 +4,30 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Storage, Tensor};
-use grove_kernels::dense::{matmul_transposed, MAX_STREAMING_ROWS};
 use grove_kernels::quant::{self, QMatrix};
+use grove_kernels::strips::DenseStrips;
 
-/// A weight matrix `[out, in]`: f32 (safetensors, or GGUF types without a kernel), or a GGUF
-/// block format kept quantized (`quant`).
+/// A weight matrix `[out, in]`: f32 in column strips (safetensors, or GGUF types without a
+/// kernel), or a GGUF block format kept quantized (`quant`).
 #[derive(Debug, Clone)]
 pub enum Matrix {
-    Dense(Tensor),
+    Dense(Arc<DenseStrips>),
     Quantized(Arc<QMatrix>),
 }
 
 impl Matrix {
+    /// The f32 matrix `weight` (`[out, in]`), copied into column strips (`grove_kernels::strips`:
+    /// one kernel for any number of rows, so a verify's rows get a decode step's bits).
+    pub fn dense(weight: &Tensor) -> candle_core::Result<Self> {
+        let (n, k) = weight.dims2()?;
+        let strips = with_host_values(weight, |values| DenseStrips::new(values, n, k))?;
+        Ok(Self::Dense(Arc::new(strips)))
+    }
+
     /// The number of outputs (rows of the weight).
     pub(crate) fn out_dim(&self) -> candle_core::Result<usize> {
         match self {
-            Self::Dense(weight) => Ok(weight.dims2()?.0),
+            Self::Dense(matrix) => Ok(matrix.dims().0),
             Self::Quantized(matrix) => Ok(matrix.dims().0),
         }
     }
@@ -28,37 +36,27 @@ impl Matrix {
     pub(crate) fn matmul_host(&self, x: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
         match self {
             Self::Quantized(matrix) => Ok(matrix.matmul(x, rows)),
-            Self::Dense(weight) => {
-                let (n, k) = weight.dims2()?;
-                if rows <= MAX_STREAMING_ROWS {
-                    return with_host_values(weight, |w| matmul_transposed(x, rows, w, n, k));
-                }
-                // Many rows: candle's blocked gemm.
-                let x = Tensor::from_slice(x, (rows, k), weight.device())?;
-                host_values(&x.matmul(&weight.t()?)?)
-            }
+            Self::Dense(matrix) => Ok(matrix.matmul(x, rows)),
         }
     }
 
     /// Rows `ids` as f32 `[ids, in]` (an embedding lookup).
     pub fn rows(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Dense(weight) => {
-                let ids = Tensor::from_vec(ids.to_vec(), ids.len(), weight.device())?;
-                weight.index_select(&ids, 0)
+        let (n, k) = match self {
+            Self::Dense(matrix) => matrix.dims(),
+            Self::Quantized(matrix) => matrix.dims(),
+        };
+        let mut out = vec![0f32; ids.len() * k];
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
+            if id as usize >= n {
+                candle_core::bail!("row {id} out of range for {n} rows");
             }
-            Self::Quantized(matrix) => {
-                let (n, k) = matrix.dims();
-                let mut out = vec![0f32; ids.len() * k];
-                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
-                    if id as usize >= n {
-                        candle_core::bail!("row {id} out of range for {n} rows");
-                    }
-                    matrix.dequantize_row(id as usize, row);
-                }
-                Tensor::from_vec(out, (ids.len(), k), &candle_core::Device::Cpu)
+            match self {
+                Self::Dense(matrix) => matrix.row(id as usize, row),
+                Self::Quantized(matrix) => matrix.dequantize_row(id as usize, row),
             }
         }
+        Tensor::from_vec(out, (ids.len(), k), &candle_core::Device::Cpu)
     }
 }
 

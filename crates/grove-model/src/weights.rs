@@ -103,7 +103,7 @@ impl Weights {
                 return Ok(Matrix::Quantized(std::sync::Arc::new(matrix)));
             }
         }
-        Ok(Matrix::Dense(self.get(name, shape)?))
+        Ok(Matrix::dense(&self.get(name, shape)?)?)
     }
 
     /// Loads `name` as f32 and checks its shape.

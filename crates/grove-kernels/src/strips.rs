@@ -1,0 +1,290 @@
+//! Dense f32 weights in column strips, the layout of `quant::columns` without the blocks: rows
+//! in strips of [`STRIP`], and for each input `i` the 16 rows' weights `i` side by side.
+//!
+//! A product then broadcasts one activation value and multiplies it into 16 outputs with one
+//! fused multiply-add, each weight vector loaded once for every activation row of a tile, and
+//! nothing is reduced horizontally. A dot product per (weight row, activation row), as the
+//! streaming kernel of `dense.rs` does, pays a horizontal sum per pair: an 8-row verify of the
+//! embedded default pair (in cache) cost 3.4x one row. Every row count runs the same
+//! arithmetic per output (two sums, of the even and the odd inputs, added at the end), so a
+//! row's outputs are the same bits alone, in a verify's tile or in a prompt: a speculative
+//! verify computes exactly what decoding computes.
+
+use rayon::prelude::*;
+
+/// Weight rows per strip: one f32 lane of a 512-bit vector each.
+pub const STRIP: usize = 16;
+/// Weight rows per parallel task.
+const ROWS_PER_TASK: usize = 64;
+/// Below this many multiply-adds a product runs on the calling thread.
+const PARALLEL_MIN_WORK: usize = 1 << 18;
+/// Activation rows per pass over a strip (the most the registers hold: two sums per row).
+const TILE: usize = 8;
+
+/// An `[n, k]` f32 matrix in column strips.
+#[derive(Debug, Clone)]
+pub struct DenseStrips {
+    n: usize,
+    k: usize,
+    /// `[strips, k, 16]`; rows past `n` are zeros.
+    values: Vec<f32>,
+}
+
+impl DenseStrips {
+    /// The `[n, k]` row-major matrix `weight` in strips.
+    pub fn new(weight: &[f32], n: usize, k: usize) -> Self {
+        assert_eq!(weight.len(), n * k, "weight is not [n, k]");
+        let mut values = vec![0f32; n.div_ceil(STRIP) * STRIP * k];
+        values
+            .par_chunks_mut(STRIP * k)
+            .enumerate()
+            .for_each(|(s, strip)| {
+                for p in 0..STRIP.min(n - s * STRIP) {
+                    let row = &weight[(s * STRIP + p) * k..][..k];
+                    for (i, &w) in row.iter().enumerate() {
+                        strip[i * STRIP + p] = w;
+                    }
+                }
+            });
+        Self { n, k, values }
+    }
+
+    /// `(n, k)`: output rows, inputs per row.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Weight row `j` into `out` (`k` values).
+    pub fn row(&self, j: usize, out: &mut [f32]) {
+        assert!(
+            j < self.n && out.len() == self.k,
+            "row {j} of {} rows",
+            self.n
+        );
+        let strip = &self.values[j / STRIP * STRIP * self.k..][..STRIP * self.k];
+        for (value, column) in out.iter_mut().zip(strip.chunks_exact(STRIP)) {
+            *value = column[j % STRIP];
+        }
+    }
+
+    /// `x W^T` as `[rows, n]` for `x: [rows, k]`.
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        assert_eq!(x.len(), rows * k, "input is not [rows, k]");
+        if rows == 0 || n == 0 {
+            return Vec::new();
+        }
+        // Each task writes `[rows, w]` for its `w` weight rows into a block of its own.
+        let task_len = ROWS_PER_TASK * rows;
+        let mut blocks = vec![0f32; n * rows];
+        let strip_len = STRIP * k;
+        let task = |(index, block): (usize, &mut [f32])| {
+            let first = index * ROWS_PER_TASK;
+            let w = block.len() / rows.max(1);
+            let strips = &self.values[first / STRIP * strip_len..][..w.div_ceil(STRIP) * strip_len];
+            product(strips, k, w, x, rows, block);
+        };
+        if n * k * rows >= PARALLEL_MIN_WORK {
+            blocks.par_chunks_mut(task_len).enumerate().for_each(task);
+        } else {
+            blocks.chunks_mut(task_len).enumerate().for_each(task);
+        }
+        if rows == 1 {
+            return blocks;
+        }
+        let mut output = vec![0f32; rows * n];
+        for (i, out) in output.chunks_exact_mut(n).enumerate() {
+            for (task, run) in out.chunks_mut(ROWS_PER_TASK).enumerate() {
+                let block = task * ROWS_PER_TASK * rows;
+                let w = run.len();
+                run.copy_from_slice(&blocks[block + i * w..block + (i + 1) * w]);
+            }
+        }
+        output
+    }
+}
+
+/// `out[r * w + j]` = weight row `j` of `strips` (`j < w`) dotted with `x` row `r`.
+fn product(strips: &[f32], k: usize, w: usize, x: &[f32], rows: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::allows(crate::cpu::Level::Avx512) {
+        // SAFETY: the level includes the features `product_avx512` is compiled for, found on
+        // this CPU.
+        #[allow(unsafe_code)]
+        unsafe {
+            return product_avx512(strips, k, w, x, rows, out);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::allows(crate::cpu::Level::Avx2) {
+        // SAFETY: as above, for AVX2 and FMA.
+        #[allow(unsafe_code)]
+        unsafe {
+            return product_avx2(strips, k, w, x, rows, out);
+        }
+    }
+    product_portable(strips, k, w, x, rows, out)
+}
+
+/// The reference: per output, the even inputs' and the odd inputs' fused multiply-adds in
+/// order, then their sum (what the vector kernel does lane by lane).
+#[inline(always)]
+fn product_portable(strips: &[f32], k: usize, w: usize, x: &[f32], rows: usize, out: &mut [f32]) {
+    for (s, strip) in strips.chunks_exact(STRIP * k).enumerate() {
+        for p in 0..STRIP.min(w - s * STRIP) {
+            for r in 0..rows {
+                let input = &x[r * k..(r + 1) * k];
+                let (mut even, mut odd) = (0f32, 0f32);
+                for (i, &value) in input.iter().enumerate() {
+                    let weight = strip[i * STRIP + p];
+                    if i % 2 == 0 {
+                        even = value.mul_add(weight, even);
+                    } else {
+                        odd = value.mul_add(weight, odd);
+                    }
+                }
+                out[r * w + s * STRIP + p] = even + odd;
+            }
+        }
+    }
+}
+
+/// [`product_portable`] compiled for AVX2 and FMA (the multiply-adds become instructions, and
+/// the compiler vectorizes what it can; the same operations, so the same bits).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn product_avx2(
+    strips: &[f32],
+    k: usize,
+    w: usize,
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+) {
+    product_portable(strips, k, w, x, rows, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn product_avx512(
+    strips: &[f32],
+    k: usize,
+    w: usize,
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+) {
+    assert!(strips.len() == w.div_ceil(STRIP) * STRIP * k && x.len() >= rows * k);
+    assert!(out.len() >= rows * w);
+    let mut done = 0;
+    while done < rows {
+        let tile = [TILE, 4, 2, 1]
+            .into_iter()
+            .find(|&t| t <= rows - done)
+            .unwrap_or(1);
+        for (s, strip) in strips.chunks_exact(STRIP * k).enumerate() {
+            let width = STRIP.min(w - s * STRIP);
+            let at = |r: usize| (done + r) * w + s * STRIP;
+            // SAFETY: the strip holds `k` vectors, rows `done..done + tile` of `x` exist and
+            // the masked stores stay inside `out` (asserted above).
+            match tile {
+                TILE => strip_tile::<TILE>(strip, k, x, done, out, at, width),
+                4 => strip_tile::<4>(strip, k, x, done, out, at, width),
+                2 => strip_tile::<2>(strip, k, x, done, out, at, width),
+                _ => strip_tile::<1>(strip, k, x, done, out, at, width),
+            }
+        }
+        done += tile;
+    }
+}
+
+/// One strip against activation rows `first..first + R`: row `r`'s 16 outputs (the first
+/// `width`) at `out[at(r)..]`.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn strip_tile<const R: usize>(
+    strip: &[f32],
+    k: usize,
+    x: &[f32],
+    first: usize,
+    out: &mut [f32],
+    at: impl Fn(usize) -> usize,
+    width: usize,
+) {
+    use std::arch::x86_64::*;
+    let inputs: [*const f32; R] = std::array::from_fn(|r| x.as_ptr().add((first + r) * k));
+    let (mut even, mut odd) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+    let weights = strip.as_ptr();
+    let mut i = 0;
+    while i + 1 < k {
+        let (w0, w1) = (
+            _mm512_loadu_ps(weights.add(i * STRIP)),
+            _mm512_loadu_ps(weights.add((i + 1) * STRIP)),
+        );
+        for r in 0..R {
+            even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*inputs[r].add(i)), w0, even[r]);
+            odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(*inputs[r].add(i + 1)), w1, odd[r]);
+        }
+        i += 2;
+    }
+    if i < k {
+        let w0 = _mm512_loadu_ps(weights.add(i * STRIP));
+        for r in 0..R {
+            even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*inputs[r].add(i)), w0, even[r]);
+        }
+    }
+    let mask = ((1u32 << width) - 1) as __mmask16;
+    for r in 0..R {
+        let sum = _mm512_add_ps(even[r], odd[r]);
+        _mm512_mask_storeu_ps(out.as_mut_ptr().add(at(r)), mask, sum);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wave(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + seed) * 0.713).sin()).collect()
+    }
+
+    /// Every row count 1..=20 (every tile and remainder), odd `k`, a last strip of 5 rows and
+    /// several tasks: the same bits as the reference, and each row as when multiplied alone.
+    #[test]
+    fn products_equal_the_reference_bit_for_bit_in_any_tile() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (n, k) in [(37, 33), (133, 64)] {
+            let weight = wave(n * k, 1.0);
+            let strips = DenseStrips::new(&weight, n, k);
+            let mut row = vec![0f32; k];
+            strips.row(n - 1, &mut row);
+            assert_eq!(row, weight[(n - 1) * k..]);
+            for rows in 1..=20 {
+                let x = wave(rows * k, rows as f32);
+                let ours = strips.matmul(&x, rows);
+                let mut reference = vec![0f32; rows * n];
+                product_portable(&strips.values, k, n, &x, rows, &mut reference);
+                assert_eq!(bits(&ours), bits(&reference), "[{n}, {k}] x {rows}");
+                for r in 0..rows {
+                    let alone = strips.matmul(&x[r * k..(r + 1) * k], 1);
+                    assert_eq!(bits(&alone), bits(&ours[r * n..(r + 1) * n]), "row {r}");
+                }
+                // And close to the plain product.
+                for (i, &value) in ours.iter().enumerate() {
+                    let (r, j) = (i / n, i % n);
+                    let exact: f64 = (0..k)
+                        .map(|e| f64::from(x[r * k + e]) * f64::from(weight[j * k + e]))
+                        .sum();
+                    assert!(
+                        (f64::from(value) - exact).abs() < 1e-4,
+                        "{value} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+}
