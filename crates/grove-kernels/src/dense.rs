@@ -1,8 +1,10 @@
-//! A streaming matmul for the few-row products that dominate decoding and small verifies:
-//! `y = x W^T` with `x: [rows, k]`, `W: [n, k]` row-major. Each weight row is read from memory
-//! once and dotted with every input row while it sits in L1, so the cost stays at one pass
-//! over the weights for up to [`MAX_STREAMING_ROWS`] rows. candle's general f32 gemm packs the
-//! whole weight matrix on every call, which at one row reads and writes it twice.
+//! The dot products attention's scores use ([`dot`], [`scaled_dots_many`]), and a streaming
+//! matmul on row-major weights, `y = x W^T` with `x: [rows, k]`, `W: [n, k]`: each weight row
+//! read once and dotted with every input row while it sits in L1, one pass over the weights for
+//! up to [`MAX_STREAMING_ROWS`] rows (candle's f32 gemm packs the whole weight matrix on every
+//! call, which at one row reads and writes it twice). Models multiply by weights in column
+//! strips instead (`strips.rs`: no horizontal sum per row pair, any row count); the streaming
+//! product stays as the benchmark's baseline for them.
 
 use rayon::prelude::*;
 

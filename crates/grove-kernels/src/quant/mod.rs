@@ -239,14 +239,14 @@ const ACT_ROWS_PER_BLOCK: usize = 8;
 const WEIGHT_ROWS_PER_TASK: usize = 32;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 18;
-/// Source bytes interleaved between two releases of the source pages: bounds how much of a
+/// Source bytes copied between two releases of the source pages: bounds how much of a
 /// mapped file is resident beside its copy while a large matrix is being copied.
-const INTERLEAVE_SLAB: usize = 8 << 20;
+const COPY_SLAB: usize = 8 << 20;
 
 impl QMatrix {
     /// The `[n, k]` matrix whose GGUF blocks are `bytes` (checks the length), in the layout
-    /// of this CPU's kernel: on AVX-512 the 32-weight formats are copied into the interleaved
-    /// layout, and mapped source pages are released as they are copied.
+    /// of this CPU's kernel: on AVX-512 every format is copied into the column layout, and
+    /// mapped source pages are released as they are copied.
     pub fn new(format: QuantFormat, n: usize, k: usize, bytes: Bytes) -> Result<Self, String> {
         Self::for_use(format, n, k, bytes, MatrixUse::Products)
     }
@@ -513,7 +513,7 @@ fn copied(
     let len = units * unit_bytes;
     let failed = |e: std::io::Error| format!("{len} bytes for the kernel's copy: {e}");
     let mut copy = arena::allocate(len).map_err(failed)?;
-    let slab_units = (INTERLEAVE_SLAB / source_bytes).max(1);
+    let slab_units = (COPY_SLAB / source_bytes).max(1);
     for (slab, out) in copy
         .bytes_mut()
         .chunks_mut(slab_units * unit_bytes)

@@ -158,7 +158,7 @@ fn a_mapped_source_released_while_copied_still_reads_the_same() {
     // Large enough for several slabs and whole pages to release.
     let (n, k) = (8195, 2048);
     let source = QMatrix::random(QuantFormat::Q8_0, n, k, 3).to_bytes();
-    assert!(source.len() > 2 * INTERLEAVE_SLAB);
+    assert!(source.len() > 2 * COPY_SLAB);
     let path = std::env::temp_dir().join(format!("grove-release-{}.bin", std::process::id()));
     std::fs::write(&path, &source).unwrap();
     let file = std::fs::File::open(&path).unwrap();
