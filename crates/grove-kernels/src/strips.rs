@@ -89,18 +89,7 @@ impl DenseStrips {
         } else {
             blocks.chunks_mut(task_len).enumerate().for_each(task);
         }
-        if rows == 1 {
-            return blocks;
-        }
-        let mut output = vec![0f32; rows * n];
-        for (i, out) in output.chunks_exact_mut(n).enumerate() {
-            for (task, run) in out.chunks_mut(ROWS_PER_TASK).enumerate() {
-                let block = task * ROWS_PER_TASK * rows;
-                let w = run.len();
-                run.copy_from_slice(&blocks[block + i * w..block + (i + 1) * w]);
-            }
-        }
-        output
+        crate::threads::assemble(blocks, n, rows, ROWS_PER_TASK)
     }
 }
 
@@ -286,5 +275,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The AVX2 build of the reference gives its bits (the AVX-512 one is checked above at
+    /// this CPU's level).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_product_has_the_reference_bits() {
+        let avx2 = crate::cpu::Level::supported() >= crate::cpu::Level::Avx2;
+        if crate::skip_without("avx2", avx2, "the_avx2_product_has_the_reference_bits") {
+            return;
+        }
+        let (n, k, rows) = (37, 33, 5);
+        let strips = DenseStrips::new(&wave(n * k, 2.0), n, k);
+        let x = wave(rows * k, 3.0);
+        let (mut ours, mut reference) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+        // SAFETY: AVX2 and FMA were found on this CPU (`Level::supported`).
+        #[allow(unsafe_code)]
+        unsafe {
+            product_avx2(&strips.values, k, n, &x, rows, &mut ours)
+        };
+        product_portable(&strips.values, k, n, &x, rows, &mut reference);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&ours), bits(&reference));
     }
 }

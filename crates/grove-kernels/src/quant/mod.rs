@@ -175,9 +175,8 @@ pub enum Layout {
 }
 
 impl Layout {
-    /// The layout `kernel` multiplies `format` in.
-    pub fn for_kernel(format: QuantFormat, kernel: Kernel) -> Self {
-        let _ = format;
+    /// The layout `kernel` multiplies every format in.
+    pub fn for_kernel(kernel: Kernel) -> Self {
         match kernel {
             Kernel::Avx512Vnni => Self::Columns,
             Kernel::Scalar => Self::Gguf,
@@ -260,7 +259,7 @@ impl QMatrix {
         purpose: MatrixUse,
     ) -> Result<Self, String> {
         let layout = match purpose {
-            MatrixUse::Products => Layout::for_kernel(format, Kernel::detect()),
+            MatrixUse::Products => Layout::for_kernel(Kernel::detect()),
             MatrixUse::Lookups => Layout::Gguf,
         };
         Self::with_layout(format, n, k, bytes, layout)
@@ -413,7 +412,7 @@ impl QMatrix {
         let w = outputs.len() / rows;
         // A matrix kept in a layout this kernel does not read (a lookup table multiplied
         // anyway) goes through the reference kernel.
-        let kernel = if self.layout == Layout::for_kernel(self.format, kernel) {
+        let kernel = if self.layout == Layout::for_kernel(kernel) {
             kernel
         } else {
             Kernel::Scalar

@@ -4,10 +4,8 @@
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
-use rayon::prelude::*;
-
 use super::{Kernel, QMatrix, QuantFormat, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
-use crate::threads::for_each_chunk_mut;
+use crate::threads::{assemble, for_each_chunk_mut};
 
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
 /// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
@@ -77,7 +75,7 @@ pub fn matmul_many_with(
     outputs
         .into_iter()
         .zip(matrices)
-        .map(|(output, matrix)| assemble(output, matrix.n, rows))
+        .map(|(output, matrix)| assemble(output, matrix.n, rows, WEIGHT_ROWS_PER_TASK))
         .collect()
 }
 
@@ -148,7 +146,7 @@ pub fn matmul_gated_with(
     unsafe {
         output.set_len(n * rows)
     };
-    assemble(output, n, rows)
+    assemble(output, n, rows, WEIGHT_ROWS_PER_TASK)
 }
 
 /// Panics unless `x` is `[rows, k]` and `kernel` runs on this CPU (the SIMD kernels are only
@@ -199,28 +197,4 @@ fn zeroed(values: &mut [MaybeUninit<f32>]) -> &mut [f32] {
     unsafe {
         &mut *(std::ptr::from_mut(values) as *mut [f32])
     }
-}
-
-/// The tasks' blocks (`[rows, w]` each, weight rows in order) -> `[rows, n]`: a copy of
-/// `WEIGHT_ROWS_PER_TASK`-value runs, parallel over output rows for large products.
-fn assemble(blocks: Vec<f32>, n: usize, rows: usize) -> Vec<f32> {
-    if rows == 1 {
-        // One row: the blocks are already in order.
-        return blocks;
-    }
-    let mut output = vec![0f32; rows * n];
-    let fill = |(i, out): (usize, &mut [f32])| {
-        for (task, run) in out.chunks_mut(WEIGHT_ROWS_PER_TASK).enumerate() {
-            let block = task * WEIGHT_ROWS_PER_TASK * rows;
-            let w = run.len();
-            run.copy_from_slice(&blocks[block + i * w..block + (i + 1) * w]);
-        }
-    };
-    // A copy moves a value where a product does `k` multiply-adds: parallel from 16k values.
-    if rows * n >= PARALLEL_MIN_WORK / 16 {
-        output.par_chunks_mut(n).enumerate().for_each(fill);
-    } else {
-        output.chunks_mut(n).enumerate().for_each(fill);
-    }
-    output
 }

@@ -36,11 +36,11 @@ impl<const R: usize> Acts<R> {
     fn new(acts: &QuantizedRows, format: QuantFormat, start: usize) -> Self {
         let k = acts.k;
         let row = |r: usize, per_row: usize| (start + r) * per_row;
-        let (zero, per) = match format {
+        let (zero, per): (&[i32], usize) = match format {
             QuantFormat::Q8_0 => (&acts.zero_q8, 32),
             QuantFormat::Q5_0 => (&acts.zero_q5, 32),
-            // Q4_K has mins instead (`scaled_sum32`).
-            QuantFormat::Q4K => (&acts.zero_q8, 32),
+            // Q4_K has mins instead (`scaled_sum32`): its pointers are never read.
+            QuantFormat::Q4K => (&[], 32),
             QuantFormat::Q6K => (&acts.zero_q6, 16),
         };
         Self {

@@ -199,7 +199,7 @@ fn simd_and_scalar_agree_closely() {
         .flat_map(|f| shapes.clone().map(move |s| (f, s)))
     {
         let matrix = QMatrix::random(format, n, k, 7);
-        assert_eq!(matrix.layout(), Layout::for_kernel(format, simd));
+        assert_eq!(matrix.layout(), Layout::for_kernel(simd));
         let x = random_input(rows, k, rows as u64);
         let a = matrix.matmul_with(Kernel::Scalar, &x, rows);
         let b = matrix.matmul_with(simd, &x, rows);
