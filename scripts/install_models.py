@@ -90,8 +90,12 @@ def install(name: str, directory: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="models", type=Path)
-    parser.add_argument("models", nargs="*", choices=sorted(MODELS), default=DEFAULT)
+    # No `choices=`: argparse checks an empty `nargs="*"` list against them and refuses it.
+    parser.add_argument("models", nargs="*", help=f"any of {', '.join(sorted(MODELS))}")
     args = parser.parse_args()
+    unknown = [name for name in args.models if name not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {', '.join(unknown)} (choose from {', '.join(sorted(MODELS))})")
     for name in args.models or DEFAULT:
         install(name, args.dir)
 

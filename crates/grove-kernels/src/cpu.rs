@@ -15,7 +15,8 @@ pub const VARIABLE: &str = "GROVE_KERNEL";
 pub enum Level {
     /// Portable Rust: the reference every SIMD path is tested against.
     Scalar,
-    /// AVX2 and FMA (the dense dot products).
+    /// AVX2, FMA and F16C (every kernel but the gated activations: the quantized products
+    /// in `vpmaddubsw`, dense strips, attention).
     Avx2,
     /// AVX-512 F/BW/DQ with VNNI, F16C and BMI2 (every kernel).
     Avx512,
@@ -46,7 +47,7 @@ impl Level {
             {
                 return Self::Avx512;
             }
-            if has!("avx2") && has!("fma") {
+            if has!("avx2") && has!("fma") && has!("f16c") {
                 return Self::Avx2;
             }
         }

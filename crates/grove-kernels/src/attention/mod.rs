@@ -171,24 +171,17 @@ fn weighted_sums<'a, const FUSED: bool>(
         "weights are not [q, n]"
     );
     let n = weights.len() / queries;
+    // SAFETY (both): the level includes the features the function is compiled for, found on
+    // this CPU.
     #[cfg(target_arch = "x86_64")]
     if width.is_multiple_of(16) && crate::cpu::allows(crate::cpu::Level::Avx512) {
-        let mut first = 0;
-        while first < queries {
-            let (outs, weights) = (&mut outs[first * width..], &weights[first * n..]);
-            // SAFETY: the level includes the feature `weighted_sums_avx512` is compiled for,
-            // found on this CPU.
-            #[allow(unsafe_code)]
-            let done = unsafe {
-                match queries - first {
-                    1 => weighted_sums_avx512::<1, FUSED>(outs, width, weights, n, &value),
-                    2 | 3 => weighted_sums_avx512::<2, FUSED>(outs, width, weights, n, &value),
-                    _ => weighted_sums_avx512::<4, FUSED>(outs, width, weights, n, &value),
-                }
-            };
-            first += done;
-        }
-        return;
+        #[allow(unsafe_code)]
+        return unsafe { all_queries_avx512::<FUSED>(outs, width, weights, n, &value) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if width.is_multiple_of(8) && crate::cpu::allows(crate::cpu::Level::Avx2) {
+        #[allow(unsafe_code)]
+        return unsafe { all_queries_avx2::<FUSED>(outs, width, weights, n, &value) };
     }
     for (out, weights) in outs
         .chunks_exact_mut(width)
@@ -198,83 +191,141 @@ fn weighted_sums<'a, const FUSED: bool>(
     }
 }
 
-/// The first `Q` outputs of [`weighted_sums`] (`outs` and `weights` start at the first);
-/// returns `Q`.
+/// The vector versions of [`weighted_sums`] for one instruction set: `$all` runs every query
+/// (`outs.len() / width` of them), up to four at a time (the query heads of a KV head share
+/// each value load) through `$sums`, which takes the first `Q` outputs (`outs` and `weights`
+/// start at the first) and returns `Q`; `$tile` runs vectors `first..first + N` (`$lanes`
+/// values each) of them through all the values, in registers. Element-wise the same
+/// operations as the portable loop, so the same bits.
 #[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn weighted_sums_avx512<'a, const Q: usize, const FUSED: bool>(
-    outs: &mut [f32],
-    width: usize,
-    weights: &[f32],
-    n: usize,
-    value: &impl Fn(usize) -> &'a [f32],
-) -> usize {
-    /// Vectors of each output per pass over the values.
-    const TILE: usize = 4;
-    let vectors = width / 16;
-    let full = vectors / TILE * TILE;
-    for first in (0..full).step_by(TILE) {
-        weighted_tile::<Q, TILE, FUSED>(outs, width, weights, n, value, first);
-    }
-    match vectors - full {
-        1 => weighted_tile::<Q, 1, FUSED>(outs, width, weights, n, value, full),
-        2 => weighted_tile::<Q, 2, FUSED>(outs, width, weights, n, value, full),
-        3 => weighted_tile::<Q, 3, FUSED>(outs, width, weights, n, value, full),
-        _ => {}
-    }
-    Q
-}
-
-/// Vectors `first..first + N` (16 values each) of the first `Q` outputs through all the
-/// values, in registers.
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-#[inline]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn weighted_tile<'a, const Q: usize, const N: usize, const FUSED: bool>(
-    outs: &mut [f32],
-    width: usize,
-    weights: &[f32],
-    n: usize,
-    value: &impl Fn(usize) -> &'a [f32],
-    first: usize,
-) {
-    use std::arch::x86_64::*;
-    assert!(16 * (first + N) <= width, "tile past the output");
-    assert!(
-        outs.len() >= Q * width && weights.len() >= Q * n,
-        "fewer than Q outputs"
-    );
-    let at = |j: usize, t: usize| j * width + 16 * (first + t);
-    // SAFETY (the loads and stores): `at(j, t) + 16 <= outs.len()` for `j < Q`, `t < N`
-    // (checked), and every value is `width` long (checked).
-    let mut acc: [[__m512; N]; Q] = std::array::from_fn(|j| {
-        std::array::from_fn(|t| unsafe { _mm512_loadu_ps(outs.as_ptr().add(at(j, t))) })
-    });
-    for i in 0..n {
-        let value = value(i);
-        assert_eq!(value.len(), width, "value and output differ in length");
-        let v: [__m512; N] = std::array::from_fn(|t| unsafe {
-            _mm512_loadu_ps(value.as_ptr().add(16 * (first + t)))
-        });
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let weight = _mm512_set1_ps(weights[j * n + i]);
-            for (acc, v) in acc.iter_mut().zip(v) {
-                *acc = if FUSED {
-                    _mm512_fmadd_ps(weight, v, *acc)
-                } else {
-                    _mm512_add_ps(*acc, _mm512_mul_ps(weight, v))
+macro_rules! weighted_sums_in {
+    ($all:ident, $sums:ident, $tile:ident, $features:literal, $vector:ident, $lanes:literal,
+     $load:ident, $store:ident, $set1:ident, $fmadd:ident, $mul:ident, $add:ident) => {
+        #[allow(unsafe_code)]
+        #[target_feature(enable = $features)]
+        unsafe fn $all<'a, const FUSED: bool>(
+            outs: &mut [f32],
+            width: usize,
+            weights: &[f32],
+            n: usize,
+            value: &impl Fn(usize) -> &'a [f32],
+        ) {
+            let queries = outs.len() / width;
+            let mut first = 0;
+            while first < queries {
+                let (outs, weights) = (&mut outs[first * width..], &weights[first * n..]);
+                first += match queries - first {
+                    1 => $sums::<1, FUSED>(outs, width, weights, n, value),
+                    2 | 3 => $sums::<2, FUSED>(outs, width, weights, n, value),
+                    _ => $sums::<4, FUSED>(outs, width, weights, n, value),
                 };
             }
         }
-    }
-    for (j, acc) in acc.iter().enumerate() {
-        for (t, acc) in acc.iter().enumerate() {
-            unsafe { _mm512_storeu_ps(outs.as_mut_ptr().add(at(j, t)), *acc) };
+
+        #[allow(unsafe_code)]
+        #[target_feature(enable = $features)]
+        unsafe fn $sums<'a, const Q: usize, const FUSED: bool>(
+            outs: &mut [f32],
+            width: usize,
+            weights: &[f32],
+            n: usize,
+            value: &impl Fn(usize) -> &'a [f32],
+        ) -> usize {
+            /// Vectors of each output per pass over the values.
+            const TILE: usize = 4;
+            let vectors = width / $lanes;
+            let full = vectors / TILE * TILE;
+            for first in (0..full).step_by(TILE) {
+                $tile::<Q, TILE, FUSED>(outs, width, weights, n, value, first);
+            }
+            match vectors - full {
+                1 => $tile::<Q, 1, FUSED>(outs, width, weights, n, value, full),
+                2 => $tile::<Q, 2, FUSED>(outs, width, weights, n, value, full),
+                3 => $tile::<Q, 3, FUSED>(outs, width, weights, n, value, full),
+                _ => {}
+            }
+            Q
         }
-    }
+
+        #[allow(unsafe_code)]
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $tile<'a, const Q: usize, const N: usize, const FUSED: bool>(
+            outs: &mut [f32],
+            width: usize,
+            weights: &[f32],
+            n: usize,
+            value: &impl Fn(usize) -> &'a [f32],
+            first: usize,
+        ) {
+            use std::arch::x86_64::*;
+            assert!($lanes * (first + N) <= width, "tile past the output");
+            assert!(
+                outs.len() >= Q * width && weights.len() >= Q * n,
+                "fewer than Q outputs"
+            );
+            let at = |j: usize, t: usize| j * width + $lanes * (first + t);
+            // SAFETY (the loads and stores): `at(j, t) + $lanes <= outs.len()` for `j < Q`,
+            // `t < N` (checked), and every value is `width` long (checked).
+            let mut acc: [[std::arch::x86_64::$vector; N]; Q] = std::array::from_fn(|j| {
+                std::array::from_fn(|t| unsafe { $load(outs.as_ptr().add(at(j, t))) })
+            });
+            for i in 0..n {
+                let value = value(i);
+                assert_eq!(value.len(), width, "value and output differ in length");
+                let v: [std::arch::x86_64::$vector; N] = std::array::from_fn(|t| unsafe {
+                    $load(value.as_ptr().add($lanes * (first + t)))
+                });
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let weight = $set1(weights[j * n + i]);
+                    for (acc, v) in acc.iter_mut().zip(v) {
+                        *acc = if FUSED {
+                            $fmadd(weight, v, *acc)
+                        } else {
+                            $add(*acc, $mul(weight, v))
+                        };
+                    }
+                }
+            }
+            for (j, acc) in acc.iter().enumerate() {
+                for (t, acc) in acc.iter().enumerate() {
+                    unsafe { $store(outs.as_mut_ptr().add(at(j, t)), *acc) };
+                }
+            }
+        }
+    };
 }
+
+#[cfg(target_arch = "x86_64")]
+weighted_sums_in!(
+    all_queries_avx512,
+    weighted_sums_avx512,
+    weighted_tile_avx512,
+    "avx512f,fma",
+    __m512,
+    16,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_mul_ps,
+    _mm512_add_ps
+);
+#[cfg(target_arch = "x86_64")]
+weighted_sums_in!(
+    all_queries_avx2,
+    weighted_sums_avx2,
+    weighted_tile_avx2,
+    "avx2,fma",
+    __m256,
+    8,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_ps,
+    _mm256_fmadd_ps,
+    _mm256_mul_ps,
+    _mm256_add_ps
+);
 
 #[inline(always)]
 fn weighted_sum_portable<'a, const FUSED: bool>(
@@ -463,13 +514,12 @@ mod tests {
 
     #[test]
     fn weighted_sums_equal_the_portable_loop_bit_for_bit() {
-        // Without AVX-512 both sides are the portable loop: say so (or fail where CI requires it).
-        #[cfg(target_arch = "x86_64")]
-        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-        #[cfg(not(target_arch = "x86_64"))]
-        let avx512 = false;
-        let test = "weighted_sums_equal_the_portable_loop_bit_for_bit (its AVX-512 path)";
-        crate::skip_without("avx512", avx512, test);
+        // Without AVX2 (or AVX-512) both sides are the portable loop: say so (or fail where CI
+        // requires it). `GROVE_KERNEL=avx2` runs the AVX2 path on an AVX-512 CPU.
+        use crate::cpu::{level, Level};
+        let test = "weighted_sums_equal_the_portable_loop_bit_for_bit";
+        crate::skip_without("avx2", level() >= Level::Avx2, test);
+        crate::skip_without("avx512", level() >= Level::Avx512, test);
         check_weighted_sums::<false>();
         check_weighted_sums::<true>();
     }
@@ -496,6 +546,19 @@ mod tests {
                     bits(&portable),
                     "fused {FUSED}, width {width}, count {count}"
                 );
+                // The AVX2 path too where the level above chose AVX-512 (or did not run).
+                #[cfg(target_arch = "x86_64")]
+                if crate::cpu::Level::supported() >= crate::cpu::Level::Avx2
+                    && width.is_multiple_of(8)
+                {
+                    let mut avx2 = start.clone();
+                    #[allow(unsafe_code)]
+                    // SAFETY: this CPU has AVX2 and FMA (`Level::supported`).
+                    unsafe {
+                        all_queries_avx2::<FUSED>(&mut avx2, width, &weights, count, &value)
+                    };
+                    assert_eq!(bits(&avx2), bits(&portable), "AVX2, {width} {count}");
+                }
                 // Several outputs over the same values (1 to 7 query heads of a KV head), each
                 // with its own weights: each as the portable loop gives it alone.
                 for queries in 1..=7 {

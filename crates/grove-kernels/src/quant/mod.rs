@@ -15,6 +15,8 @@
 //! `sum_lanes(dx * (s * dot4(u, q) - m * sum4(q)))`.
 
 mod arena;
+#[cfg(target_arch = "x86_64")]
+mod avx2_columns;
 mod columns;
 mod products;
 mod scalar;
@@ -170,7 +172,7 @@ pub enum Layout {
     /// GGUF's: row after row, block after block.
     Gguf,
     /// Strips of 16 rows, a vector holding the same four weights of each (`columns.rs`): what
-    /// the AVX-512 kernels read every format in.
+    /// the AVX-512 and AVX2 kernels read every format in.
     Columns,
 }
 
@@ -178,7 +180,7 @@ impl Layout {
     /// The layout `kernel` multiplies every format in.
     pub fn for_kernel(kernel: Kernel) -> Self {
         match kernel {
-            Kernel::Avx512Vnni => Self::Columns,
+            Kernel::Avx512Vnni | Kernel::Avx2 => Self::Columns,
             Kernel::Scalar => Self::Gguf,
         }
     }
@@ -418,13 +420,17 @@ impl QMatrix {
             Kernel::Scalar
         };
         #[cfg(target_arch = "x86_64")]
-        if kernel == Kernel::Avx512Vnni && self.layout == Layout::Columns {
+        if kernel != Kernel::Scalar && self.layout == Layout::Columns {
             debug_assert!(first.is_multiple_of(columns::STRIP));
             let strips = self.strips(first / columns::STRIP, columns::strips(w));
+            let dot_strips = match kernel {
+                Kernel::Avx2 => avx2_columns::dot_strips,
+                _ => simd_columns::dot_strips,
+            };
             for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
                 let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
                 let out = &mut outputs[block_start * w..];
-                simd_columns::dot_strips(
+                dot_strips(
                     self.format,
                     strips,
                     w,
@@ -450,8 +456,8 @@ impl QMatrix {
 /// prefetch where the SIMD kernels run): a memory read test whose speed decoding can reach.
 pub fn streaming_sum(words: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if Kernel::detect() == Kernel::Avx512Vnni {
-        return simd::streaming_sum(words);
+    if Kernel::detect() != Kernel::Scalar {
+        return simd::streaming_sum(Kernel::detect(), words);
     }
     words.iter().fold(0, |a, &b| a.wrapping_add(b))
 }
@@ -461,6 +467,8 @@ pub fn streaming_sum(words: &[u64]) -> u64 {
 pub enum Kernel {
     /// Portable Rust, any CPU.
     Scalar,
+    /// AVX2 with FMA and F16C (`vpmaddubsw`).
+    Avx2,
     /// AVX-512 F/BW with VNNI.
     Avx512Vnni,
 }
@@ -472,13 +480,36 @@ impl Kernel {
         if crate::cpu::allows(crate::cpu::Level::Avx512) {
             return Self::Avx512Vnni;
         }
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::allows(crate::cpu::Level::Avx2) {
+            return Self::Avx2;
+        }
         Self::Scalar
+    }
+
+    /// Whether this CPU has the kernel's instructions (whatever `GROVE_KERNEL` asks for).
+    pub fn runs_here(self) -> bool {
+        let needs = match self {
+            Self::Scalar => crate::cpu::Level::Scalar,
+            Self::Avx2 => crate::cpu::Level::Avx2,
+            Self::Avx512Vnni => crate::cpu::Level::Avx512,
+        };
+        crate::cpu::Level::supported() >= needs
+    }
+
+    /// Every kernel this CPU runs, the reference first (tests compare them all).
+    pub fn available() -> Vec<Self> {
+        [Self::Scalar, Self::Avx2, Self::Avx512Vnni]
+            .into_iter()
+            .filter(|kernel| kernel.runs_here())
+            .collect()
     }
 
     /// The name reports print.
     pub fn name(self) -> &'static str {
         match self {
             Self::Scalar => "scalar",
+            Self::Avx2 => "avx2",
             Self::Avx512Vnni => "avx512-vnni",
         }
     }
@@ -534,6 +565,8 @@ fn copied(
 /// do), with the integer sums the zero-point and min terms need.
 #[derive(Debug)]
 pub struct QuantizedRows {
+    /// The kernel the rows were made for (what beside the values it reads).
+    kernel: Kernel,
     k: usize,
     block: usize,
     /// `[rows, k]` 8-bit values.
@@ -544,7 +577,7 @@ pub struct QuantizedRows {
     sum16: Vec<i32>,
     /// `[rows, k / 32]`: sums of 32 consecutive values.
     sum32: Vec<i32>,
-    /// `[rows, k / 32]` for Q4_K on AVX-512 CPUs (else empty): each 32-value sum times its
+    /// `[rows, k / 32]` for Q4_K where a column kernel runs (else empty): each 32-value sum times its
     /// block's scale, the activations' side of the mins' term.
     scaled_sum32: Vec<f32>,
     /// `[rows, k / 32]` for Q8_0 on AVX-512 CPUs (else empty): where the column kernel's
@@ -561,6 +594,17 @@ impl QuantizedRows {
     /// `x` (`[rows, k]`) quantized for products with matrices of `formats` (all of one
     /// activation block size), with the copies in kernel order those formats' kernels read.
     pub fn new(x: &[f32], rows: usize, k: usize, formats: &[QuantFormat]) -> Self {
+        Self::for_kernel(Kernel::detect(), x, rows, k, formats)
+    }
+
+    /// [`QuantizedRows::new`] for `kernel` (one this CPU runs).
+    fn for_kernel(
+        kernel: Kernel,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        formats: &[QuantFormat],
+    ) -> Self {
         let block = formats.first().map_or(32, |f| f.activation_block());
         assert!(
             formats.iter().all(|f| f.activation_block() == block),
@@ -571,6 +615,7 @@ impl QuantizedRows {
             "k = {k} is not a multiple of {block}"
         );
         let mut quantized = Self {
+            kernel,
             k,
             block,
             q: vec![0i8; rows * k],
@@ -583,10 +628,11 @@ impl QuantizedRows {
             zero_q6: Vec::new(),
         };
         quantize(x, &mut quantized);
-        // What the column kernels read beside the values, each only where a format needs it.
-        if Kernel::detect() == Kernel::Avx512Vnni {
+        // What the column kernels read beside the values, each only where a format needs it
+        // (AVX2's Q8_0 multiplies signed weights: no zero point).
+        if kernel != Kernel::Scalar {
             let times = |zero: i32, sums: &[i32]| sums.iter().map(|&sum| -zero * sum).collect();
-            if formats.contains(&QuantFormat::Q8_0) {
+            if formats.contains(&QuantFormat::Q8_0) && kernel == Kernel::Avx512Vnni {
                 quantized.zero_q8 = times(128, &quantized.sum32);
             }
             if formats.contains(&QuantFormat::Q5_0) {
@@ -608,7 +654,9 @@ impl QuantizedRows {
     /// Whether what `format`'s column kernel reads beside the values was made.
     fn ready_for(&self, format: QuantFormat) -> bool {
         match format {
-            QuantFormat::Q8_0 => self.zero_q8.len() == self.sum32.len(),
+            QuantFormat::Q8_0 => {
+                self.kernel == Kernel::Avx2 || self.zero_q8.len() == self.sum32.len()
+            }
             QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
             QuantFormat::Q4K => self.scaled_sum32.len() == self.sum32.len(),
             QuantFormat::Q6K => self.zero_q6.len() == self.sum16.len(),
@@ -648,7 +696,7 @@ fn quantize(x: &[f32], rows: &mut QuantizedRows) {
         "input and quantized rows differ in size"
     );
     #[cfg(target_arch = "x86_64")]
-    if Kernel::detect() == Kernel::Avx512Vnni {
+    if rows.kernel != Kernel::Scalar {
         return simd::quantize(x, rows);
     }
     quantize_portable(x, rows)

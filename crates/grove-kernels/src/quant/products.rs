@@ -30,7 +30,7 @@ pub fn matmul_many_with(
         "matrices of different widths"
     );
     check_inputs(kernel, x, rows, k);
-    let quantized = quantize_for(matrices, x, rows);
+    let quantized = quantize_for(kernel, matrices, x, rows);
     // Each task writes one contiguous block, `[rows, w]` for its `w` weight rows, into
     // outputs that nothing writes before it: zeroing a head's 600 KB of logits up front, in
     // memory the weights' stream had pushed out of the caches, and listing its 4748 tasks made
@@ -106,7 +106,7 @@ pub fn matmul_gated_with(
     let (n, k) = gate_matrix.dims();
     assert_eq!(up_matrix.dims(), (n, k), "gate and up differ in shape");
     check_inputs(kernel, x, rows, k);
-    let quantized = quantize_for(&[gate_matrix, up_matrix], x, rows);
+    let quantized = quantize_for(kernel, &[gate_matrix, up_matrix], x, rows);
     let (gate_acts, up_acts) = (
         acts_for(&quantized, gate_matrix),
         acts_for(&quantized, up_matrix),
@@ -153,15 +153,17 @@ pub fn matmul_gated_with(
 /// sound where it has their features).
 fn check_inputs(kernel: Kernel, x: &[f32], rows: usize, k: usize) {
     assert_eq!(x.len(), rows * k, "input is not [rows, k]");
-    assert!(
-        kernel == Kernel::Scalar || kernel == Kernel::detect(),
-        "{kernel:?} kernel on a CPU without it"
-    );
+    assert!(kernel.runs_here(), "{kernel:?} kernel on a CPU without it");
 }
 
 /// `x` quantized once per activation block size the formats of `matrices` need (32 and/or
 /// 256).
-fn quantize_for(matrices: &[&QMatrix], x: &[f32], rows: usize) -> Vec<QuantizedRows> {
+fn quantize_for(
+    kernel: Kernel,
+    matrices: &[&QMatrix],
+    x: &[f32],
+    rows: usize,
+) -> Vec<QuantizedRows> {
     let mut quantized: Vec<QuantizedRows> = Vec::new();
     for matrix in matrices {
         let block = matrix.format.activation_block();
@@ -172,7 +174,9 @@ fn quantize_for(matrices: &[&QMatrix], x: &[f32], rows: usize) -> Vec<QuantizedR
                 .filter(|f| f.activation_block() == block)
                 .collect();
             formats.dedup();
-            quantized.push(QuantizedRows::new(x, rows, matrix.k, &formats));
+            quantized.push(QuantizedRows::for_kernel(
+                kernel, x, rows, matrix.k, &formats,
+            ));
         }
     }
     quantized

@@ -1,14 +1,15 @@
-//! What the AVX-512 (F, BW, DQ, VNNI) kernels share: the CPU check, the activations'
-//! quantizer, the weights' prefetches and the memory test decode speed is compared with. The
-//! products themselves are in `simd_columns.rs`.
-// SAFETY (all of the module): every function is compiled for avx512f/bw/dq/vnni + f16c and
-// reached only where `cpu::Level::Avx512` (which has them) is allowed; every load reads inside slices
-// whose lengths the callers checked.
+//! What the SIMD kernels share: the activations' quantizer, the weights' prefetches and the
+//! memory test decode speed is compared with, each in AVX-512 and AVX2. The products
+//! themselves are in `simd_columns.rs` (AVX-512 VNNI) and `avx2_columns.rs`.
+// SAFETY (all of the module): every function is compiled for the features of the kernel it
+// serves (AVX-512 F/BW/DQ/VNNI + F16C, or AVX2 + FMA + F16C; the prefetches for plain x86-64)
+// and reached only for a kernel this CPU runs (`Kernel::runs_here`, checked by the products
+// before they quantize); every load reads inside slices whose lengths the callers checked.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 
-use super::QuantizedRows;
+use super::{Kernel, QuantizedRows};
 
 /// How far ahead of the chunk being multiplied its weights are requested (`prefetch`). The
 /// hardware prefetcher alone left one row of decoding at 7.4 GB/s per core on a 151936 x 896
@@ -30,9 +31,56 @@ pub(super) fn quantize(x: &[f32], rows: &mut QuantizedRows) {
     assert!(rows.block.is_multiple_of(32) && n.is_multiple_of(rows.block));
     assert!(rows.q.len() == n && rows.scale.len() == n / rows.block);
     assert!(rows.sum16.len() == n / 16 && rows.sum32.len() == n / 32);
-    // SAFETY: the caller checked the features (`Kernel::detect`); every load and store is
-    // inside the slices, whose lengths are asserted above.
-    unsafe { quantize_avx512(x, rows) }
+    // SAFETY: the rows were made for a kernel this CPU runs (`QuantizedRows::for_kernel`'s
+    // callers check); every load and store is inside the slices, whose lengths are asserted
+    // above.
+    unsafe {
+        match rows.kernel {
+            Kernel::Avx512Vnni => quantize_avx512(x, rows),
+            _ => quantize_avx2(x, rows),
+        }
+    }
+}
+
+/// [`quantize`] in AVX2, 8 values at a time: the same operations, so the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_avx2(x: &[f32], rows: &mut QuantizedRows) {
+    let (block, q, scale, sum16, sum32) = rows.parts();
+    let (low, high) = (_mm256_set1_epi32(-128), _mm256_set1_epi32(127));
+    let sign = _mm256_set1_ps(-0.0);
+    for (b, d_out) in scale.iter_mut().enumerate() {
+        let start = b * block;
+        let values = x.as_ptr().add(start);
+        let mut amax = _mm256_setzero_ps();
+        for i in (0..block).step_by(8) {
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(values.add(i))));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), amax);
+        let d = lanes.iter().fold(0f32, |m, &v| m.max(v)) / 127.0;
+        let inverse = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        for i in (0..block).step_by(16) {
+            let [a, b] = [0, 8].map(|h| {
+                let scaled = _mm256_mul_ps(_mm256_loadu_ps(values.add(i + h)), inverse);
+                _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(scaled), low), high)
+            });
+            // 16 i32 to 16 i8 (the packs work per 128-bit lane: the permute puts them in order).
+            let words = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(a, b));
+            let bytes = _mm_packs_epi16(
+                _mm256_castsi256_si128(words),
+                _mm256_extracti128_si256::<1>(words),
+            );
+            _mm_storeu_si128(q.as_mut_ptr().add(start + i).cast(), bytes);
+            let total = _mm256_add_epi32(a, b);
+            let mut sums = [0i32; 8];
+            _mm256_storeu_si256(sums.as_mut_ptr().cast(), total);
+            *sum16.get_unchecked_mut((start + i) / 16) = sums.iter().sum();
+        }
+        *d_out = d;
+    }
+    for (sum, pair) in sum32.iter_mut().zip(sum16.chunks_exact(2)) {
+        *sum = pair[0] + pair[1];
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
@@ -66,9 +114,31 @@ unsafe fn quantize_avx512(x: &[f32], rows: &mut QuantizedRows) {
 
 /// The wrapping sum of `words`, read as the kernels read weights (64-byte loads, requested
 /// [`PREFETCH`] bytes ahead): the memory test that decode speed is compared with.
-pub(super) fn streaming_sum(words: &[u64]) -> u64 {
-    // SAFETY: the caller checked the features (`Kernel::detect`); loads stay inside `words`.
-    unsafe { streaming_sum_avx512(words) }
+pub(super) fn streaming_sum(kernel: Kernel, words: &[u64]) -> u64 {
+    assert!(kernel.runs_here(), "{kernel:?} on a CPU without it");
+    // SAFETY: the CPU has the kernel's features (asserted); loads stay inside `words`.
+    unsafe {
+        match kernel {
+            Kernel::Avx512Vnni => streaming_sum_avx512(words),
+            _ => streaming_sum_avx2(words),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn streaming_sum_avx2(words: &[u64]) -> u64 {
+    let lines = words.chunks_exact(8);
+    let tail: u64 = lines.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
+    let mut acc = _mm256_setzero_si256();
+    for line in lines {
+        prefetch(line.as_ptr().cast(), 64);
+        let p = line.as_ptr().cast::<__m256i>();
+        let pair = _mm256_add_epi64(_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
+        acc = _mm256_add_epi64(acc, pair);
+    }
+    let mut lanes = [0u64; 4];
+    _mm256_storeu_si256(lanes.as_mut_ptr().cast(), acc);
+    lanes.iter().fold(tail, |a, &b| a.wrapping_add(b))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
@@ -84,9 +154,8 @@ unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
 }
 
 /// Asks for the cache lines [`PREFETCH`] bytes past `bytes..bytes + len` (the weights a
-/// few blocks on).
+/// few blocks on). Plain SSE (every x86-64): the AVX2 and AVX-512 kernels both call it.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn prefetch(bytes: *const u8, len: usize) {
     prefetch_at::<_MM_HINT_T0>(bytes.wrapping_add(PREFETCH), len);
     prefetch_at::<_MM_HINT_T1>(bytes.wrapping_add(PREFETCH_L2), len);
@@ -94,7 +163,6 @@ pub(super) unsafe fn prefetch(bytes: *const u8, len: usize) {
 
 /// Asks for the cache lines of `bytes..bytes + len` (into the caches `HINT` names).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn prefetch_at<const HINT: i32>(bytes: *const u8, len: usize) {
     let mut at = 0;
     while at < len {

@@ -10,7 +10,7 @@
 // SAFETY (all of the module): every function is compiled for the features
 // `cpu::Level::Avx512` has, and reached only where that level is allowed (`Kernel::detect`);
 // every pointer is inside a strip `QMatrix::new` sized (`columns::strip_bytes`) or an
-// activation row `QuantizedRows::new` sized, which `dot_strips` asserts.
+// activation row `QuantizedRows::new` sized, which `Share::new` asserts.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)]
 
@@ -18,22 +18,22 @@ use std::arch::x86_64::*;
 
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::prefetch;
-use super::{QuantFormat, QuantizedRows};
+use super::{Kernel, QuantFormat, QuantizedRows};
 
 /// Raw pointers into `R` activation rows, so the inner loops do no slicing.
-struct Acts<const R: usize> {
-    q: [*const i8; R],
+pub(super) struct Acts<const R: usize> {
+    pub q: [*const i8; R],
     /// One per block (32 or 256 values).
-    scale: [*const f32; R],
+    pub scale: [*const f32; R],
     /// Where a block's (Q6_K: a sub-block's) integer sums start: minus the zero point times
-    /// the activations' sum (`QuantizedRows::zero_q8`).
-    zero: [*const i32; R],
+    /// the activations' sum (`QuantizedRows::zero_q8`; never read by AVX2's Q8_0).
+    pub zero: [*const i32; R],
     /// Q4_K: each 32 values' sum times its super-block's scale (the mins' term).
-    scaled_sum32: [*const f32; R],
+    pub scaled_sum32: [*const f32; R],
 }
 
 impl<const R: usize> Acts<R> {
-    fn new(acts: &QuantizedRows, format: QuantFormat, start: usize) -> Self {
+    pub fn new(acts: &QuantizedRows, format: QuantFormat, start: usize) -> Self {
         let k = acts.k;
         let row = |r: usize, per_row: usize| (start + r) * per_row;
         let (zero, per): (&[i32], usize) = match format {
@@ -275,14 +275,14 @@ impl Format for Q6K {
 /// A product's share: `count` strips laid end to end at `strips` (the last with `last` rows)
 /// against activation rows `first..` of `acts`, row `first + r`'s outputs at
 /// `out + r * stride` (strip `s`'s at `+ 16 s`).
-struct Share<'a> {
-    strips: *const u8,
-    count: usize,
-    last: usize,
-    acts: &'a QuantizedRows,
-    first: usize,
-    out: *mut f32,
-    stride: usize,
+pub(super) struct Share<'a> {
+    pub strips: *const u8,
+    pub count: usize,
+    pub last: usize,
+    pub acts: &'a QuantizedRows,
+    pub first: usize,
+    pub out: *mut f32,
+    pub stride: usize,
 }
 
 /// The share's strips against its activation rows `start..start + R`.
@@ -339,6 +339,45 @@ unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
     }
 }
 
+impl<'a> Share<'a> {
+    /// The share of `dot_strips` (either kernel's), its sizes checked: `bytes` holds whole
+    /// strips of `outputs` rows, `acts` rows `first..first + rows` exist and were quantized
+    /// for `format` on `kernel`, and `out` has room for every row's `outputs` at `stride`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        kernel: Kernel,
+        format: QuantFormat,
+        bytes: &[u8],
+        outputs: usize,
+        acts: &'a QuantizedRows,
+        first: usize,
+        rows: usize,
+        out: &'a mut [f32],
+        stride: usize,
+    ) -> Self {
+        let count = columns::strips(outputs);
+        assert_eq!(bytes.len(), count * columns::strip_bytes(format, acts.k));
+        assert!(rows > 0 && outputs > 0 && (first + rows) * acts.k <= acts.q.len());
+        assert!(out.len() >= (rows - 1) * stride + outputs && stride >= outputs);
+        assert!(
+            acts.kernel == kernel
+                && acts.block == format.activation_block()
+                && acts.ready_for(format),
+            "activations not quantized for {}",
+            format.name()
+        );
+        Self {
+            strips: bytes.as_ptr(),
+            count,
+            last: outputs - (count - 1) * STRIP,
+            acts,
+            first,
+            out: out.as_mut_ptr(),
+            stride,
+        }
+    }
+}
+
 /// `out[r * stride + j]` = weight row `j` of the strips in `bytes` (`j < outputs`) dotted with
 /// activation row `first + r`, for `r < rows`.
 #[allow(clippy::too_many_arguments)]
@@ -352,28 +391,21 @@ pub(super) fn dot_strips(
     out: &mut [f32],
     stride: usize,
 ) {
-    let count = columns::strips(outputs);
-    assert_eq!(bytes.len(), count * columns::strip_bytes(format, acts.k));
-    assert!(rows > 0 && outputs > 0 && (first + rows) * acts.k <= acts.q.len());
-    assert!(out.len() >= (rows - 1) * stride + outputs && stride >= outputs);
-    assert!(
-        acts.block == format.activation_block() && acts.ready_for(format),
-        "activations not quantized for {}",
-        format.name()
-    );
-    let share = Share {
-        strips: bytes.as_ptr(),
-        count,
-        last: outputs - (count - 1) * STRIP,
+    let share = Share::new(
+        Kernel::Avx512Vnni,
+        format,
+        bytes,
+        outputs,
         acts,
         first,
-        out: out.as_mut_ptr(),
+        rows,
+        out,
         stride,
-    };
-    // SAFETY: the caller (Kernel::detect) checked the features; `bytes` holds `count` whole
-    // strips of `k`-weight rows (asserted); rows `first..first + rows` exist in `acts`,
-    // quantized for `format` (asserted); every store is masked to the `outputs` columns of
-    // its row, inside `out` (asserted).
+    );
+    // SAFETY: the caller (Kernel::detect) checked the features; `Share::new` checked that
+    // `bytes` holds whole strips of `k`-weight rows, that rows `first..first + rows` exist in
+    // `acts`, quantized for `format`, and that every row's `outputs` columns are inside `out`;
+    // every store is masked to those columns.
     unsafe {
         match format {
             QuantFormat::Q8_0 => tiles::<Q8_0>(&share, rows),

@@ -60,12 +60,8 @@ fn dequantize_matches_candle() {
 /// value, so `|error| <= sum_i |w_i| * amax(block of i) / 254` per output.
 #[test]
 fn kernels_match_dequantize_then_matmul() {
-    let mut kernels = vec![Kernel::Scalar];
-    if Kernel::detect() != Kernel::Scalar {
-        kernels.push(Kernel::detect());
-    } else {
-        eprintln!("no AVX-512 VNNI on this CPU: only the scalar kernel is tested");
-    }
+    let kernels = Kernel::available();
+    eprintln!("kernels tested: {kernels:?}");
     for (format, layout) in layouts() {
         // One activation row (the multi-weight-row kernel, with a leftover row and partial
         // groups of chunks), a single last row after full tiles, several tiles.
@@ -178,16 +174,27 @@ fn a_mapped_source_released_while_copied_still_reads_the_same() {
     assert!(map[..] == source[..]);
 }
 
+/// The SIMD kernels this CPU runs (AVX2 and AVX-512 VNNI on an AVX-512 CPU, whatever
+/// `GROVE_KERNEL` says): each is compared with the reference, so an AVX-512 machine tests the
+/// AVX2 kernels too. A CPU lacking a level prints what it skips (or fails where CI requires it).
+fn simd_kernels(test: &str) -> Vec<Kernel> {
+    let kernels: Vec<Kernel> = Kernel::available()
+        .into_iter()
+        .filter(|&kernel| kernel != Kernel::Scalar)
+        .collect();
+    crate::skip_without("avx2", kernels.contains(&Kernel::Avx2), test);
+    crate::skip_without("avx512", kernels.contains(&Kernel::Avx512Vnni), test);
+    kernels
+}
+
 #[test]
 fn simd_and_scalar_agree_closely() {
-    let simd = Kernel::detect();
-    if crate::skip_without(
-        "avx512",
-        simd != Kernel::Scalar,
-        "simd_and_scalar_agree_closely",
-    ) {
-        return;
+    for simd in simd_kernels("simd_and_scalar_agree_closely") {
+        simd_agrees_with_scalar(simd);
     }
+}
+
+fn simd_agrees_with_scalar(simd: Kernel) {
     eprintln!("comparing the {simd:?} kernel with the scalar reference");
     // Every tile size and its remainders (rows 1..=67), a last strip of 5 rows, and a larger
     // matrix in several tasks.
@@ -220,10 +227,7 @@ fn simd_and_scalar_agree_closely() {
 /// a verify's row equals the same row decoded alone, bit for bit, on every kernel.
 #[test]
 fn a_rows_product_is_the_same_in_any_tile() {
-    let mut kernels = vec![Kernel::Scalar];
-    if Kernel::detect() != Kernel::Scalar {
-        kernels.push(Kernel::detect());
-    }
+    let kernels = Kernel::available();
     let (n, k, rows) = (37, 512, 19);
     for format in FORMATS {
         let matrix = QMatrix::random(format, n, k, 11);
@@ -258,7 +262,7 @@ fn bad_shapes_are_refused() {
 #[test]
 fn streaming_sum_is_the_wrapping_sum() {
     // Whole lines, a tail, and values that wrap; the expected sum in 128 bits, reduced.
-    let vnni = Kernel::detect() != Kernel::Scalar;
+    let kernels = simd_kernels("streaming_sum_is_the_wrapping_sum");
     for len in [0usize, 7, 8, 1001, 4096] {
         let words: Vec<u64> = (0..len as u64)
             .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
@@ -266,15 +270,11 @@ fn streaming_sum_is_the_wrapping_sum() {
         let expected = words.iter().map(|&w| u128::from(w)).sum::<u128>() as u64;
         assert_eq!(super::streaming_sum(&words), expected, "len {len}");
         #[cfg(target_arch = "x86_64")]
-        if vnni {
-            assert_eq!(super::simd::streaming_sum(&words), expected, "len {len}");
+        for &kernel in &kernels {
+            let sum = super::simd::streaming_sum(kernel, &words);
+            assert_eq!(sum, expected, "len {len}, {kernel:?}");
         }
     }
-    crate::skip_without(
-        "avx512",
-        vnni,
-        "streaming_sum_is_the_wrapping_sum (its AVX-512 loop)",
-    );
 }
 
 #[test]
@@ -305,15 +305,11 @@ fn one_pass_over_several_matrices_equals_one_at_a_time() {
 
 #[test]
 fn vector_quantizer_equals_the_reference_exactly() {
-    let vnni = Kernel::detect() != Kernel::Scalar;
-    if crate::skip_without(
-        "avx512",
-        vnni,
-        "vector_quantizer_equals_the_reference_exactly",
-    ) {
-        return;
-    }
-    for block in [32, 256] {
+    let kernels = simd_kernels("vector_quantizer_equals_the_reference_exactly");
+    for (block, kernel) in [32, 256]
+        .into_iter()
+        .flat_map(|block| kernels.iter().map(move |&kernel| (block, kernel)))
+    {
         let k = 1024;
         let mut x = random_input(3, k, block as u64);
         // A block of zeros, one with an exact tie after scaling (0.5 * 127 / 127.0 steps), and
@@ -326,6 +322,7 @@ fn vector_quantizer_equals_the_reference_exactly() {
         let n = x.len();
         let run = |vector: bool| {
             let mut rows = QuantizedRows {
+                kernel: if vector { kernel } else { Kernel::Scalar },
                 k,
                 block,
                 q: vec![0i8; n],
@@ -344,16 +341,13 @@ fn vector_quantizer_equals_the_reference_exactly() {
             }
             (rows.q, rows.scale, rows.sum16, rows.sum32)
         };
-        assert_eq!(run(true), run(false), "block {block}");
+        assert_eq!(run(true), run(false), "block {block}, {kernel:?}");
     }
 }
 
 #[test]
 fn gated_products_equal_the_products_then_the_gate() {
-    let mut kernels = vec![Kernel::Scalar];
-    if Kernel::detect() != Kernel::Scalar {
-        kernels.push(Kernel::detect());
-    }
+    let kernels = Kernel::available();
     let gate = |g: &[f32], u: &[f32], out: &mut [f32]| {
         crate::activation::gated_into(crate::activation::Activation::Silu, g, u, out)
     };
