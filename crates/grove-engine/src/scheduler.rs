@@ -78,9 +78,15 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// Validates and queues a request.
-    pub fn submit(&mut self, request: GenerateRequest) -> Result<RequestId, EngineError> {
-        let method = self.runner.validate(&request)?;
+    /// Every check `submit` makes before queueing `request`: a server refuses a request that
+    /// can never run as invalid, before it looks at its queue.
+    pub fn check(&self, request: &GenerateRequest) -> Result<(), EngineError> {
+        self.method_for(request).map(drop)
+    }
+
+    /// The checks of [`Engine::check`], and the method the request runs.
+    fn method_for(&self, request: &GenerateRequest) -> Result<speculation::Method, EngineError> {
+        let method = self.runner.validate(request)?;
         let needed =
             speculation::kv_need(request.prompt.len() + request.stop.max_new_tokens, method);
         let capacity = self.pools.pool.num_slots();
@@ -93,6 +99,17 @@ impl<'a> Engine<'a> {
             }
             .into());
         }
+        Ok(method)
+    }
+
+    /// Sequences the next step can start beside those running (`max_running` minus running).
+    pub fn free_running_slots(&self) -> usize {
+        self.limits.max_running.saturating_sub(self.running())
+    }
+
+    /// Validates and queues a request.
+    pub fn submit(&mut self, request: GenerateRequest) -> Result<RequestId, EngineError> {
+        let method = self.method_for(&request)?;
         let id = self.next_id;
         self.next_id += 1;
         let sequence = self

@@ -226,6 +226,16 @@ pub(crate) fn resolve(
     let algorithm = choice
         .algorithm
         .unwrap_or(default_method(speculation).algorithm());
+    if algorithm == SpecAlgorithm::None && choice.budget.is_some() {
+        // A budget sizes drafts: without a drafter, or with speculation turned off, there are
+        // none, and silently ignoring it would hide a misconfigured client.
+        return Err(ValidationError::OutOfRange {
+            field: "speculative.budget",
+            limit: "absent when no drafting happens (algorithm \"none\", or a server started \
+                    without a drafter)",
+            value: choice.budget.map_or(String::new(), |b| b.to_string()),
+        });
+    }
     let Some(spec) = speculation else {
         return match algorithm {
             SpecAlgorithm::None => Ok(Method::Plain),
@@ -310,5 +320,24 @@ mod tests {
         };
         assert_eq!(chain.draft_shape(8, 100), (3, 1));
         assert_eq!(Method::Plain.draft_shape(8, 100), (0, 0));
+    }
+
+    #[test]
+    fn a_budget_without_drafting_is_refused_by_name() {
+        let with_budget = |algorithm| SpeculationOverride {
+            algorithm,
+            budget: Some(3),
+        };
+        for algorithm in [None, Some(SpecAlgorithm::None)] {
+            let error = resolve(None, with_budget(algorithm)).unwrap_err();
+            assert_eq!(
+                error.field(grove_core::Naming::OpenAi),
+                "speculative.budget"
+            );
+        }
+        assert_eq!(
+            resolve(None, SpeculationOverride::default()),
+            Ok(Method::Plain)
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! see becomes an OpenAI-style body `{"error": {"message", "type", "param", "code"}}` with the
 //! status OpenAI uses for it.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use grove_core::{Naming, ValidationError};
@@ -23,8 +23,11 @@ pub enum ApiError {
         "the model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)"
     )]
     ModelNotFound { requested: String, served: String },
-    #[error("the request body could not be read: {reason} (the limit is {limit} bytes)")]
-    Body { reason: String, limit: usize },
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    /// A body cut short or sent in broken chunks: the client's fault, but not its size.
+    #[error("the request body could not be read: {reason}")]
+    BodyUnreadable { reason: String },
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
     #[error(
@@ -42,7 +45,8 @@ impl ApiError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound { .. } | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Body { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyUnreadable { .. } => StatusCode::BAD_REQUEST,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -51,7 +55,8 @@ impl ApiError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::InvalidRequest { .. }
-            | Self::Body { .. }
+            | Self::BodyTooLarge { .. }
+            | Self::BodyUnreadable { .. }
             | Self::Unauthorized
             | Self::ModelNotFound { .. }
             | Self::RouteNotFound { .. } => "invalid_request_error",
@@ -64,7 +69,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest { param, .. } => param.as_deref(),
             Self::ModelNotFound { .. } => Some("model"),
-            Self::Body { .. } => Some("body"),
+            Self::BodyTooLarge { .. } | Self::BodyUnreadable { .. } => Some("body"),
             _ => None,
         }
     }
@@ -76,7 +81,8 @@ impl ApiError {
             Self::ModelNotFound { .. } => Some("model_not_found"),
             Self::RouteNotFound { .. } => Some("not_found"),
             Self::QueueFull { .. } => Some("queue_full"),
-            Self::Body { .. } => Some("body_too_large"),
+            Self::BodyTooLarge { .. } => Some("body_too_large"),
+            Self::BodyUnreadable { .. } => Some("invalid_body"),
             Self::Internal(_) => None,
         }
     }
@@ -85,7 +91,7 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({
             "error": {
-                "message": self.to_string(),
+                "message": bounded(self.to_string(), MAX_MESSAGE_BYTES),
                 "type": self.kind(),
                 "param": self.param(),
                 "code": self.code(),
@@ -105,8 +111,37 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status(), Json(self.body())).into_response()
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if matches!(self, Self::QueueFull { .. }) {
+            // Clients that back off (the openai package does) read how long to wait.
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
+}
+
+/// Seconds a refused client is asked to wait (`Retry-After`): about one decode step's worth
+/// of a queue draining on a CPU.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+/// The longest error message sent: messages quote what the client sent (a model name, a
+/// value out of range, serde's quote of a wrong value), and a 3 MB name must not come back
+/// as a 3 MB error.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `text` cut to at most `max` bytes at a character boundary, saying how much was left out.
+pub(crate) fn bounded(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} more bytes)", &text[..end], text.len() - end)
 }
 
 impl From<ValidationError> for ApiError {

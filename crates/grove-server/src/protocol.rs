@@ -3,7 +3,7 @@
 //! setting them is refused by name instead of silently ignored.
 
 use grove_engine::SpecAlgorithm;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 /// `prompt`: a string, a token array, or a list of one of either.
@@ -26,8 +26,14 @@ pub enum Stop {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StreamOptions {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub include_usage: bool,
+}
+
+/// A boolean flag that may be sent as `null`, which OpenAI's schema allows and means the
+/// default (as an absent field does).
+fn null_is_false<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(deserializer)?.unwrap_or(false))
 }
 
 /// The `speculative` extension: a request's own speculation, capped by the server's flags.
@@ -51,15 +57,15 @@ pub struct CommonFields {
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub speculative: Option<SpeculativeField>,
     /// Extension (vLLM): keep generating past end-of-sequence tokens.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub ignore_eos: bool,
     /// Extension (vLLM): the choice also carries the generated `token_ids` (non-streaming).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub return_token_ids: bool,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,

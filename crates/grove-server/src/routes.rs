@@ -63,11 +63,19 @@ enum Endpoint {
 /// Request bodies above this are refused with 413 (a 32k-token prompt is ~128 KiB of text).
 pub(crate) const MAX_BODY_BYTES: usize = 4 << 20;
 
-/// The body, or the reason it could not be read (too large, a broken connection).
+/// The body, or why it could not be read: too large (413), or cut short, badly chunked or
+/// its connection broken (400: nothing says it was large).
 fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| ApiError::Body {
-        reason: rejection.body_text(),
-        limit: MAX_BODY_BYTES,
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::BodyTooLarge {
+                limit: MAX_BODY_BYTES,
+            }
+        } else {
+            ApiError::BodyUnreadable {
+                reason: rejection.body_text(),
+            }
+        }
     })
 }
 

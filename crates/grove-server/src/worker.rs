@@ -206,7 +206,14 @@ fn submit(
         metrics::request_outcome(error.outcome());
         let _ = submission.events.send(WorkerEvent::Rejected(error));
     };
-    if engine.waiting() >= settings.max_queued {
+    // A request that can never run is refused as invalid (400), whatever the queue holds:
+    // a 429 would have the client retry it forever.
+    if let Err(error) = engine.check(&submission.request) {
+        return reject(error.into());
+    }
+    // Arrivals wait until the next step admits them: those that step will start (free
+    // running slots) do not count against the queue's limit.
+    if engine.waiting() >= settings.max_queued + engine.free_running_slots() {
         return reject(ApiError::QueueFull {
             limit: settings.max_queued,
         });

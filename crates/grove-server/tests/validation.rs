@@ -301,6 +301,14 @@ rule!(
     Some("speculative.budget")
 );
 rule!(
+    speculative_budget_without_drafting,
+    C,
+    completion(json!({"speculative": {"algorithm": "none", "budget": 3}})),
+    400,
+    BAD,
+    Some("speculative.budget")
+);
+rule!(
     speculative_unknown_algorithm,
     C,
     completion(json!({"speculative": {"algorithm": "medusa"}})),
@@ -410,4 +418,58 @@ async fn api_key_is_required_when_configured() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);
+}
+
+/// OpenAI's schema allows `null` for the boolean flags: it means the default.
+#[tokio::test]
+async fn null_flags_mean_their_defaults() {
+    let server = server();
+    for path in [C, CHAT] {
+        let extra = json!({"stream": null, "ignore_eos": null, "return_token_ids": null,
+                           "max_tokens": 2});
+        let body = if path == C {
+            completion(extra)
+        } else {
+            chat(extra)
+        };
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        let (status, answer) = server.post(path, &body).await;
+        assert_eq!(status, 200, "{answer}");
+        assert!(answer["choices"][0].get("token_ids").is_none(), "{answer}");
+    }
+}
+
+/// An error quotes what the client sent only up to a bound: a 3 MB model name is not sent
+/// back.
+#[tokio::test]
+async fn errors_do_not_echo_huge_input() {
+    let body = refused(
+        C,
+        completion(json!({"model": "m".repeat(3 << 20)})),
+        404,
+        BAD,
+        Some("model"),
+    )
+    .await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 1200, "{} bytes", message.len());
+    assert!(message.contains("more bytes"), "{message}");
+}
+
+/// A body shorter than its `Content-Length` (the client stopped sending) is a bad request,
+/// not a body too large.
+#[test]
+fn a_truncated_body_is_400() {
+    use std::io::{Read, Write};
+    let server = server();
+    let address = server.base.trim_start_matches("http://");
+    let mut socket = std::net::TcpStream::connect(address).unwrap();
+    let head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                content-length: 100\r\nconnection: close\r\n\r\n{\"model\": \"ti";
+    socket.write_all(head.as_bytes()).unwrap();
+    socket.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    socket.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("invalid_body"), "{answer}");
 }
