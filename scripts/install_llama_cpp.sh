@@ -49,5 +49,11 @@ if [ -z "$wheel" ]; then
     python3 -m pip wheel --quiet --no-deps --no-cache-dir "llama-cpp-python==$version" -w "$cache"
   wheel="$(ls "$cache"/llama_cpp_python-"$version"-*.whl | head -n 1)"
 fi
+# The wheel replaces any other build of the same version (--force-reinstall, without
+# reinstalling its dependencies), then a plain install of it brings the dependencies a fresh
+# machine lacks (numpy, diskcache, jinja2, typing-extensions): without them `import llama_cpp`
+# fails.
 pip_install --force-reinstall --no-deps "$wheel"
+pip_install "$wheel"
+python3 -c "import llama_cpp" || { echo "error: llama_cpp does not import" >&2; exit 1; }
 touch "$cache/installed"
