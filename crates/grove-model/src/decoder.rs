@@ -165,6 +165,10 @@ impl Model for Decoder {
         Ok(self.lm_head.forward(hidden)?)
     }
 
+    fn head_rows(&self, ids: &[u32]) -> Result<Tensor, ModelError> {
+        Ok(self.lm_head.weight().rows(ids)?)
+    }
+
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<ForwardOutput, ModelError> {
         self.check_batch(batch)?;
         // A step of a small model is hundreds of short parallel sections: the other compute

@@ -20,13 +20,15 @@ use crate::config::DecoderConfig;
 use crate::forward::{ForwardBatch, LogitRows, Segment, Visibility};
 use crate::layer_stack::LayerStack;
 use crate::layers::{Linear, RmsNorm};
+use crate::matrix::Matrix;
 use crate::weights::Weights;
 use crate::{Model, ModelError};
 
 /// Keys of `dflash_config` this implementation understands; any other names a variant
 /// (DFlash2, sliding windows, convolutions, ...) that it does not implement.
-const KNOWN_DFLASH_KEYS: [&str; 5] = [
+const KNOWN_DFLASH_KEYS: [&str; 6] = [
     "mask_token_id",
+    "draft_vocab_size",
     "mask_token",
     "target_layer_ids",
     "block_size",
@@ -48,6 +50,9 @@ pub struct DFlashConfig {
     pub num_target_layers: Option<usize>,
     /// The drafter's own layers (a Qwen3 config).
     pub layers: DecoderConfig,
+    /// A reduced draft vocabulary (grove's extension): the drafter's head covers this many
+    /// target tokens, listed in its `d2t` tensor; `None`, the target's whole head.
+    pub draft_vocab_size: Option<usize>,
 }
 
 impl DFlashConfig {
@@ -124,12 +129,20 @@ impl DFlashConfig {
         if target_layer_ids.is_empty() {
             return Err("`dflash_config.target_layer_ids` must not be empty".into());
         }
+        let draft_vocab_size = number(
+            dflash.get("draft_vocab_size"),
+            "dflash_config.draft_vocab_size",
+        )?;
+        if draft_vocab_size == Some(0) {
+            return Err("`dflash_config.draft_vocab_size` must be at least 1".into());
+        }
         Ok(Self {
             block_size,
             mask_token_id,
             target_layer_ids,
             num_target_layers,
             layers,
+            draft_vocab_size,
         })
     }
 }
@@ -164,6 +177,71 @@ pub struct DFlashDrafter {
     hidden_norm: RmsNorm, // [hidden]
     layers: LayerStack,
     norm: RmsNorm, // [hidden]
+    head: Option<DraftHead>,
+}
+
+/// A reduced draft vocabulary's head: the target's head rows for `d2t`, gathered at load.
+#[derive(Debug)]
+struct DraftHead {
+    /// Target id of each draft id, increasing.
+    d2t: Vec<TokenId>,
+    linear: Linear, // [draft vocab, hidden]
+}
+
+impl DraftHead {
+    fn load(
+        weights: &Weights,
+        prefix: &str,
+        size: usize,
+        target: &dyn Model,
+    ) -> Result<Self, String> {
+        let name = format!("{prefix}d2t");
+        let ids = weights
+            .get(&name, &[size])
+            .map_err(|e| format!("`draft_vocab_size` is {size} but tensor `{name}`: {e}"))?;
+        let ids: Vec<f32> = ids.to_vec1().map_err(|e| e.to_string())?;
+        let vocab = target.config().vocab_size;
+        let mut d2t = Vec::with_capacity(size);
+        for (i, &id) in ids.iter().enumerate() {
+            if !(id >= 0.0 && id.fract() == 0.0 && (id as usize) < vocab) {
+                return Err(format!(
+                    "`{name}[{i}]` = {id} is not a token id of the target's vocabulary of {vocab}"
+                ));
+            }
+            if d2t.last().is_some_and(|&last| last >= id as TokenId) {
+                return Err(format!("`{name}` must be strictly increasing (at {i})"));
+            }
+            d2t.push(id as TokenId);
+        }
+        let rows = target.head_rows(&d2t).map_err(|e| e.to_string())?;
+        let hidden = target.config().hidden_size;
+        // Drafts only steer what is verified, so the head is kept at Q8_0 (a quarter of f32's
+        // reads) wherever the kernels take its width.
+        let matrix = match rows.flatten_all().and_then(|r| r.to_vec1::<f32>()) {
+            Ok(values) if hidden.is_multiple_of(grove_kernels::quant::CHUNK) => {
+                let q = grove_kernels::quant::QMatrix::quantize_q8_0(&values, size, hidden)?;
+                Matrix::Quantized(std::sync::Arc::new(q))
+            }
+            _ => Matrix::dense(&rows).map_err(|e| e.to_string())?,
+        };
+        Ok(Self {
+            d2t,
+            linear: Linear::from_matrix(matrix, None),
+        })
+    }
+
+    /// Logits over the target's vocabulary: the draft vocabulary's, `-inf` elsewhere.
+    fn logits(&self, hidden: &Tensor, vocab: usize) -> Result<Tensor, ModelError> {
+        let small: Vec<Vec<f32>> = self.linear.forward(hidden)?.to_vec2()?;
+        let rows = small.len();
+        let mut full = vec![f32::NEG_INFINITY; rows * vocab];
+        for (row, values) in full.chunks_exact_mut(vocab).zip(&small) {
+            for (&id, &value) in self.d2t.iter().zip(values) {
+                row[id as usize] = value;
+            }
+        }
+        Ok(Tensor::from_vec(full, (rows, vocab), hidden.device())?)
+    }
 }
 
 impl DFlashDrafter {
@@ -251,7 +329,13 @@ impl DFlashDrafter {
             other => other,
         })?;
         let eps = config.layers.rms_norm_eps;
+        let head = config
+            .draft_vocab_size
+            .map(|size| DraftHead::load(&weights, prefix, size, target))
+            .transpose()
+            .map_err(incompatible)?;
         Ok(Self {
+            head,
             fc,
             hidden_norm: RmsNorm::load(&weights, &format!("{prefix}hidden_norm"), hidden, eps)?,
             layers: LayerStack::load(&weights, &format!("{prefix}layers"), &config.layers, device)?,
@@ -373,7 +457,11 @@ impl DFlashDrafter {
         (0..blocks.len())
             .map(|i| {
                 let block = hidden.narrow(0, i * size, size)?;
-                let logits = target.project_logits(&block.narrow(0, 1, size - 1)?)?;
+                let drafts = block.narrow(0, 1, size - 1)?;
+                let logits = match &self.head {
+                    Some(head) => head.logits(&drafts, target.config().vocab_size)?,
+                    None => target.project_logits(&drafts)?,
+                };
                 Ok(DraftOutput {
                     hidden: block,
                     logits,

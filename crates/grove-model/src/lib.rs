@@ -8,6 +8,7 @@ mod attention;
 pub mod config;
 mod decoder;
 pub mod dflash;
+pub mod drafter_manifest;
 pub mod forward;
 pub mod gguf;
 mod gguf_tokenizer;
@@ -46,6 +47,10 @@ pub trait Model: Send + Sync {
         &self,
         hidden: &candle_core::Tensor,
     ) -> Result<candle_core::Tensor, ModelError>;
+
+    /// Rows `ids` of the LM head as f32 `[ids, hidden]` (a drafter's reduced head is gathered
+    /// from its target's).
+    fn head_rows(&self, ids: &[u32]) -> Result<candle_core::Tensor, ModelError>;
 
     /// Runs every row of `batch`, writing their K/V into `kv`.
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<ForwardOutput, ModelError>;

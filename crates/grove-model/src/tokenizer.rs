@@ -131,6 +131,23 @@ impl TextTokenizer {
         on_backend!(&self.tokenizer, t => t.get_vocab_size(with_added))
     }
 
+    /// A hash (FNV-1a, 64 bits, hex) of every `(id, token)` pair, added tokens included: two
+    /// tokenizers with equal hashes map text to the same ids.
+    pub fn vocabulary_hash(&self) -> String {
+        let mut pairs: Vec<(u32, String)> = on_backend!(&self.tokenizer, t => t.get_vocab(true))
+            .into_iter()
+            .map(|(token, id)| (id, token))
+            .collect();
+        pairs.sort_unstable();
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for (id, token) in &pairs {
+            for byte in id.to_le_bytes().iter().chain(token.as_bytes()).chain(b"\n") {
+                hash = (hash ^ *byte as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        format!("{hash:016x}")
+    }
+
     fn error(&self, message: impl ToString) -> ModelError {
         ModelError::Tokenizer {
             path: self.path.clone(),

@@ -3,6 +3,7 @@
 // `unsafe` lives in grove-kernels only.
 #![forbid(unsafe_code)]
 
+pub mod gguf_writer;
 pub mod random_checkpoint;
 
 pub use random_checkpoint::{byte_level_tokenizer_json, RandomCheckpoint, RandomDrafter};

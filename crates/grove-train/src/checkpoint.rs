@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use candle_core::DType;
+use candle_core::{DType, Device, Tensor};
 use grove_model::{DecoderConfig, Family};
 use serde_json::{json, Value};
 
@@ -117,6 +117,12 @@ pub fn write_drafter(
         "mask_token_id": shape.mask_token_id,
         "target_layer_ids": shape.target_layer_ids,
     });
+    let mut extra = Vec::new();
+    if let Some(d2t) = &shape.d2t {
+        config["dflash_config"]["draft_vocab_size"] = json!(d2t.len());
+        let ids: Vec<i64> = d2t.iter().map(|&id| id as i64).collect();
+        extra.push(("d2t".to_owned(), Tensor::new(ids, &Device::Cpu)?));
+    }
     write_json(&dir.join("config.json"), &config)?;
-    params.save(&dir.join("model.safetensors"), dtype)
+    params.save_with(&dir.join("model.safetensors"), dtype, extra)
 }

@@ -189,3 +189,23 @@ impl TokenStream {
             .collect()
     }
 }
+
+/// Token ids stored as little-endian u32 (large vocabularies, such as a GGUF target's).
+pub fn save_tokens_u32(path: &Path, tokens: &[u32]) -> Result<(), TrainError> {
+    let bytes: Vec<u8> = tokens.iter().flat_map(|&t| t.to_le_bytes()).collect();
+    std::fs::write(path, bytes).map_err(|source| TrainError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+pub fn load_tokens_u32(path: &Path) -> Result<Vec<u32>, TrainError> {
+    let bytes = std::fs::read(path).map_err(|source| TrainError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}

@@ -22,6 +22,8 @@ pub struct DrafterShape {
     pub target_layer_ids: Vec<usize>,
     pub block_size: usize,
     pub mask_token_id: u32,
+    /// A reduced draft vocabulary: the target ids the head covers (written as `d2t`).
+    pub d2t: Option<Vec<u32>>,
 }
 
 /// A new drafter's parameters, under z-lab's names (no `model.` prefix).
@@ -76,22 +78,32 @@ pub struct DraftBatch<'a> {
     pub anchors: &'a [Vec<usize>],
 }
 
-/// Drafter logits `[B, n*S, V]` for the blocks of `batch`.
-pub fn drafter_logits(
+/// Every block's input tokens: `[x[a], MASK x (S-1)]` per anchor `a`, sequences in order.
+pub fn block_tokens(tokens: &[Vec<u32>], anchors: &[Vec<usize>], shape: &DrafterShape) -> Vec<u32> {
+    let s = shape.block_size;
+    anchors
+        .iter()
+        .zip(tokens)
+        .flat_map(|(a, seq)| {
+            a.iter().flat_map(move |&a| {
+                std::iter::once(seq[a]).chain(std::iter::repeat_n(shape.mask_token_id, s - 1))
+            })
+        })
+        .collect()
+}
+
+/// The drafter's normed hidden states `[B, n*S, H]` for blocks whose input embeddings are
+/// `embedded` `[B, n*S, H]` (the target's, frozen), over context `features` `[B, T, taps*H]`.
+pub fn drafter_hidden(
     drafter: &impl Weights,
-    target: &FrozenTarget,
     shape: &DrafterShape,
-    batch: DraftBatch<'_>,
+    embedded: &Tensor,
+    features: &Tensor,
+    anchors: &[Vec<usize>],
 ) -> candle_core::Result<Tensor> {
-    let DraftBatch {
-        tokens,
-        features,
-        anchors,
-    } = batch;
     let c = &shape.layers;
     let s = shape.block_size;
-    let (b, t) = tokens.dims2()?;
-    let n = anchors[0].len();
+    let (b, t, _) = features.dims3()?;
     let fused = rms_norm(
         &features.broadcast_matmul(&drafter.w("fc.weight").t()?)?,
         &drafter.w("hidden_norm.weight"),
@@ -103,19 +115,8 @@ pub fn drafter_logits(
         .map(|a| a.iter().flat_map(|&a| a..a + s).collect())
         .collect();
     let (cos, sin) = rope_tables(&block_positions, c)?;
-    let host_tokens: Vec<Vec<u32>> = tokens.to_vec2()?;
-    let block_tokens: Vec<u32> = anchors
-        .iter()
-        .zip(&host_tokens)
-        .flat_map(|(a, seq)| {
-            a.iter().flat_map(move |&a| {
-                std::iter::once(seq[a]).chain(std::iter::repeat_n(shape.mask_token_id, s - 1))
-            })
-        })
-        .collect();
-    let block_tokens = Tensor::from_vec(block_tokens, (b, n * s), &Device::Cpu)?;
     let mask = block_mask(anchors, t, s)?;
-    let mut h = embed(&target.weights, &block_tokens)?;
+    let mut h = embedded.clone();
     for i in 0..c.num_layers {
         let p = format!("layers.{i}");
         h = net::layer_with_context(
@@ -129,13 +130,56 @@ pub fn drafter_logits(
             c,
         )?;
     }
-    let normed = rms_norm(&h, &drafter.w("norm.weight"), c.rms_norm_eps)?;
+    rms_norm(&h, &drafter.w("norm.weight"), c.rms_norm_eps)
+}
+
+/// Drafter logits `[B, n*S, V]` for the blocks of `batch`.
+pub fn drafter_logits(
+    drafter: &impl Weights,
+    target: &FrozenTarget,
+    shape: &DrafterShape,
+    batch: DraftBatch<'_>,
+) -> candle_core::Result<Tensor> {
+    let DraftBatch {
+        tokens,
+        features,
+        anchors,
+    } = batch;
+    let b = tokens.dim(0)?;
+    let host_tokens: Vec<Vec<u32>> = tokens.to_vec2()?;
+    let block = block_tokens(&host_tokens, anchors, shape);
+    let rows = block.len() / b;
+    let block = Tensor::from_vec(block, (b, rows), &Device::Cpu)?;
+    let embedded = embed(&target.weights, &block)?;
+    let normed = drafter_hidden(drafter, shape, &embedded, features, anchors)?;
     let head = if target.config.tie_word_embeddings {
         target.weights.w("model.embed_tokens.weight")
     } else {
         target.weights.w("lm_head.weight")
     };
     normed.broadcast_matmul(&head.t()?)
+}
+
+/// The weighted cross-entropy of the draft slots of logits `[B, n*S, V]` (each block's anchor
+/// slot dropped) against `labels` and `weights`, one per draft slot in block order.
+pub fn slot_loss(
+    logits: &Tensor,
+    block_size: usize,
+    labels: Vec<u32>,
+    weights: Vec<f32>,
+) -> candle_core::Result<Tensor> {
+    let s = block_size;
+    let (b, rows, v) = logits.dims3()?;
+    let n = rows / s;
+    // Drop each block's anchor slot: [B, n, S, V] -> [B, n, S-1, V].
+    let logits = logits
+        .reshape((b, n, s, v))?
+        .narrow(2, 1, s - 1)?
+        .reshape((b * n * (s - 1), v))?;
+    let count = labels.len();
+    let labels = Tensor::from_vec(labels, count, &Device::Cpu)?;
+    let weights = Tensor::from_vec(weights, count, &Device::Cpu)?;
+    net::weighted_cross_entropy(&logits, &labels, &weights)
 }
 
 /// Position-decayed cross-entropy over the masked slots of every block: slot `j` (1-based
@@ -149,21 +193,11 @@ pub fn drafter_loss(
     decay: f64,
 ) -> candle_core::Result<Tensor> {
     let s = shape.block_size;
-    let DraftBatch {
-        tokens, anchors, ..
-    } = batch;
     let logits = drafter_logits(drafter, target, shape, batch)?;
-    let (b, rows, v) = logits.dims3()?;
-    let n = rows / s;
-    // Drop each block's anchor slot: [B, n, S, V] -> [B, n, S-1, V].
-    let logits = logits
-        .reshape((b, n, s, v))?
-        .narrow(2, 1, s - 1)?
-        .reshape((b * n * (s - 1), v))?;
-    let host_tokens: Vec<Vec<u32>> = tokens.to_vec2()?;
-    let mut labels = Vec::with_capacity(b * n * (s - 1));
-    let mut weights = Vec::with_capacity(b * n * (s - 1));
-    for (seq, seq_anchors) in anchors.iter().enumerate() {
+    let host_tokens: Vec<Vec<u32>> = batch.tokens.to_vec2()?;
+    let mut labels = Vec::new();
+    let mut weights = Vec::new();
+    for (seq, seq_anchors) in batch.anchors.iter().enumerate() {
         for &anchor in seq_anchors {
             for j in 1..s {
                 labels.push(host_tokens[seq][anchor + j]);
@@ -171,10 +205,7 @@ pub fn drafter_loss(
             }
         }
     }
-    let count = labels.len();
-    let labels = Tensor::from_vec(labels, count, &Device::Cpu)?;
-    let weights = Tensor::from_vec(weights, count, &Device::Cpu)?;
-    net::weighted_cross_entropy(&logits, &labels, &weights)
+    slot_loss(&logits, s, labels, weights)
 }
 
 /// The target's tapped features `[B, T, taps*H]` for `tokens`, with no gradient.

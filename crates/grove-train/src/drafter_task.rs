@@ -100,39 +100,55 @@ impl Task for DrafterTask<'_> {
 
     /// Mean tau of greedy DFlash with the current weights on held-out prompts.
     fn evaluate(&self) -> Result<Vec<(String, f64)>, TrainError> {
-        write_drafter(
-            &self.eval_dir,
+        held_out_tau(
+            self.decoder,
             &self.shape,
-            &self.target.config,
             &self.params,
-            DType::F32,
-        )?;
-        let drafter = DFlashDrafter::load(&self.eval_dir, self.decoder, |_| None, &Device::Cpu)?;
-        let generator = Generator::new(self.decoder, None, GeneratorOptions::default())
-            .with_dflash(DFlashSpec {
-                drafter: &drafter,
-                num_draft_tokens: self.shape.block_size,
-            })
-            .map_err(|e| TrainError::Data(e.to_string()))?;
-        let requests: Vec<GenerateRequest> = self
-            .eval_prompts
-            .iter()
-            .map(|prompt| GenerateRequest::greedy(prompt, self.data.generated_len))
-            .collect();
-        let outputs = generator
-            .generate_batch(&requests)
-            .map_err(|e| TrainError::Data(e.to_string()))?;
-        let (sum, rounds) = outputs.iter().fold((0usize, 0usize), |(s, r), o| {
-            (
-                s + o.stats.accept_lengths.iter().sum::<usize>(),
-                r + o.stats.rounds,
-            )
-        });
-        Ok(vec![(
-            "held-out DFlash tau".into(),
-            sum as f64 / rounds.max(1) as f64,
-        )])
+            &self.eval_prompts,
+            self.data.generated_len,
+            &self.eval_dir,
+        )
     }
+}
+
+/// Mean tau of greedy DFlash on `prompts` (`tokens` new tokens each) with the drafter `params`
+/// written to `eval_dir` and loaded as `generate` loads it, as a named metric.
+pub(crate) fn held_out_tau(
+    target: &dyn Model,
+    shape: &DrafterShape,
+    params: &Params,
+    prompts: &[Vec<u32>],
+    tokens: usize,
+    eval_dir: &Path,
+) -> Result<Vec<(String, f64)>, TrainError> {
+    if prompts.is_empty() {
+        return Ok(Vec::new());
+    }
+    write_drafter(eval_dir, shape, target.config(), params, DType::F32)?;
+    let drafter = DFlashDrafter::load(eval_dir, target, |_| None, &Device::Cpu)?;
+    let generator = Generator::new(target, None, GeneratorOptions::default())
+        .with_dflash(DFlashSpec {
+            drafter: &drafter,
+            num_draft_tokens: shape.block_size,
+        })
+        .map_err(|e| TrainError::Data(e.to_string()))?;
+    let requests: Vec<GenerateRequest> = prompts
+        .iter()
+        .map(|prompt| GenerateRequest::greedy(prompt, tokens))
+        .collect();
+    let outputs = generator
+        .generate_batch(&requests)
+        .map_err(|e| TrainError::Data(e.to_string()))?;
+    let (sum, rounds) = outputs.iter().fold((0usize, 0usize), |(s, r), o| {
+        (
+            s + o.stats.accept_lengths.iter().sum::<usize>(),
+            r + o.stats.rounds,
+        )
+    });
+    Ok(vec![(
+        "held-out DFlash tau".into(),
+        sum as f64 / rounds.max(1) as f64,
+    )])
 }
 
 /// Prompts of `len` tokens cut from `part`, reproducibly.

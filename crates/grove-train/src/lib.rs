@@ -8,6 +8,8 @@ pub mod checkpoint;
 pub mod data;
 pub mod drafter_net;
 pub mod drafter_task;
+pub mod feature_task;
+pub mod features;
 pub mod net;
 pub mod optim;
 pub mod params;

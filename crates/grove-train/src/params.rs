@@ -98,11 +98,22 @@ impl Params {
     /// Writes the parameters as safetensors in `dtype` (f32 for checkpoints, f16/bf16 for
     /// shipped weights).
     pub fn save(&self, path: &Path, dtype: DType) -> Result<(), TrainError> {
-        let tensors = self
+        self.save_with(path, dtype, Vec::new())
+    }
+
+    /// [`Params::save`] plus `extra` tensors stored as they are (a drafter's `d2t` ids).
+    pub fn save_with(
+        &self,
+        path: &Path,
+        dtype: DType,
+        extra: Vec<(String, Tensor)>,
+    ) -> Result<(), TrainError> {
+        let mut tensors = self
             .vars
             .iter()
             .map(|(name, var)| Ok((name.clone(), var.as_tensor().to_dtype(dtype)?)))
             .collect::<Result<HashMap<_, _>, candle_core::Error>>()?;
+        tensors.extend(extra);
         candle_core::safetensors::save(&tensors, path)?;
         Ok(())
     }

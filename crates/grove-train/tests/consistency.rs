@@ -97,6 +97,7 @@ fn check(model_type: &str) {
         target_layer_ids: taps.to_vec(),
         block_size: 4,
         mask_token_id: 63,
+        d2t: None,
     };
     let drafter_weights = drafter_params(&shape, 2).unwrap();
     randomize_biases(&drafter_weights);

@@ -5,8 +5,6 @@ mod common;
 
 use candle_core::Device;
 use common::*;
-use grove_core::{SamplingParams, StopCondition};
-use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use grove_train::drafter_net::DrafterShape;
 use grove_train::drafter_task::{train_drafter, DrafterData};
@@ -36,6 +34,7 @@ fn a_trained_drafter_lowers_its_loss_and_drafts_losslessly() {
         target_layer_ids: vec![0, 1],
         block_size: 4,
         mask_token_id: mask,
+        d2t: None,
     };
     let data = DrafterData {
         sequences: 24,
@@ -67,40 +66,9 @@ fn a_trained_drafter_lowers_its_loss_and_drafts_losslessly() {
         .any(|(_, name, tau)| name.contains("tau") && *tau >= 1.0));
 
     let drafter = DFlashDrafter::load(&drafter_dir, &target, |_| None, &Device::Cpu).unwrap();
-    let plain = Generator::new(&target, None, GeneratorOptions::default());
-    let dflash = Generator::new(&target, None, GeneratorOptions::default())
-        .with_dflash(DFlashSpec {
-            drafter: &drafter,
-            num_draft_tokens: 4,
-        })
-        .unwrap();
-    let ddtree = Generator::new(&target, None, GeneratorOptions::default())
-        .with_ddtree(DDTreeSpec {
-            drafter: &drafter,
-            budget: 6,
-            top_k: 3,
-        })
-        .unwrap();
-    for text in ["pub fn ", "impl Default for", "    /// The"] {
-        let request = GenerateRequest {
-            prompt: tokenizer.encode(text, false).unwrap(),
-            sampling: SamplingParams::greedy(),
-            stop: StopCondition {
-                max_new_tokens: 24,
-                ..Default::default()
-            },
-            speculation: Default::default(),
-        };
-        let reference = plain.generate(&request, |_| {}).unwrap().token_ids;
-        assert_eq!(
-            dflash.generate(&request, |_| {}).unwrap().token_ids,
-            reference,
-            "dflash {text:?}"
-        );
-        assert_eq!(
-            ddtree.generate(&request, |_| {}).unwrap().token_ids,
-            reference,
-            "ddtree {text:?}"
-        );
-    }
+    let prompts: Vec<Vec<u32>> = ["pub fn ", "impl Default for", "    /// The"]
+        .iter()
+        .map(|text| tokenizer.encode(text, false).unwrap())
+        .collect();
+    assert_lossless(&target, &drafter, &prompts, 24);
 }

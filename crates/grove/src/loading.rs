@@ -7,6 +7,7 @@ use candle_core::Device;
 use clap::Args;
 use grove_core::TokenId;
 use grove_engine::{Drafter, Generator, SpeculationSettings};
+use grove_model::drafter_manifest::{find_drafter, DrafterManifest, TargetFingerprint};
 use grove_model::tokenizer::generation_stop_ids;
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use grove_server::ServedModel;
@@ -19,6 +20,11 @@ pub const DEFAULT_MODEL_DIR: &str =
 /// The drafter trained for the default model, used by dflash/ddtree when no draft path is given.
 pub const DEFAULT_DRAFTER_DIR: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/default/drafter");
+
+/// Drafters trained for real targets, one directory each with a `grove-drafter.json` naming
+/// its target; dflash/ddtree pick the one matching the loaded target.
+pub const SHIPPED_DRAFTERS_DIR: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/drafters");
 
 /// The seeded random tiny model kept as a test fixture (`grove tiny-model` writes it).
 pub const TINY_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
@@ -136,15 +142,27 @@ impl SpecArgs {
                 Path::new(DEFAULT_DRAFTER_DIR)
             }
             (algorithm, None) => {
-                anyhow::bail!("--speculative-algorithm {algorithm:?} needs --speculative-draft-model-path DIR")
+                let found = find_drafter(Path::new(SHIPPED_DRAFTERS_DIR), &loaded.fingerprint());
+                let Some(found) = found else {
+                    anyhow::bail!(
+                        "--speculative-algorithm {algorithm:?} needs --speculative-draft-model-path \
+                         DIR: no drafter shipped in {SHIPPED_DRAFTERS_DIR} was trained for this target"
+                    )
+                };
+                eprintln!("drafter: {} (trained for this target)", found.display());
+                return self.load_drafter_from(loaded, &found).map(Some);
             }
             (_, Some(path)) => path.as_path(),
         };
+        DrafterManifest::check(path, &loaded.fingerprint())?;
+        self.load_drafter_from(loaded, path).map(Some)
+    }
+
+    fn load_drafter_from(&self, loaded: &Loaded, path: &Path) -> Result<DFlashDrafter> {
         let tokenizer = loaded.tokenizer.as_ref();
         let resolve = |token: &str| tokenizer.and_then(|t| t.token_to_id(token));
-        let drafter = DFlashDrafter::load(path, &loaded.model, resolve, &Device::Cpu)
-            .with_context(|| format!("loading drafter from {}", path.display()))?;
-        Ok(Some(drafter))
+        DFlashDrafter::load(path, &loaded.model, resolve, &Device::Cpu)
+            .with_context(|| format!("loading drafter from {}", path.display()))
     }
 
     /// The verify block size for `drafter`.
@@ -191,6 +209,11 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// What a shipped drafter's manifest must name to fit this target.
+    pub fn fingerprint(&self) -> TargetFingerprint {
+        TargetFingerprint::of(&self.model, self.tokenizer.as_ref())
+    }
+
     /// What the server's engine thread owns: the model, its drafter and tokenizer.
     pub fn into_served(self, drafter: Option<DFlashDrafter>) -> ServedModel {
         ServedModel {

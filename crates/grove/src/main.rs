@@ -10,6 +10,7 @@ mod generate;
 mod loading;
 mod serve;
 mod train;
+mod training_chart;
 
 use std::process::ExitCode;
 

@@ -6,9 +6,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use grove_model::dflash::default_target_layer_ids;
+use grove_model::drafter_manifest::{DrafterManifest, TargetFingerprint};
 use grove_model::{Decoder, Model, TextTokenizer};
 use grove_train::drafter_net::DrafterShape;
 use grove_train::drafter_task::{train_drafter, DrafterData};
+use grove_train::feature_task::{train_drafter_cached, CachedRun};
 use grove_train::optim::AdamWConfig;
 use grove_train::target_task::{train_target, TargetSpec};
 use grove_train::trainer::{LoopOptions, TrainState};
@@ -194,7 +196,8 @@ pub fn run_target(args: TrainTargetArgs) -> Result<()> {
 
 #[derive(Debug, Args)]
 pub struct TrainDrafterArgs {
-    /// The frozen target (an HF checkpoint directory with its tokenizer).
+    /// The frozen target: an HF checkpoint directory with its tokenizer, or a GGUF file (which
+    /// takes the cached-features route).
     #[arg(long)]
     pub target_path: PathBuf,
     /// Prompts come from this text; the target continues them greedily to make the data.
@@ -236,7 +239,119 @@ pub struct TrainDrafterArgs {
     #[arg(long, default_value_t = 16)]
     pub eval_prompts: usize,
     #[command(flatten)]
+    pub cached: CachedArgs,
+    #[command(flatten)]
     pub train: LoopArgs,
+}
+
+/// The cached-features route (always taken for a GGUF target): the target runs once over
+/// corpus windows through the inference kernels, and training reads the cache.
+#[derive(Debug, Clone, Args)]
+pub struct CachedArgs {
+    /// Take the cached route for a safetensors target too.
+    #[arg(long)]
+    pub cached_features: bool,
+    /// Tokens per cached window.
+    #[arg(long, default_value_t = 512)]
+    pub feature_window: usize,
+    /// Windows in the cache.
+    #[arg(long, default_value_t = 512)]
+    pub feature_windows: usize,
+    /// Windows per cache shard (the unit extraction resumes at).
+    #[arg(long, default_value_t = 8)]
+    pub windows_per_shard: usize,
+    /// Rows per target forward while extracting.
+    #[arg(long, default_value_t = 128)]
+    pub feature_chunk: usize,
+    /// Draft vocabulary: the N most frequent greedy tokens of the cache (0: the target's whole
+    /// vocabulary).
+    #[arg(long, default_value_t = 32768)]
+    pub draft_vocab_size: usize,
+    /// The drafter layers' MLP width (default: the target's).
+    #[arg(long)]
+    pub drafter_intermediate_size: Option<usize>,
+    /// Tokens generated per held-out prompt for the tau estimate.
+    #[arg(long, default_value_t = 64)]
+    pub eval_tokens: usize,
+}
+
+/// The target's tokenizer: a GGUF file's own, or the checkpoint directory's.
+fn target_tokenizer(path: &std::path::Path) -> Result<TextTokenizer> {
+    if grove_model::gguf::is_gguf(path) {
+        Ok(grove_model::gguf::GgufFile::open(path)?.tokenizer()?)
+    } else {
+        Ok(TextTokenizer::load(path)?)
+    }
+}
+
+/// The corpus tokenized by the target's tokenizer, cached as `corpus.u32` in the work dir.
+fn target_corpus(
+    args: &TrainDrafterArgs,
+    tokenizer: &TextTokenizer,
+    work: &std::path::Path,
+) -> Result<Vec<u32>> {
+    let path = work.join("corpus.u32");
+    if path.is_file() {
+        return Ok(grove_train::data::load_tokens_u32(&path)?);
+    }
+    std::fs::create_dir_all(work)?;
+    let files = grove_train::data::gather_files(&args.data.roots()?, &args.data.extensions())?;
+    // Documents are separated by the tokenizer's end of text.
+    let separator = tokenizer.eos_token_id();
+    let tokens = grove_train::data::tokenize_files(
+        &files,
+        |token| tokenizer.token_to_id(token).or(separator),
+        |text| tokenizer.encode(text, false),
+    )?;
+    grove_train::data::save_tokens_u32(&path, &tokens)?;
+    eprintln!(
+        "corpus: {} files, {} target tokens",
+        files.len(),
+        tokens.len()
+    );
+    Ok(tokens)
+}
+
+fn run_cached(
+    args: &TrainDrafterArgs,
+    target: &Decoder,
+    tokenizer: &TextTokenizer,
+    shape: DrafterShape,
+) -> Result<()> {
+    let options = args.train.options(&args.out);
+    let corpus = target_corpus(args, tokenizer, &options.dir)?;
+    let c = &args.cached;
+    let run = CachedRun {
+        taps_window: c.feature_window,
+        windows: c.feature_windows,
+        windows_per_shard: c.windows_per_shard,
+        chunk: c.feature_chunk,
+        draft_vocab: (c.draft_vocab_size > 0).then_some(c.draft_vocab_size),
+        batch_size: args.batch_size,
+        blocks_per_sequence: args.blocks_per_sequence,
+        decay: args.decay,
+        eval_prompts: args.eval_prompts,
+        eval_prompt_len: args.prompt_len,
+        eval_tokens: c.eval_tokens,
+        seed: args.train.seed,
+    };
+    if let Some(state) = train_drafter_cached(target, corpus, &shape, &run, &args.out, &options)? {
+        report(&state, options.adamw.total_steps);
+        if state.step >= options.adamw.total_steps {
+            // The manifest lets generate/serve/bench pick this drafter for this target alone.
+            DrafterManifest {
+                target: TargetFingerprint::of(target, Some(tokenizer)),
+                target_name: args
+                    .target_path
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                command: std::env::args().collect::<Vec<_>>().join(" "),
+            }
+            .write(&args.out)?;
+            crate::training_chart::write(&state, &args.out.join("training.png"))?;
+        }
+    }
+    Ok(())
 }
 
 pub fn run_drafter(args: TrainDrafterArgs) -> Result<()> {
@@ -244,7 +359,7 @@ pub fn run_drafter(args: TrainDrafterArgs) -> Result<()> {
         let data = args.data.roots()?;
         let target = Decoder::load(&args.target_path, &candle_core::Device::Cpu)
             .with_context(|| format!("loading the target from {}", args.target_path.display()))?;
-        let tokenizer = TextTokenizer::load(&args.target_path)?;
+        let tokenizer = target_tokenizer(&args.target_path)?;
         let mask_token_id = match args.mask_token.parse::<u32>() {
             Ok(id) => id,
             Err(_) => tokenizer.token_to_id(&args.mask_token).with_context(|| {
@@ -256,6 +371,9 @@ pub fn run_drafter(args: TrainDrafterArgs) -> Result<()> {
         };
         let mut layers = target.config().clone();
         layers.num_layers = args.drafter_layers;
+        if let Some(width) = args.cached.drafter_intermediate_size {
+            layers.intermediate_size = width;
+        }
         let target_layer_ids = if args.target_layer_ids.is_empty() {
             default_target_layer_ids(target.config().num_layers, args.drafter_layers)
         } else {
@@ -266,7 +384,11 @@ pub fn run_drafter(args: TrainDrafterArgs) -> Result<()> {
             target_layer_ids,
             block_size: args.block_size,
             mask_token_id,
+            d2t: None,
         };
+        if args.cached.cached_features || grove_model::gguf::is_gguf(&args.target_path) {
+            return run_cached(&args, &target, &tokenizer, shape);
+        }
         let drafter_data = DrafterData {
             sequences: args.sequences,
             prompt_len: args.prompt_len,

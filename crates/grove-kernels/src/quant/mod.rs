@@ -311,6 +311,26 @@ impl QMatrix {
         })
     }
 
+    /// `values` (`[n, k]` f32, `k` a multiple of the chunk) rounded to Q8_0 as GGUF writes it:
+    /// per 32 weights an f16 scale `max|x| / 127` and 32 signed bytes, in this CPU's layout.
+    pub fn quantize_q8_0(values: &[f32], n: usize, k: usize) -> Result<Self, String> {
+        if values.len() != n * k {
+            return Err(format!("{} values for a [{n}, {k}] matrix", values.len()));
+        }
+        let mut bytes = Vec::with_capacity(values.len() / 32 * 34);
+        for block in values.chunks_exact(32) {
+            let amax = block.iter().fold(0f32, |m, &x| m.max(x.abs()));
+            let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            bytes.extend_from_slice(&half::f16::from_f32(amax / 127.0).to_bits().to_le_bytes());
+            bytes.extend(
+                block
+                    .iter()
+                    .map(|&x| (x * inverse).round().clamp(-127.0, 127.0) as i8 as u8),
+            );
+        }
+        Self::new(QuantFormat::Q8_0, n, k, Bytes::Owned(Arc::new(bytes)))
+    }
+
     /// A matrix of random blocks (random bytes with finite f16 scales), for tests and
     /// benchmarks.
     pub fn random(format: QuantFormat, n: usize, k: usize, seed: u64) -> Self {

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use grove_model::{DFlashDrafter, Model};
 use grove_train::optim::AdamWConfig;
 use grove_train::target_task::TargetSpec;
 use grove_train::trainer::LoopOptions;
@@ -51,5 +53,37 @@ pub fn loop_options(dir: PathBuf, steps: usize, lr: f64, grad_accum: usize) -> L
         stop_after_steps: None,
         time_limit: None,
         show_progress: false,
+    }
+}
+
+/// Greedy DFlash (block 4) and DDTree (budget 6, top-k 3) with `drafter` give plain greedy's
+/// tokens on every prompt.
+pub fn assert_lossless(
+    target: &dyn Model,
+    drafter: &DFlashDrafter,
+    prompts: &[Vec<u32>],
+    new_tokens: usize,
+) {
+    let plain = Generator::new(target, None, GeneratorOptions::default());
+    let dflash = Generator::new(target, None, GeneratorOptions::default())
+        .with_dflash(DFlashSpec {
+            drafter,
+            num_draft_tokens: 4,
+        })
+        .unwrap();
+    let ddtree = Generator::new(target, None, GeneratorOptions::default())
+        .with_ddtree(DDTreeSpec {
+            drafter,
+            budget: 6,
+            top_k: 3,
+        })
+        .unwrap();
+    for prompt in prompts {
+        let request = GenerateRequest::greedy(prompt, new_tokens);
+        let reference = plain.generate(&request, |_| {}).unwrap().token_ids;
+        for (name, method) in [("dflash", &dflash), ("ddtree", &ddtree)] {
+            let tokens = method.generate(&request, |_| {}).unwrap().token_ids;
+            assert_eq!(tokens, reference, "{name} on {prompt:?}");
+        }
     }
 }

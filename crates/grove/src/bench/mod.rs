@@ -9,6 +9,8 @@ mod llama;
 mod measure;
 mod methods;
 mod report;
+
+pub(crate) use report::register_font;
 mod serve;
 
 use anyhow::Result;

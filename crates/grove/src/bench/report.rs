@@ -229,7 +229,7 @@ fn write(report: &Report, dir: &Path) -> Result<()> {
 }
 
 /// Registers a system sans-serif TTF for chart text (plotters draws glyphs itself).
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     const CANDIDATES: [&str; 3] = [
         "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
         "/usr/share/fonts/dejavu/DejaVuSans.ttf",
