@@ -66,23 +66,40 @@ fn shard_path(dir: &Path, shard: usize) -> PathBuf {
     dir.join(format!("shard-{shard:05}.safetensors"))
 }
 
+/// The manifest of the cache in `dir`, if there is one.
+fn read_manifest(dir: &Path) -> Result<Option<FeatureManifest>, TrainError> {
+    let path = dir.join("manifest.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| TrainError::Data(format!("{}: {e}", path.display())))
+}
+
+/// Refuses a cache in `dir` made for anything but `manifest`.
+fn check_manifest(
+    dir: &Path,
+    existing: &FeatureManifest,
+    manifest: &FeatureManifest,
+) -> Result<(), TrainError> {
+    if existing == manifest {
+        return Ok(());
+    }
+    Err(TrainError::Data(format!(
+        "{} was made for {existing:?}, not {manifest:?}: use another --work-dir or delete it",
+        dir.join("manifest.json").display()
+    )))
+}
+
 /// Opens or starts the cache in `dir` for `manifest`, refusing one made differently.
 fn prepare(dir: &Path, manifest: &FeatureManifest) -> Result<(), TrainError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let path = dir.join("manifest.json");
-    if path.is_file() {
-        let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-        let existing: FeatureManifest = serde_json::from_str(&text)
-            .map_err(|e| TrainError::Data(format!("{}: {e}", path.display())))?;
-        if &existing != manifest {
-            return Err(TrainError::Data(format!(
-                "{} was made for {existing:?}, not {manifest:?}: use another --work-dir or \
-                 delete it",
-                path.display()
-            )));
-        }
-        return Ok(());
+    if let Some(existing) = read_manifest(dir)? {
+        return check_manifest(dir, &existing, manifest);
     }
+    let path = dir.join("manifest.json");
     std::fs::write(&path, serde_json::to_string_pretty(manifest).expect("json")).map_err(io(&path))
 }
 
@@ -207,7 +224,9 @@ pub struct FeatureCache {
 impl FeatureCache {
     /// Loads a complete cache made for `manifest`.
     pub fn load(dir: &Path, manifest: &FeatureManifest) -> Result<Self, TrainError> {
-        prepare(dir, manifest)?;
+        let existing = read_manifest(dir)?
+            .ok_or_else(|| TrainError::Data(format!("{}: no feature cache here", dir.display())))?;
+        check_manifest(dir, &existing, manifest)?;
         let mut cache = Self {
             manifest: manifest.clone(),
             tokens: Vec::new(),

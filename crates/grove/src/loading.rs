@@ -26,6 +26,13 @@ pub const DEFAULT_DRAFTER_DIR: &str =
 pub const SHIPPED_DRAFTERS_DIR: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/drafters");
 
+/// Where drafters are looked for: `GROVE_DRAFTERS_DIR`, else the shipped ones.
+fn drafters_dir() -> PathBuf {
+    std::env::var_os("GROVE_DRAFTERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(SHIPPED_DRAFTERS_DIR))
+}
+
 /// The seeded random tiny model kept as a test fixture (`grove tiny-model` writes it).
 pub const TINY_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-qwen3");
 
@@ -142,11 +149,12 @@ impl SpecArgs {
                 Path::new(DEFAULT_DRAFTER_DIR)
             }
             (algorithm, None) => {
-                let found = find_drafter(Path::new(SHIPPED_DRAFTERS_DIR), &loaded.fingerprint());
-                let Some(found) = found else {
+                let dir = drafters_dir();
+                let Some(found) = find_drafter(&dir, &loaded.fingerprint()) else {
                     anyhow::bail!(
                         "--speculative-algorithm {algorithm:?} needs --speculative-draft-model-path \
-                         DIR: no drafter shipped in {SHIPPED_DRAFTERS_DIR} was trained for this target"
+                         DIR: no drafter in {} was trained for this target",
+                        dir.display()
                     )
                 };
                 eprintln!("drafter: {} (trained for this target)", found.display());
