@@ -120,9 +120,11 @@ impl<'a> Generator<'a> {
                 speculation::kv_need(tokens, method).next_multiple_of(page_size)
             })
             .sum();
+        // One engine per call: nothing outlives it to share a prefix with.
         let limits = EngineLimits {
             max_total_tokens,
             max_running: requests.len(),
+            prefix_cache: false,
         };
         let mut engine = self.engine(limits)?;
         for request in requests {

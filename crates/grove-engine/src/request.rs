@@ -60,6 +60,8 @@ pub struct GenerateStats {
     pub algorithm: SpecAlgorithm,
     pub budget: usize,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache instead of a prefill.
+    pub cached_tokens: usize,
     pub new_tokens: usize,
     /// Rounds after prefill (the prefill chooses the first token).
     pub rounds: usize,

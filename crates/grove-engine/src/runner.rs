@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use grove_core::{TokenId, ValidationError};
-use grove_kv::{KvStore, PagePool};
+use grove_kv::{KvStore, PagePool, PrefixCache};
 use grove_model::layers::with_host_values;
 use grove_model::{ForwardBatch, LogitRows, Model, ModelError, Segment, TextTokenizer, Visibility};
 use grove_spec::{
@@ -109,8 +109,14 @@ impl<'a> RoundRunner<'a> {
         self.speculation.map_or(&[], |s| s.drafter.target_taps())
     }
 
-    /// Pools of `target_pages` pages for the target and enough for the drafter's context.
-    pub fn pools(&self, target_pages: usize, max_running: usize) -> Result<Pools, EngineError> {
+    /// Pools of `target_pages` pages for the target and enough for the drafter's context, with
+    /// a prefix cache over them when `prefix_cache`.
+    pub fn pools(
+        &self,
+        target_pages: usize,
+        max_running: usize,
+        prefix_cache: bool,
+    ) -> Result<Pools, EngineError> {
         let page_size = self.options.page_size;
         let pool = PagePool::new(target_pages, page_size)?;
         // The drafter holds the committed context plus one block per running sequence.
@@ -118,12 +124,17 @@ impl<'a> RoundRunner<'a> {
             target_pages + max_running * s.drafter.block_size().div_ceil(page_size)
         });
         let draft_pool = PagePool::new(draft_pages, page_size)?;
+        let prefix = prefix_cache.then(|| {
+            let draft = self.speculation.map(|_| draft_pool.clone());
+            PrefixCache::new(pool.clone(), draft)
+        });
         Ok(Pools {
             kv: self.model.new_kv_store(pool.num_slots()),
             draft_kv: match self.speculation {
                 Some(spec) => spec.drafter.new_kv_store(draft_pool.num_slots()),
                 None => KvStore::new(0, 0, 0),
             },
+            prefix,
             pool,
             draft_pool,
         })
@@ -142,9 +153,32 @@ impl<'a> RoundRunner<'a> {
         Sequence::new(id, request, method, emitter, pools, max_depth)
     }
 
-    /// Runs the committed tokens through the target in chunks (capturing the drafter's taps).
-    /// A fresh sequence then chooses and emits its first token, which it returns; a preempted
-    /// one resumes with the anchor it had and returns none.
+    /// Pages of each pool `sequence` still needs for its prefill and first round, past what
+    /// its tables already hold (a shared cached prefix): `(target, drafter)`.
+    pub fn prefill_pages(&self, sequence: &Sequence<'_>) -> (usize, usize) {
+        let shared = sequence.table.len();
+        let target = sequence
+            .table
+            .pages_missing(sequence.prefill_need() - shared);
+        let committed = sequence.prefill_need() - sequence.method.verify_rows();
+        let draft = sequence.draft_table.as_ref().map_or(0, |table| {
+            table.pages_missing(committed - table.len() + self.round_block(sequence))
+        });
+        (target, draft)
+    }
+
+    /// Drafter slots a round of `sequence` writes past its context (0: it does not draft).
+    fn round_block(&self, sequence: &Sequence<'_>) -> usize {
+        match self.speculation {
+            Some(spec) if sequence.method.drafts() => spec.drafter.block_size(),
+            _ => 0,
+        }
+    }
+
+    /// Runs the committed tokens past any shared cached prefix through the target in chunks,
+    /// and adds their taps to the drafter's context at once (so the sequence's pages can be
+    /// cached with the drafter's). A fresh sequence then chooses and emits its first token,
+    /// which it returns; a preempted one resumes with the anchor it had and returns none.
     pub fn prefill(
         &self,
         sequence: &mut Sequence<'_>,
@@ -154,15 +188,16 @@ impl<'a> RoundRunner<'a> {
         let prefill_start = Instant::now();
         let tokens = sequence.committed_tokens();
         let table = &mut sequence.table;
-        // Only sequences that draft keep the drafter's features.
-        let taps = if sequence.method.drafts() {
+        // Only sequences that keep a drafter context capture the drafter's features.
+        let taps = if sequence.draft_table.is_some() {
             self.taps()
         } else {
             &[]
         };
         let mut last_logits = Vec::new();
         let mut features = Vec::new();
-        for chunk in tokens.chunks(self.options.prefill_chunk.max(1)) {
+        let shared = table.len();
+        for chunk in tokens[shared..].chunks(self.options.prefill_chunk.max(1)) {
             table.reserve(chunk.len())?;
             let positions: Vec<usize> = (table.len()..table.len() + chunk.len()).collect();
             let segment = Segment::causal(table, chunk, &positions, LogitRows::Last);
@@ -177,11 +212,17 @@ impl<'a> RoundRunner<'a> {
                 features.push(Tensor::cat(&output.taps, 1).map_err(ModelError::from)?);
             }
         }
-        sequence.pending_features = if features.is_empty() {
-            None
-        } else {
-            Some(Tensor::cat(&features, 0).map_err(ModelError::from)?)
-        };
+        sequence.pending_features = None;
+        if let (false, Some(spec), Some(draft_table)) = (
+            features.is_empty(),
+            self.speculation,
+            sequence.draft_table.as_mut(),
+        ) {
+            debug_assert_eq!(draft_table.len(), shared, "drafter context out of step");
+            let features = Tensor::cat(&features, 0).map_err(ModelError::from)?;
+            spec.drafter
+                .extend(&mut pools.draft_kv, draft_table, &features)?;
+        }
         sequence.needs_prefill = false;
         sequence.t_prefill += prefill_start.elapsed();
         if sequence.emitted > 0 {
@@ -194,15 +235,32 @@ impl<'a> RoundRunner<'a> {
         Ok(Some(sequence.anchor))
     }
 
+    /// Pages of each pool [`RoundRunner::reserve_round`] takes for `sequence`:
+    /// `(target, drafter)`.
+    pub fn round_pages(&self, sequence: &Sequence<'_>) -> (usize, usize) {
+        let target = sequence.table.pages_missing(sequence.method.verify_rows());
+        let block = self.round_block(sequence);
+        let draft = match &sequence.draft_table {
+            Some(table) if block > 0 => table.pages_missing(Self::pending_rows(sequence) + block),
+            _ => 0,
+        };
+        (target, draft)
+    }
+
+    fn pending_rows(sequence: &Sequence<'_>) -> usize {
+        sequence
+            .pending_features
+            .as_ref()
+            .map_or(0, |f| f.dim(0).unwrap_or(0))
+    }
+
     /// Reserves what the next round of `sequence` needs in both pools (all or nothing).
     pub fn reserve_round(&self, sequence: &mut Sequence<'_>) -> Result<(), grove_kv::KvError> {
         sequence.table.reserve(sequence.method.verify_rows())?;
-        if let (Some(table), Some(spec)) = (sequence.draft_table.as_mut(), self.speculation) {
-            let pending = sequence
-                .pending_features
-                .as_ref()
-                .map_or(0, |f| f.dim(0).unwrap_or(0));
-            if let Err(error) = table.reserve(pending + spec.drafter.block_size()) {
+        let pending = Self::pending_rows(sequence);
+        let block = self.round_block(sequence);
+        if let (Some(table), true) = (sequence.draft_table.as_mut(), block > 0) {
+            if let Err(error) = table.reserve(pending + block) {
                 let committed = sequence.table.len();
                 sequence.table.truncate(committed);
                 return Err(error);

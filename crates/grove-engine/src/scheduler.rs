@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use grove_core::{TokenId, ValidationError};
+use grove_kv::{PrefixCache, PrefixCacheStats};
 
 use crate::request::{GenerateOutput, GenerateRequest};
 use crate::runner::{RoundRunner, StepTimings};
@@ -46,6 +47,9 @@ pub struct EngineLimits {
     pub max_total_tokens: usize,
     /// Sequences decoding at once.
     pub max_running: usize,
+    /// Keep committed pages for later requests that start with the same tokens (SGLang's radix
+    /// cache; `--disable-radix-cache` turns it off).
+    pub prefix_cache: bool,
 }
 
 /// Owns the round runner, the KV pools and every sequence; `Generator::engine` makes one.
@@ -65,7 +69,7 @@ impl<'a> Engine<'a> {
         let pages = limits
             .max_total_tokens
             .div_ceil(runner.options.page_size.max(1));
-        let pools = runner.pools(pages, limits.max_running.max(1))?;
+        let pools = runner.pools(pages, limits.max_running.max(1), limits.prefix_cache)?;
         Ok(Self {
             runner,
             limits,
@@ -119,11 +123,18 @@ impl<'a> Engine<'a> {
         Ok(id)
     }
 
-    /// Drops a request wherever it is; its pages return at once. False if it is unknown.
+    /// Drops a request wherever it is; its pages return at once (those of its committed
+    /// tokens to the prefix cache). False if it is unknown.
     pub fn cancel(&mut self, id: RequestId) -> bool {
         let before = self.waiting.len() + self.running.len();
         self.waiting.retain(|s| s.id != id);
-        self.running.retain(|s| s.id != id);
+        let pools = &mut self.pools;
+        self.running.retain(|s| {
+            if s.id == id {
+                s.cache_prefix(pools);
+            }
+            s.id != id
+        });
         before != self.waiting.len() + self.running.len()
     }
 
@@ -137,6 +148,24 @@ impl<'a> Engine<'a> {
 
     pub fn total_pages(&self) -> usize {
         self.pools.pool.total_pages()
+    }
+
+    /// Target pages the prefix cache holds (some may be shared by running requests too).
+    pub fn cached_pages(&self) -> usize {
+        self.pools
+            .prefix
+            .as_ref()
+            .map_or(0, PrefixCache::cached_pages)
+    }
+
+    /// The prefix cache's counters (`None`: the cache is off).
+    pub fn prefix_stats(&self) -> Option<PrefixCacheStats> {
+        self.pools.prefix.as_ref().map(PrefixCache::stats)
+    }
+
+    /// Drops every cached page no request holds (they return to the free list).
+    pub fn clear_prefix_cache(&mut self) -> usize {
+        self.pools.prefix.as_mut().map_or(0, PrefixCache::clear)
     }
 
     /// Sequences preempted so far.
@@ -188,16 +217,27 @@ impl<'a> Engine<'a> {
         Ok(events)
     }
 
-    /// Prefills waiting sequences, in order, while they fit.
+    /// Prefills waiting sequences, in order, while they fit: a cached prefix of a sequence's
+    /// tokens is shared, not prefilled, and only the pages it still needs must be free or
+    /// evictable.
     fn admit(&mut self, events: &mut Vec<EngineEvent>) -> Result<(), EngineError> {
         while self.running.len() < self.limits.max_running.max(1) {
-            let Some(front) = self.waiting.front() else {
+            let Some(front) = self.waiting.front_mut() else {
                 break;
             };
-            if self.pools.pool.pages_for(front.prefill_need()) > self.pools.pool.free_pages() {
+            let hit = front.share_cached_prefix(&mut self.pools);
+            let (target, draft) = self.runner.prefill_pages(front);
+            let evictable = self.pools.evictable_pages();
+            if target > self.pools.pool.free_pages() + evictable
+                || !self.pools.make_room(target, draft)
+            {
+                front.release(&self.pools);
                 break;
             }
             let mut sequence = self.waiting.pop_front().expect("front exists");
+            if let Some(cache) = self.pools.prefix.as_mut() {
+                cache.record_lookup(sequence.prefill_need() - sequence.method.verify_rows(), hit);
+            }
             let id = sequence.id;
             if sequence.emitted == 0 {
                 events.push(EngineEvent::Started { id });
@@ -216,13 +256,16 @@ impl<'a> Engine<'a> {
                     tokens: vec![token],
                 });
             }
+            // Requests that arrive while this one runs share its prompt already.
+            sequence.cache_prefix(&mut self.pools);
             self.running.push(sequence);
         }
         Ok(())
     }
 
     /// Reserves every running sequence's next round, oldest first; when the pool is short,
-    /// the newest running sequence is preempted and waits at the front of the queue.
+    /// cached prefixes nothing holds are evicted first, then the newest running sequence is
+    /// preempted (its committed pages go to the cache) and waits at the front of the queue.
     fn reserve_rounds(&mut self) {
         let mut index = 0;
         while index < self.running.len() {
@@ -230,10 +273,15 @@ impl<'a> Engine<'a> {
                 index += 1;
                 continue;
             }
+            let (target, draft) = self.runner.round_pages(&self.running[index]);
+            if self.pools.evictable_pages() > 0 && self.pools.make_room(target, draft) {
+                continue;
+            }
             let mut newest = self
                 .running
                 .pop()
                 .expect("the sequence being reserved is running");
+            newest.cache_prefix(&mut self.pools);
             newest.release(&self.pools);
             self.preemptions += 1;
             self.waiting.push_front(newest);
@@ -247,6 +295,7 @@ impl<'a> Engine<'a> {
             .partition(|s| s.finish.is_some());
         self.running = running;
         for sequence in finished {
+            sequence.cache_prefix(&mut self.pools);
             let id = sequence.id;
             let output = sequence.into_output(&mut |text: &str| {
                 events.push(EngineEvent::Text {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use grove_core::{FinishReason, TokenId};
-use grove_kv::{KvStore, PagePool, PageTable};
+use grove_kv::{KvStore, PagePool, PageTable, PrefixCache};
 use grove_spec::{AcceptResult, AcceptanceStats};
 
 use crate::emitter::Emitter;
@@ -21,6 +21,36 @@ pub(crate) struct Pools {
     pub kv: KvStore,
     pub draft_pool: PagePool,
     pub draft_kv: KvStore,
+    /// Pages of earlier requests' committed tokens, shared by later prompts that start with
+    /// them (`None`: prefix caching is off).
+    pub prefix: Option<PrefixCache>,
+}
+
+impl Pools {
+    /// Whether a sequence running `method` keeps the drafter's context: when it drafts, and
+    /// in a speculative engine with a prefix cache even when it does not, so that its cached
+    /// prompt serves later requests that draft.
+    pub fn keeps_draft_context(&self, method: Method) -> bool {
+        method.drafts() || (self.prefix.is_some() && self.draft_pool.total_pages() > 0)
+    }
+
+    /// Pages the prefix cache holds that nothing else does (0 without a cache).
+    pub fn evictable_pages(&self) -> usize {
+        self.prefix.as_ref().map_or(0, PrefixCache::evictable_pages)
+    }
+
+    /// Makes `target` free pages in the target pool and `draft` in the drafter's by evicting
+    /// cached prefixes if needed; false if they cannot all be made free.
+    pub fn make_room(&mut self, target: usize, draft: usize) -> bool {
+        let short_target = target.saturating_sub(self.pool.free_pages());
+        let short_draft = draft.saturating_sub(self.draft_pool.free_pages());
+        if short_target + short_draft > 0 {
+            if let Some(cache) = self.prefix.as_mut() {
+                cache.evict(short_target, short_draft);
+            }
+        }
+        self.pool.free_pages() >= target && self.draft_pool.free_pages() >= draft
+    }
 }
 
 /// Time a sequence's rounds spent in each phase, in microseconds (draft, tree build and verify
@@ -41,7 +71,7 @@ pub(crate) struct Sequence<'r> {
     /// What its rounds draft (resolved from the request within the engine's ceiling).
     pub method: Method,
     pub table: PageTable,
-    /// The drafter's context for this sequence (speculation only).
+    /// The drafter's context for this sequence (see [`Pools::keeps_draft_context`]).
     pub draft_table: Option<PageTable>,
     /// Taps of committed tokens not yet in the drafter's context, `[rows, taps * hidden]`.
     pub pending_features: Option<Tensor>,
@@ -57,6 +87,8 @@ pub(crate) struct Sequence<'r> {
     pub needs_prefill: bool,
     pub t_prefill: Duration,
     pub decode_start: Instant,
+    /// Prompt tokens its first prefill found in the prefix cache.
+    pub cached_tokens: usize,
 }
 
 impl<'r> Sequence<'r> {
@@ -74,7 +106,9 @@ impl<'r> Sequence<'r> {
             id,
             method,
             table: pools.pool.new_table(),
-            draft_table: method.drafts().then(|| pools.draft_pool.new_table()),
+            draft_table: pools
+                .keeps_draft_context(method)
+                .then(|| pools.draft_pool.new_table()),
             pending_features: None,
             anchor: 0,
             sampler: Sampler::new(request.sampling.clone()),
@@ -87,6 +121,7 @@ impl<'r> Sequence<'r> {
             needs_prefill: true,
             t_prefill: Duration::ZERO,
             decode_start: Instant::now(),
+            cached_tokens: 0,
         }
     }
 
@@ -133,6 +168,42 @@ impl<'r> Sequence<'r> {
         Ok(tokens)
     }
 
+    /// Starts its empty page tables on the longest cached prefix of what it committed (never
+    /// the last token: its logits are needed), the drafter's context included when it drafts;
+    /// returns the tokens shared.
+    pub fn share_cached_prefix(&mut self, pools: &mut Pools) -> usize {
+        let Some(cache) = pools.prefix.as_mut() else {
+            return 0;
+        };
+        debug_assert!(self.table.is_empty(), "sharing into a prefilled sequence");
+        let tokens = self.committed_tokens();
+        let found = cache.lookup(&tokens, tokens.len() - 1, self.draft_table.is_some());
+        self.table.share_prefix(&found.pages);
+        if let Some(table) = self.draft_table.as_mut() {
+            table.share_prefix(&found.draft_pages);
+        }
+        if self.emitted == 0 {
+            self.cached_tokens = found.tokens;
+        }
+        found.tokens
+    }
+
+    /// Offers the whole pages of its committed tokens (and the drafter's context for them) to
+    /// the prefix cache, which keeps those it does not hold yet.
+    pub fn cache_prefix(&self, pools: &mut Pools) {
+        let Some(cache) = pools.prefix.as_mut() else {
+            return;
+        };
+        let tokens = self.committed_tokens();
+        // Rows past the committed tokens (a round cut by a stop) are not the tokens' K/V.
+        let len = self.table.len().min(tokens.len());
+        let page_size = self.table.page_size();
+        let draft_pages = self.draft_table.as_ref().map_or(&[][..], |table| {
+            &table.pages()[..table.len().min(len) / page_size]
+        });
+        cache.insert(&tokens[..len], self.table.pages(), draft_pages);
+    }
+
     /// Drops the sequence's KV (its pages return to the pools) until the next prefill.
     pub fn release(&mut self, pools: &Pools) {
         self.table = pools.pool.new_table();
@@ -160,6 +231,7 @@ impl<'r> Sequence<'r> {
             algorithm: self.method.algorithm(),
             budget: self.method.budget(),
             prompt_tokens,
+            cached_tokens: self.cached_tokens,
             new_tokens: token_ids.len(),
             rounds: acceptance.rounds(),
             mean_accept_length: acceptance.mean_accept_length(),

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use common::*;
-use grove_core::{SamplingParams, TokenId};
+use grove_core::TokenId;
 use grove_engine::{
     DDTreeSpec, Engine, EngineEvent, EngineLimits, GenerateOutput, GenerateRequest, Generator,
     GeneratorOptions,
@@ -28,12 +28,7 @@ fn requests(count: usize, seed: u64) -> Vec<GenerateRequest> {
                 rng.random_range(8..40),
             );
             if i % 3 == 2 {
-                request.sampling = SamplingParams {
-                    temperature: 1.0,
-                    top_k: 0,
-                    top_p: 1.0,
-                    seed: Some(i as u64),
-                };
+                request.sampling = seeded_sampling(i as u64);
             }
             request
         })
@@ -107,29 +102,35 @@ fn late_arrivals_and_a_small_pool_with_preemption_change_no_output() -> Result<(
                 .map(|r| generator.generate(r, |_| {}))
                 .collect::<Result<_, _>>()?;
             // Room for about two sequences at a time while eight may run: preemption is certain.
-            let mut engine = generator.engine(EngineLimits {
-                max_total_tokens: 140,
-                max_running: 8,
-            })?;
-            let outputs = drive(&mut engine, &requests, &arrivals)?;
-            let label = format!("{name} page size {page_size}");
-            assert!(
-                engine.preemptions() > 0,
-                "{label}: the pool never ran short"
-            );
-            for (i, ((output, _), alone)) in outputs.iter().zip(&solo).enumerate() {
-                assert_eq!(output.token_ids, alone.token_ids, "{label} request {i}");
-                assert_eq!(
-                    output.finish_reason, alone.finish_reason,
-                    "{label} request {i}"
+            for prefix_cache in [false, true] {
+                let mut engine = generator.engine(EngineLimits {
+                    max_total_tokens: 140,
+                    max_running: 8,
+                    prefix_cache,
+                })?;
+                let outputs = drive(&mut engine, &requests, &arrivals)?;
+                let label = format!("{name} page size {page_size} prefix cache {prefix_cache}");
+                assert!(
+                    engine.preemptions() > 0,
+                    "{label}: the pool never ran short"
                 );
+                for (i, ((output, _), alone)) in outputs.iter().zip(&solo).enumerate() {
+                    assert_eq!(output.token_ids, alone.token_ids, "{label} request {i}");
+                    assert_eq!(
+                        output.finish_reason, alone.finish_reason,
+                        "{label} request {i}"
+                    );
+                }
+                assert!(engine.is_idle());
+                // A preempted sequence's pages wait in the prefix cache; nothing else holds any.
+                assert_eq!(
+                    engine.free_pages() + engine.cached_pages(),
+                    engine.total_pages(),
+                    "{label}: pages leaked"
+                );
+                engine.clear_prefix_cache();
+                assert_eq!(engine.free_pages(), engine.total_pages(), "{label}");
             }
-            assert!(engine.is_idle());
-            assert_eq!(
-                engine.free_pages(),
-                engine.total_pages(),
-                "{label}: pages leaked"
-            );
         }
     }
     Ok(())
@@ -148,6 +149,7 @@ fn cancelling_returns_pages_and_the_others_finish_exactly() -> Result<()> {
     let mut engine = generator.engine(EngineLimits {
         max_total_tokens: 1000,
         max_running: 4,
+        prefix_cache: true,
     })?;
     let ids: Vec<u64> = requests
         .iter()
@@ -173,6 +175,11 @@ fn cancelling_returns_pages_and_the_others_finish_exactly() -> Result<()> {
             "request {index}"
         );
     }
+    assert_eq!(
+        engine.free_pages() + engine.cached_pages(),
+        engine.total_pages()
+    );
+    engine.clear_prefix_cache();
     assert_eq!(engine.free_pages(), engine.total_pages());
     Ok(())
 }
@@ -184,6 +191,7 @@ fn a_request_larger_than_the_pool_is_refused_naming_the_limit() -> Result<()> {
     let mut engine = generator.engine(EngineLimits {
         max_total_tokens: 64,
         max_running: 2,
+        prefix_cache: true,
     })?;
     let error = engine
         .submit(greedy(&[1, 2, 3], 100))

@@ -3,15 +3,20 @@
 //! `pages[i / page_size] * page_size + i % page_size`. Pages return to the pool when the table
 //! is truncated or dropped, so a request that ends in any way gives its memory back.
 //!
+//! Pages are reference-counted: a [`PrefixCache`] keeps the pages of finished prompts so that
+//! a later request starting with the same tokens shares them instead of prefilling again.
+//!
 //! The crate knows nothing of models: a [`KvStore`] is, per layer, one K row and one V row of
 //! `kv_width` floats per slot.
 // `unsafe` lives in grove-kernels only.
 #![forbid(unsafe_code)]
 
 mod pool;
+mod prefix;
 mod store;
 
 pub use pool::{PagePool, PageTable};
+pub use prefix::{PrefixCache, PrefixCacheStats, PrefixMatch};
 pub use store::KvStore;
 
 /// A physical page of the pool.

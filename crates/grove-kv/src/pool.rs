@@ -2,15 +2,30 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{KvError, KvStore, PageId};
 
-/// Free list shared by every [`PageTable`] of one pool.
+/// Free list and reference counts shared by every [`PageTable`] of one pool.
 #[derive(Debug)]
 struct PoolState {
     free: Vec<PageId>,
+    /// Holders of each page: page tables and the prefix cache.
+    refs: Vec<u32>,
+}
+
+impl PoolState {
+    fn release(&mut self, page: PageId) {
+        let refs = &mut self.refs[page as usize];
+        debug_assert!(*refs > 0, "page {page} released more often than held");
+        *refs -= 1;
+        if *refs == 0 {
+            self.free.push(page);
+        }
+    }
 }
 
 /// A handle to a pool of `total_pages` pages of `page_size` slots. Cloning shares the pool.
 ///
-/// Invariant: every page is either on the free list or in exactly one live `PageTable`.
+/// Invariant: a page is on the free list exactly when nothing holds it; otherwise its count
+/// is the number of page tables (at most once each) and prefix caches holding it. A table
+/// writes only past its shared prefix, so a page held more than once is never written.
 #[derive(Debug, Clone)]
 pub struct PagePool {
     state: Arc<Mutex<PoolState>>,
@@ -26,7 +41,10 @@ impl PagePool {
         // Reversed so that pages are handed out in increasing order, which keeps traces readable.
         let free = (0..total_pages as PageId).rev().collect();
         Ok(Self {
-            state: Arc::new(Mutex::new(PoolState { free })),
+            state: Arc::new(Mutex::new(PoolState {
+                free,
+                refs: vec![0; total_pages],
+            })),
             page_size,
             total_pages,
         })
@@ -52,6 +70,34 @@ impl PagePool {
 
     pub fn free_pages(&self) -> usize {
         self.lock().free.len()
+    }
+
+    /// Pages something holds (a page table or a prefix cache).
+    pub fn held_pages(&self) -> usize {
+        self.total_pages - self.free_pages()
+    }
+
+    /// How many holders `page` has (0: it is free).
+    pub fn holders(&self, page: PageId) -> u32 {
+        self.lock().refs[page as usize]
+    }
+
+    /// Adds a holder to each of `pages`, which must be held already (a prefix cache taking the
+    /// pages of a table, or a table sharing the cache's).
+    pub fn retain(&self, pages: &[PageId]) {
+        let mut state = self.lock();
+        for &page in pages {
+            debug_assert!(state.refs[page as usize] > 0, "retain of free page {page}");
+            state.refs[page as usize] += 1;
+        }
+    }
+
+    /// Drops a holder of each of `pages`; a page nothing holds any more returns to the free list.
+    pub fn release(&self, pages: &[PageId]) {
+        let mut state = self.lock();
+        for &page in pages.iter().rev() {
+            state.release(page);
+        }
     }
 
     /// An empty page table that allocates from this pool.
@@ -130,8 +176,37 @@ impl PageTable {
             });
         }
         let start = state.free.len() - missing;
-        self.pages.extend(state.free.drain(start..).rev());
+        let taken: Vec<PageId> = state.free.drain(start..).rev().collect();
+        for &page in &taken {
+            state.refs[page as usize] = 1;
+        }
+        self.pages.extend(taken);
         Ok(())
+    }
+
+    /// Pages [`PageTable::reserve`]`(additional)` would take from the pool.
+    pub fn pages_missing(&self, additional: usize) -> usize {
+        self.pool
+            .pages_for(self.len + additional)
+            .saturating_sub(self.pages.len())
+    }
+
+    /// Starts an empty table on `pages`, full pages already holding the first
+    /// `pages.len() * page_size` tokens (a prefix-cache hit). The table holds them like its
+    /// own and writes only after them.
+    pub fn share_prefix(&mut self, pages: &[PageId]) {
+        assert!(
+            self.pages.is_empty(),
+            "a shared prefix starts an empty table"
+        );
+        self.pool.retain(pages);
+        self.pages.extend_from_slice(pages);
+        self.len = pages.len() * self.pool.page_size;
+    }
+
+    /// The pool the table allocates from.
+    pub fn pool(&self) -> &PagePool {
+        &self.pool
     }
 
     /// Marks `count` more reserved slots as committed.
@@ -150,7 +225,9 @@ impl PageTable {
         let keep = self.pool.pages_for(new_len);
         if keep < self.pages.len() {
             let mut state = self.pool.lock();
-            state.free.extend(self.pages.drain(keep..).rev());
+            for page in self.pages.drain(keep..).rev() {
+                state.release(page);
+            }
         }
     }
 }

@@ -91,6 +91,14 @@ pub(crate) fn engine_gauges(engine: &Engine<'_>) {
     gauge!("grove_kv_free_pages").set(engine.free_pages() as f64);
     gauge!("grove_kv_total_pages").set(engine.total_pages() as f64);
     gauge!("grove_preemptions").set(engine.preemptions() as f64);
+    gauge!("grove_prefix_cache_pages").set(engine.cached_pages() as f64);
+    if let Some(stats) = engine.prefix_stats() {
+        counter!("grove_prefix_cache_lookups_total").absolute(stats.lookups);
+        counter!("grove_prefix_cache_hit_tokens_total").absolute(stats.hit_tokens);
+        counter!("grove_prefix_cache_queried_tokens_total").absolute(stats.queried_tokens);
+        counter!("grove_prefix_cache_inserted_pages_total").absolute(stats.inserted_pages);
+        counter!("grove_prefix_cache_evicted_pages_total").absolute(stats.evicted_pages);
+    }
 }
 
 /// One batched step: its wall time, batch size, verified rows and per-phase time (counters
@@ -121,6 +129,7 @@ pub(crate) fn finished(output: &GenerateOutput, latency: Duration) {
     });
     let stats = &output.stats;
     counter!("grove_prompt_tokens_total").increment(stats.prompt_tokens as u64);
+    counter!("grove_cached_prompt_tokens_total").increment(stats.cached_tokens as u64);
     counter!("grove_generation_tokens_total").increment(stats.new_tokens as u64);
     histogram!("grove_e2e_request_latency_seconds").record(latency.as_secs_f64());
     let algorithm = stats.algorithm.name();

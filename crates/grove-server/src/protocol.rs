@@ -120,7 +120,14 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
     pub speculative: SpeculativeUsage,
+}
+
+/// OpenAI's breakdown of the prompt: how much of it came from the prefix cache.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -23,7 +23,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::error::ApiError;
 use crate::metrics;
 use crate::protocol::{
-    ChatRequest, CommonFields, CompletionRequest, ModelCard, SpeculativeUsage, Usage,
+    ChatRequest, CommonFields, CompletionRequest, ModelCard, PromptTokensDetails, SpeculativeUsage,
+    Usage,
 };
 use crate::validate::{parse_json, ModelLimits, ValidRequest};
 use crate::worker::{EngineStatus, Submission, WorkerEvent};
@@ -297,6 +298,9 @@ fn usage(output: &GenerateOutput) -> Usage {
         prompt_tokens: stats.prompt_tokens,
         completion_tokens: stats.new_tokens,
         total_tokens: stats.prompt_tokens + stats.new_tokens,
+        prompt_tokens_details: PromptTokensDetails {
+            cached_tokens: stats.cached_tokens,
+        },
         speculative: SpeculativeUsage {
             algorithm: stats.algorithm,
             budget: stats.budget,
@@ -394,6 +398,7 @@ async fn health(State(state): State<AppState>) -> Response {
         "waiting": status.waiting.load(Ordering::Relaxed),
         "kv_free_pages": status.free_pages.load(Ordering::Relaxed),
         "kv_total_pages": status.total_pages.load(Ordering::Relaxed),
+        "kv_cached_pages": status.cached_pages.load(Ordering::Relaxed),
         "preemptions": status.preemptions.load(Ordering::Relaxed),
     });
     let code = if alive {

@@ -65,6 +65,8 @@ pub struct EngineStatus {
     pub waiting: AtomicUsize,
     pub free_pages: AtomicUsize,
     pub total_pages: AtomicUsize,
+    /// Pages the prefix cache holds (some may be shared by running requests).
+    pub cached_pages: AtomicUsize,
     pub preemptions: AtomicU64,
     /// Cleared when the engine thread exits (a model error it could not recover from).
     pub alive: AtomicBool,
@@ -78,6 +80,8 @@ impl EngineStatus {
             .store(engine.free_pages(), Ordering::Relaxed);
         self.total_pages
             .store(engine.total_pages(), Ordering::Relaxed);
+        self.cached_pages
+            .store(engine.cached_pages(), Ordering::Relaxed);
         self.preemptions
             .store(engine.preemptions(), Ordering::Relaxed);
         metrics::engine_gauges(engine);

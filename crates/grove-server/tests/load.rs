@@ -1,6 +1,7 @@
 //! Load: 32 concurrent streaming clients for a bounded time (`GROVE_LOAD_SECONDS`, default
-//! 60) with a mix of methods, lengths and sampling; none may fail, and afterwards every KV page
-//! is back in the pool.
+//! 60) with a mix of methods, lengths and sampling, half the prompts starting with one of four
+//! shared system prompts; none may fail, the prefix cache serves about the share of prompt
+//! tokens the workload repeats, and afterwards every KV page is free or cached.
 
 mod common;
 
@@ -12,16 +13,35 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 const CLIENTS: usize = 32;
+const SYSTEM_PROMPTS: u32 = 4;
+const SYSTEM_TOKENS: u32 = 48;
 
-/// One client's loop: streaming requests until `deadline`; returns (completed, failures).
-async fn client(server: &TestServer, seed: u64, deadline: Instant) -> (usize, Vec<String>) {
+/// What one client saw.
+#[derive(Default)]
+struct ClientLog {
+    completed: usize,
+    failures: Vec<String>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    /// Prompt tokens of its completed requests that were a shared system prompt.
+    system_tokens: u64,
+}
+
+/// One client's loop: streaming requests until `deadline`.
+async fn client(server: &TestServer, seed: u64, deadline: Instant) -> ClientLog {
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
-    let mut completed = 0;
-    let mut failures = Vec::new();
+    let mut log = ClientLog::default();
+    let failures = &mut log.failures;
     while Instant::now() < deadline {
-        let prompt: Vec<u32> = (0..rng.random_range(1..64))
-            .map(|_| rng.random_range(0..1021))
-            .collect();
+        let system = rng
+            .random_bool(0.5)
+            .then(|| rng.random_range(0..SYSTEM_PROMPTS));
+        let mut prompt: Vec<u32> = system.map_or_else(Vec::new, |s| {
+            (0..SYSTEM_TOKENS)
+                .map(|i| 1 + (s * 97 + i * 13) % 1020)
+                .collect()
+        });
+        prompt.extend((0..rng.random_range(1..64)).map(|_| rng.random_range(0..1021u32)));
         let algorithm = ["none", "dflash", "ddtree"][rng.random_range(0..3)];
         let temperature = if rng.random_bool(0.3) { 0.8 } else { 0.0 };
         let body = json!({
@@ -69,16 +89,22 @@ async fn client(server: &TestServer, seed: u64, deadline: Instant) -> (usize, Ve
             .sum();
         let usage = events
             .last()
-            .map(|e| e["usage"]["completion_tokens"].clone());
-        if !text.ends_with("data: [DONE]\n\n") || usage != Some(json!(streamed)) {
+            .map(|e| e["usage"].clone())
+            .unwrap_or_default();
+        if !text.ends_with("data: [DONE]\n\n") || usage["completion_tokens"] != json!(streamed) {
             failures.push(format!(
                 "incomplete stream ({streamed} tokens, usage {usage:?})"
             ));
             continue;
         }
-        completed += 1;
+        log.completed += 1;
+        log.prompt_tokens += prompt.len() as u64;
+        log.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        log.system_tokens += system.map_or(0, |_| SYSTEM_TOKENS as u64);
     }
-    (completed, failures)
+    log
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -96,16 +122,29 @@ async fn thirty_two_streaming_clients_for_a_minute_fail_nothing_and_return_every
         (0..CLIENTS as u64).map(|seed| client(&server, seed, deadline)),
     )
     .await;
-    let completed: usize = results.iter().map(|(c, _)| c).sum();
-    let failures: Vec<&String> = results.iter().flat_map(|(_, f)| f).collect();
+    let completed: usize = results.iter().map(|log| log.completed).sum();
+    let failures: Vec<&String> = results.iter().flat_map(|log| &log.failures).collect();
+    let sum = |field: fn(&ClientLog) -> u64| results.iter().map(field).sum::<u64>() as f64;
+    let prompt_tokens = sum(|log| log.prompt_tokens);
+    // The workload repeats the system prompts: all but each one's first prefill could hit.
+    let repeated = sum(|log| log.system_tokens) - (SYSTEM_PROMPTS * SYSTEM_TOKENS) as f64;
+    let workload_rate = repeated.max(0.0) / prompt_tokens;
+    let hit_rate = sum(|log| log.cached_tokens) / prompt_tokens;
     let health = server.health().await;
     println!(
-        "{CLIENTS} clients, {:.0} s: {completed} requests completed, {} failed, preemptions {}",
+        "{CLIENTS} clients, {:.0} s: {completed} requests completed, {} failed, preemptions {}, \
+         prefix-cache hit rate {hit_rate:.3} of prompt tokens (the workload repeats {workload_rate:.3})",
         start.elapsed().as_secs_f64(),
         failures.len(),
         health["preemptions"]
     );
     assert!(failures.is_empty(), "{failures:?}");
     assert!(completed >= CLIENTS, "only {completed} requests completed");
+    // Random suffixes add chance hits of a token or two; evictions under this small pool
+    // can cost a few system-prompt prefills.
+    assert!(
+        hit_rate >= 0.8 * workload_rate && hit_rate <= workload_rate + 0.05,
+        "hit rate {hit_rate:.3}, workload {workload_rate:.3}"
+    );
     assert_eq!(server.idle_free_pages().await, initial_pages);
 }

@@ -37,17 +37,30 @@ async fn metrics_report_one_request_value_by_value() {
     for _ in 0..200 {
         page = server.get("/metrics").await.1;
         let total = value(&page, "grove_kv_total_pages", "");
-        if total > 0.0 && value(&page, "grove_kv_free_pages", "") == total {
+        let unheld =
+            value(&page, "grove_kv_free_pages", "") + value(&page, "grove_prefix_cache_pages", "");
+        if total > 0.0 && unheld == total {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let metric = |name: &str, labels: &str| value(&page, name, labels);
-    // Every page back in the pool; nothing running or waiting.
+    // Every page back in the pool or in the prefix cache; nothing running or waiting.
     assert!(metric("grove_kv_total_pages", "") > 0.0, "{page}");
+    assert!(metric("grove_prefix_cache_pages", "") > 0.0, "{page}");
     assert_eq!(
-        metric("grove_kv_free_pages", ""),
+        metric("grove_kv_free_pages", "") + metric("grove_prefix_cache_pages", ""),
         metric("grove_kv_total_pages", ""),
+        "{page}"
+    );
+    assert_eq!(
+        metric("grove_prefix_cache_lookups_total", ""),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric("grove_prefix_cache_hit_tokens_total", ""),
+        0.0,
         "{page}"
     );
     assert_eq!(metric("grove_running_requests", ""), 0.0, "{page}");
@@ -106,4 +119,31 @@ async fn metrics_report_one_request_value_by_value() {
         );
     }
     assert!(metric("grove_resident_memory_bytes", "") > 1e6, "{page}");
+
+    // The same prompt again: all but its last token come from the cache.
+    let (status, body) = server
+        .post("/v1/completions", &greedy_body(&[1, 2, 3], 4, "ddtree"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["usage"]["prompt_tokens_details"]["cached_tokens"], 2,
+        "{body}"
+    );
+    for _ in 0..200 {
+        page = server.get("/metrics").await.1;
+        if value(&page, "grove_prefix_cache_lookups_total", "") == 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        value(&page, "grove_prefix_cache_hit_tokens_total", ""),
+        2.0,
+        "{page}"
+    );
+    assert_eq!(
+        value(&page, "grove_cached_prompt_tokens_total", ""),
+        2.0,
+        "{page}"
+    );
 }

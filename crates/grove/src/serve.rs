@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// Prompt tokens per prefill forward.
     #[arg(long, default_value_t = grove_engine::DEFAULT_PREFILL_CHUNK)]
     pub chunked_prefill_size: usize,
+    /// Prefill every prompt in full: no sharing of a cached prefix between requests (the
+    /// radix cache keeps the KV pages of earlier requests' tokens, evicting the least recently
+    /// used when the pool needs room).
+    #[arg(long)]
+    pub disable_radix_cache: bool,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -74,6 +79,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 limits: EngineLimits {
                     max_total_tokens: args.max_total_tokens,
                     max_running: args.max_running_requests,
+                    prefix_cache: !args.disable_radix_cache,
                 },
                 max_queued: args.max_queued_requests,
                 threads,

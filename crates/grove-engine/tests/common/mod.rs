@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use candle_core::Device;
-use grove_core::TokenId;
+use grove_core::{SamplingParams, TokenId};
 use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use grove_model::{DFlashDrafter, Decoder};
 
@@ -30,6 +30,16 @@ pub fn golden_pair() -> Result<(Decoder, DFlashDrafter)> {
 
 pub fn greedy(prompt: &[TokenId], max_new_tokens: usize) -> GenerateRequest {
     GenerateRequest::greedy(prompt, max_new_tokens)
+}
+
+/// Sampling at temperature 1 from the whole distribution, seeded.
+pub fn seeded_sampling(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: Some(seed),
+    }
 }
 
 /// Our per-round tau against the reference's, which keeps going until its committed length

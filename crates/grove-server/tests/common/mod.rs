@@ -80,6 +80,7 @@ pub fn config(
             limits: EngineLimits {
                 max_total_tokens,
                 max_running,
+                prefix_cache: true,
             },
             max_queued,
             threads: 1,
@@ -153,12 +154,20 @@ impl TestServer {
         serde_json::from_str(&self.get("/health").await.1).unwrap()
     }
 
-    /// Waits until the engine has no request left, then returns its free pages.
+    /// Waits until the engine has no request left, then returns the pages nothing running holds:
+    /// free, or kept by the prefix cache alone (which hands them out when the pool needs room).
     pub async fn idle_free_pages(&self) -> u64 {
         for _ in 0..500 {
             let health = self.health().await;
             if health["running"] == 0 && health["waiting"] == 0 {
-                return health["kv_free_pages"].as_u64().unwrap();
+                let free = health["kv_free_pages"].as_u64().unwrap();
+                let cached = health["kv_cached_pages"].as_u64().unwrap();
+                assert_eq!(
+                    free + cached,
+                    health["kv_total_pages"].as_u64().unwrap(),
+                    "{health}"
+                );
+                return free + cached;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }

@@ -82,6 +82,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 limits: EngineLimits {
                     max_total_tokens: per_request * max_concurrency,
                     max_running: max_concurrency,
+                    // Every method is sent the same prompts: a cache would prefill them for the
+                    // first method only.
+                    prefix_cache: false,
                 },
                 max_queued: 4 * max_concurrency,
                 threads,
