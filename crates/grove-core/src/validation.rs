@@ -128,6 +128,11 @@ impl ValidationError {
             | Self::Unsupported { field, .. }
             | Self::NoTokenizer { field, .. }
             | Self::Tokenize { field, .. } => field,
+            Self::ContextOverflow { .. } | Self::KvOverflow { .. }
+                if self.prompt_alone_overflows() =>
+            {
+                "prompt"
+            }
             Self::ContextOverflow { .. } | Self::KvOverflow { .. } => "max_new_tokens",
             Self::Missing { field } | Self::WrongType { field, .. } => field.as_str(),
             Self::Body { .. } => "body",
@@ -141,6 +146,25 @@ impl ValidationError {
             Self::StreamOptionsWithoutStream => "stream_options",
         };
         Cow::Borrowed(naming.field(name))
+    }
+
+    /// An overflow that no `max_new_tokens` could avoid: the prompt and one new token do not
+    /// fit (clients such as LangChain trim the history on it).
+    fn prompt_alone_overflows(&self) -> bool {
+        match *self {
+            Self::ContextOverflow {
+                prompt_tokens,
+                context,
+                ..
+            } => prompt_tokens >= context,
+            Self::KvOverflow {
+                max_new_tokens,
+                needed,
+                capacity,
+                ..
+            } => needed - max_new_tokens + 1 > capacity,
+            _ => false,
+        }
     }
 
     /// OpenAI's `error.code` where it has one for the rule.
@@ -162,6 +186,25 @@ impl ValidationError {
                 format!("`{field}` must be {limit}, got {value}")
             }
             Self::Empty { .. } => format!("`{field}` must not be empty"),
+            Self::ContextOverflow {
+                prompt_tokens,
+                context,
+                ..
+            } if self.prompt_alone_overflows() => format!(
+                "prompt of {prompt_tokens} tokens leaves no room for a completion in the \
+                 context of {context} tokens: shorten it"
+            ),
+            Self::KvOverflow {
+                prompt_tokens,
+                needed,
+                max_new_tokens: asked,
+                capacity,
+            } if self.prompt_alone_overflows() => format!(
+                "prompt of {prompt_tokens} tokens leaves no room for a completion in the KV \
+                 pool (--max-total-tokens): it holds {capacity} slots, and the prompt with one \
+                 verify needs {}: shorten it",
+                needed - asked + 1
+            ),
             Self::ContextOverflow {
                 prompt_tokens,
                 max_new_tokens: asked,

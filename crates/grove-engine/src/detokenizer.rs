@@ -37,12 +37,15 @@ impl Detokenizer {
         Ok(String::new())
     }
 
-    /// Whatever is still held back (an incomplete character at the end of generation).
+    /// Whatever is still held back at the end of generation, less an incomplete character at
+    /// its very end (output cut by `max_tokens` inside a character): the text never ends in a
+    /// U+FFFD that only stands for missing bytes; the token ids still carry them.
     pub fn flush(&mut self, tokenizer: &TextTokenizer) -> Result<String, ModelError> {
         let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = tokenizer.decode(&self.ids[self.prefix_offset..])?;
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();
-        Ok(full.get(prefix.len()..).unwrap_or_default().to_owned())
+        let tail = full.get(prefix.len()..).unwrap_or_default();
+        Ok(tail.trim_end_matches('\u{FFFD}').to_owned())
     }
 }

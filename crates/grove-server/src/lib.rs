@@ -35,6 +35,9 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Tokens that end generation unless a request sets `ignore_eos`.
     pub stop_token_ids: Vec<TokenId>,
+    /// The longest prompt + completion accepted (`--context-length`; default and at most the
+    /// model's `max_position_embeddings`).
+    pub context_length: Option<usize>,
     pub engine: EngineSettings,
 }
 
@@ -50,6 +53,17 @@ pub struct Server {
 /// be built (bad speculation settings, a pool too small to allocate).
 pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String> {
     let model_config = served.model.config().clone();
+    let trained = model_config.max_position_embeddings;
+    let context = match config.context_length {
+        None => trained,
+        Some(length) if (1..=trained).contains(&length) => length,
+        Some(length) => {
+            return Err(format!(
+                "--context-length must be between 1 and the model's max_position_embeddings \
+                 ({trained}), got {length}"
+            ))
+        }
+    };
     let tokenizer = served.tokenizer.clone();
     let (commands, receiver) = mpsc::channel();
     let (ready_sender, ready) = mpsc::channel();
@@ -81,7 +95,7 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
     let state = Arc::new(routes::Shared {
         limits: validate::ModelLimits {
             name: config.model_name,
-            context: model_config.max_position_embeddings,
+            context,
             vocab_size: model_config.vocab_size,
             kv_tokens: engine.kv_tokens,
             verify_rows: engine.verify_rows,

@@ -382,7 +382,7 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
         object: "model",
         created: state.created,
         owned_by: "grove",
-        max_model_len: state.limits.context,
+        max_model_len: state.limits.max_model_len(),
     };
     Json(json!({"object": "list", "data": [card]})).into_response()
 }

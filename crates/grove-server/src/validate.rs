@@ -35,6 +35,15 @@ pub struct ModelLimits {
     pub tokenizer: Option<Arc<TextTokenizer>>,
 }
 
+impl ModelLimits {
+    /// The most tokens one request's prompt and completion can hold together: the context,
+    /// or less where the KV pool (less one verify's rows) is smaller.
+    pub fn max_model_len(&self) -> usize {
+        self.context
+            .min(self.kv_tokens.saturating_sub(self.verify_rows))
+    }
+}
+
 /// A request that passed every edge check.
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
@@ -180,10 +189,7 @@ impl ModelLimits {
         })?;
         // The template already holds any BOS; adding special tokens would double it.
         let prompt = self.encode(&rendered, "messages", false)?;
-        let default_max = self
-            .context
-            .min(self.kv_tokens.saturating_sub(self.verify_rows));
-        let default_max = default_max.saturating_sub(prompt.len()).max(1);
+        let default_max = self.max_model_len().saturating_sub(prompt.len()).max(1);
         self.finish(prompt, common, request.max_completion_tokens, default_max)
     }
 
@@ -247,6 +253,14 @@ impl ModelLimits {
         };
         if !common.stream && common.stream_options.is_some() {
             return Err(ValidationError::StreamOptionsWithoutStream);
+        }
+        // The model's own context is the engine's to check; `--context-length` may be less.
+        if prompt.len() + max_new_tokens > self.context {
+            return Err(ValidationError::ContextOverflow {
+                prompt_tokens: prompt.len(),
+                max_new_tokens,
+                context: self.context,
+            });
         }
         Ok(ValidRequest {
             generate: GenerateRequest {

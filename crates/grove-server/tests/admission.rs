@@ -62,7 +62,7 @@ async fn a_full_queue_refuses_with_retry_after_and_invalid_requests_still_get_40
     for (request, param) in [
         (
             json!({"model": "tiny", "prompt": "x".repeat(5000), "max_tokens": 2}),
-            "max_tokens",
+            "prompt",
         ),
         (
             json!({"model": "tiny", "prompt": "x", "speculative": {"budget": 100}}),

@@ -473,3 +473,75 @@ fn a_truncated_body_is_400() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("invalid_body"), "{answer}");
 }
+
+/// A prompt that cannot fit whatever `max_tokens` says is blamed on the prompt, with the code
+/// clients trim history on; one that fits with fewer new tokens is blamed on `max_tokens`.
+#[tokio::test]
+async fn overflows_name_the_prompt_when_no_max_tokens_could_fit() {
+    let long = "x".repeat(700);
+    for (path, body, param) in [
+        (
+            CHAT,
+            chat(json!({"messages": [{"role": "user", "content": long}]})),
+            "prompt",
+        ),
+        (
+            C,
+            completion(json!({"prompt": long, "max_tokens": 4})),
+            "prompt",
+        ),
+        (C, completion(json!({"max_tokens": 600})), "max_tokens"),
+        (C, completion(json!({"max_tokens": 5000})), "max_tokens"),
+    ] {
+        let body = refused(path, body, 400, BAD, Some(param)).await;
+        assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    }
+}
+
+#[tokio::test]
+async fn context_length_caps_requests_and_models_reports_the_true_ceiling() {
+    // The default server: its 512-token pool, less one verify (budget 6 + 1), is the ceiling.
+    let (_, models) = server().get("/v1/models").await;
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["max_model_len"], 512 - 7, "{models}");
+
+    let mut settings = config("tiny", 6, 512, 4, 16);
+    settings.context_length = Some(100);
+    let server = TestServer::start(default_served(), settings);
+    let (_, models) = server.get("/v1/models").await;
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["max_model_len"], 100, "{models}");
+    let (status, body) = server
+        .post(
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": "def f(x):", "max_tokens": 95}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "max_tokens", "{body}");
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("100"),
+        "{body}"
+    );
+    // Chat without max_tokens gets the rest of the shorter context.
+    let (status, body) = server
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                    "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["usage"]["total_tokens"].as_u64().unwrap() <= 100,
+        "{body}"
+    );
+
+    let mut settings = config("tiny", 6, 512, 4, 16);
+    settings.context_length = Some(1 << 30);
+    let error = grove_server::start(default_served(), settings)
+        .err()
+        .unwrap();
+    assert!(error.contains("--context-length"), "{error}");
+}

@@ -29,9 +29,15 @@ pub struct ServeArgs {
     /// Requests waiting beyond this many are answered 429.
     #[arg(long, default_value_t = 256)]
     pub max_queued_requests: usize,
-    /// Require `Authorization: Bearer KEY` on /v1/*.
-    #[arg(long)]
+    /// Require `Authorization: Bearer KEY` on /v1/* (`/health` and `/metrics` stay open).
+    /// Prefer the environment variable: a command line is visible to every user in `ps`.
+    #[arg(long, env = "GROVE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// The longest prompt + completion a request may ask for (default: the model's
+    /// max_position_embeddings, which it may not exceed). `/v1/models` reports the lesser of
+    /// this and what the KV pool can hold for one request as `max_model_len`.
+    #[arg(long)]
+    pub context_length: Option<usize>,
     /// The model name clients send (default: the model directory's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -69,6 +75,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             model_name: model_name.clone(),
             api_key: args.api_key.clone(),
             stop_token_ids,
+            context_length: args.context_length,
             engine: EngineSettings {
                 options: GeneratorOptions {
                     page_size: args.model.page_size,

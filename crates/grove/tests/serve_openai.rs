@@ -28,10 +28,16 @@ impl Drop for Server {
 
 /// Starts `grove serve` on a free port and returns it with its base URL.
 fn start(args: &[&str]) -> (Server, String) {
+    start_with_env(args, &[])
+}
+
+/// [`start`] with environment variables set for the server.
+fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_grove"))
         .arg("serve")
         .args(["--port", "0", "--threads", "1"])
         .args(args)
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting grove serve");
@@ -87,4 +93,32 @@ fn the_openai_python_client_drives_grove_serve() {
         "openai client checks failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("checks passed"));
+}
+
+/// The status code of `GET path` (HTTP/1.0, optionally with a bearer token).
+fn get_status(url: &str, path: &str, key: Option<&str>) -> u16 {
+    use std::io::{Read, Write};
+    let address = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {address}\r\n{auth}\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The API key can come from `GROVE_API_KEY` (a command line is visible in `ps`); `/health`
+/// and `/metrics` stay open.
+#[test]
+fn the_api_key_is_read_from_the_environment() {
+    let (_server, url) = start_with_env(&[], &[("GROVE_API_KEY", "sesame")]);
+    assert_eq!(get_status(&url, "/v1/models", None), 401);
+    assert_eq!(get_status(&url, "/v1/models", Some("wrong")), 401);
+    assert_eq!(get_status(&url, "/v1/models", Some("sesame")), 200);
+    assert_eq!(get_status(&url, "/health", None), 200);
+    assert_eq!(get_status(&url, "/metrics", None), 200);
 }

@@ -70,6 +70,7 @@ pub fn config(
         model_name: model_name.into(),
         api_key: None,
         stop_token_ids: vec![],
+        context_length: None,
         engine: EngineSettings {
             options: GeneratorOptions::default(),
             speculation: SpeculationSettings {

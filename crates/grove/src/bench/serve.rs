@@ -73,6 +73,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             model_name: "bench".into(),
             api_key: None,
             stop_token_ids: Vec::new(),
+            context_length: None,
             engine: EngineSettings {
                 options: GeneratorOptions {
                     page_size: args.model.page_size,
