@@ -30,6 +30,8 @@ pub enum ApiError {
     BodyUnreadable { reason: String },
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
+    #[error("`{method}` is not allowed on {path}; see the response's Allow header")]
+    MethodNotAllowed { method: String, path: String },
     #[error(
         "the server's queue is full ({limit} waiting requests, --max-queued-requests); retry later"
     )]
@@ -44,6 +46,7 @@ impl ApiError {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound { .. } | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyUnreadable { .. } => StatusCode::BAD_REQUEST,
@@ -59,7 +62,8 @@ impl ApiError {
             | Self::BodyUnreadable { .. }
             | Self::Unauthorized
             | Self::ModelNotFound { .. }
-            | Self::RouteNotFound { .. } => "invalid_request_error",
+            | Self::RouteNotFound { .. }
+            | Self::MethodNotAllowed { .. } => "invalid_request_error",
             Self::QueueFull { .. } => "rate_limit_error",
             Self::Internal(_) => "server_error",
         }
@@ -80,6 +84,7 @@ impl ApiError {
             Self::Unauthorized => Some("invalid_api_key"),
             Self::ModelNotFound { .. } => Some("model_not_found"),
             Self::RouteNotFound { .. } => Some("not_found"),
+            Self::MethodNotAllowed { .. } => Some("method_not_allowed"),
             Self::QueueFull { .. } => Some("queue_full"),
             Self::BodyTooLarge { .. } => Some("body_too_large"),
             Self::BodyUnreadable { .. } => Some("invalid_body"),

@@ -83,7 +83,10 @@ pub struct CompletionRequest {
 
 /// Message content: a string or a list of parts (only text parts are supported).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a string or a list of content parts (objects with `type`)"
+)]
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),
@@ -91,8 +94,10 @@ pub enum Content {
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
+    /// Optional here so that a part without it is refused by its path, not by serde's
+    /// untagged-enum message.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: Option<String>,
     pub text: Option<String>,
 }
 

@@ -50,6 +50,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_page))
         .fallback(fallback)
+        // Also answers OPTIONS: grove sends no CORS headers (browsers go through a proxy).
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -419,6 +421,15 @@ async fn metrics_page() -> Response {
 
 async fn fallback(method: Method, uri: Uri) -> Response {
     ApiError::RouteNotFound {
+        method: method.to_string(),
+        path: uri.path().to_owned(),
+    }
+    .into_response()
+}
+
+/// A known path asked with another method: OpenAI's error shape (axum adds `Allow`).
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    ApiError::MethodNotAllowed {
         method: method.to_string(),
         path: uri.path().to_owned(),
     }

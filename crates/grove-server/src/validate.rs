@@ -78,7 +78,11 @@ fn fields<T: DeserializeOwned>(value: &Value) -> Result<T, ValidationError> {
         let field = error.path().to_string();
         let reason = error.into_inner().to_string();
         match missing_field(&reason) {
-            Some(field) => ValidationError::Missing { field },
+            // serde reports it at the parent's path (`.` at the top).
+            Some(name) if field == "." => ValidationError::Missing { field: name },
+            Some(name) => ValidationError::Missing {
+                field: format!("{field}.{name}"),
+            },
             None => ValidationError::WrongType { field, reason },
         }
     })
@@ -144,9 +148,14 @@ impl ModelLimits {
         (request, common): (ChatRequest, CommonFields),
     ) -> Result<ValidRequest, ValidationError> {
         only(
-            request.logprobs != Some(true) && request.top_logprobs.is_none(),
+            request.logprobs != Some(true),
             "logprobs",
             "must be false or absent",
+        )?;
+        only(
+            request.top_logprobs.is_none(),
+            "top_logprobs",
+            "must be absent (log-probabilities are not implemented)",
         )?;
         let no_tools = "tool calls are not implemented";
         only(
@@ -247,9 +256,10 @@ impl ModelLimits {
         default_max_tokens: usize,
     ) -> Result<ValidRequest, ValidationError> {
         unsupported_common(&common)?;
-        let max_new_tokens = match max_tokens_alias.or(common.max_tokens) {
-            None => default_max_tokens,
-            Some(n) => at_least_one("max_new_tokens", n)?,
+        let max_new_tokens = match (max_tokens_alias, common.max_tokens) {
+            (Some(n), _) => at_least_one("max_completion_tokens", n)?,
+            (None, Some(n)) => at_least_one("max_new_tokens", n)?,
+            (None, None) => default_max_tokens,
         };
         if !common.stream && common.stream_options.is_some() {
             return Err(ValidationError::StreamOptionsWithoutStream);
@@ -301,9 +311,14 @@ fn chat_message(index: usize, message: Message) -> Result<ChatMessage, Validatio
         Some(Content::Parts(parts)) => {
             let mut text = String::new();
             for (part, content) in parts.into_iter().enumerate() {
-                match (content.kind.as_str(), content.text) {
-                    ("text", Some(t)) => text.push_str(&t),
-                    (kind, _) => {
+                let missing = |name: &str| ValidationError::Missing {
+                    field: format!("messages[{index}].content[{part}].{name}"),
+                };
+                match (content.kind.as_deref(), content.text) {
+                    (None, _) => return Err(missing("type")),
+                    (Some("text"), Some(t)) => text.push_str(&t),
+                    (Some("text"), None) => return Err(missing("text")),
+                    (Some(kind), _) => {
                         return Err(ValidationError::ContentPart {
                             index,
                             part,

@@ -362,8 +362,54 @@ rule!(
     chat(json!({"max_completion_tokens": 0})),
     400,
     BAD,
-    Some("max_tokens")
+    Some("max_completion_tokens")
 );
+rule!(
+    chat_role_missing,
+    CHAT,
+    chat(json!({"messages": [{"role": "user", "content": "a"}, {"content": "hi"}]})),
+    400,
+    BAD,
+    Some("messages[1].role")
+);
+rule!(
+    chat_top_logprobs,
+    CHAT,
+    chat(json!({"top_logprobs": 2})),
+    400,
+    BAD,
+    Some("top_logprobs")
+);
+rule!(
+    chat_text_part_without_text,
+    CHAT,
+    chat(json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]})),
+    400,
+    BAD,
+    Some("messages[0].content[0].text")
+);
+rule!(
+    chat_part_without_type,
+    CHAT,
+    chat(json!({"messages": [{"role": "user", "content": [{"text": "hi"}]}]})),
+    400,
+    BAD,
+    Some("messages[0].content[0].type")
+);
+
+/// Content that is neither a string nor a list of parts says what it must be, not serde's
+/// untagged-enum message.
+#[tokio::test]
+async fn chat_content_of_the_wrong_shape_says_what_it_must_be() {
+    let body = chat(json!({"messages": [{"role": "user", "content": 5}]}));
+    let body = refused(CHAT, body, 400, BAD, Some("messages[0].content")).await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("a string or a list of content parts"),
+        "{message}"
+    );
+    assert!(!message.contains("untagged"), "{message}");
+}
 rule!(
     body_too_large,
     C,
@@ -544,4 +590,38 @@ async fn context_length_caps_requests_and_models_reports_the_true_ceiling() {
         .err()
         .unwrap();
     assert!(error.contains("--context-length"), "{error}");
+}
+
+/// A known path asked with another method (OPTIONS included: grove sends no CORS headers) is
+/// a 405 in OpenAI's error shape, with the methods it takes in `Allow`.
+#[tokio::test]
+async fn wrong_methods_get_an_openai_shaped_405_with_allow() {
+    let server = server();
+    for (method, path, allowed) in [
+        (reqwest::Method::GET, C, "POST"),
+        (reqwest::Method::OPTIONS, CHAT, "POST"),
+        (reqwest::Method::DELETE, "/v1/models", "GET"),
+    ] {
+        let response = server
+            .client
+            .request(method.clone(), format!("{}{path}", server.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 405, "{method} {path}");
+        let allow = response.headers()["allow"].to_str().unwrap().to_owned();
+        assert!(allow.contains(allowed), "{method} {path}: Allow {allow}");
+        assert!(response
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none());
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["type"], BAD, "{body}");
+        assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(method.as_str()) && message.contains(path),
+            "{message}"
+        );
+    }
 }
