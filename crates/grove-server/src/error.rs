@@ -30,6 +30,8 @@ pub enum ApiError {
     BodyUnreadable { reason: String },
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
+    #[error("the server is shutting down and takes no new requests; retry on another replica")]
+    ShuttingDown,
     #[error("`{method}` is not allowed on {path}; see the response's Allow header")]
     MethodNotAllowed { method: String, path: String },
     #[error(
@@ -47,6 +49,7 @@ impl ApiError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound { .. } | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyUnreadable { .. } => StatusCode::BAD_REQUEST,
@@ -65,7 +68,7 @@ impl ApiError {
             | Self::RouteNotFound { .. }
             | Self::MethodNotAllowed { .. } => "invalid_request_error",
             Self::QueueFull { .. } => "rate_limit_error",
-            Self::Internal(_) => "server_error",
+            Self::Internal(_) | Self::ShuttingDown => "server_error",
         }
     }
 
@@ -85,6 +88,7 @@ impl ApiError {
             Self::ModelNotFound { .. } => Some("model_not_found"),
             Self::RouteNotFound { .. } => Some("not_found"),
             Self::MethodNotAllowed { .. } => Some("method_not_allowed"),
+            Self::ShuttingDown => Some("server_shutting_down"),
             Self::QueueFull { .. } => Some("queue_full"),
             Self::BodyTooLarge { .. } => Some("body_too_large"),
             Self::BodyUnreadable { .. } => Some("invalid_body"),
@@ -107,7 +111,7 @@ impl ApiError {
     /// Short label for the `grove_requests_total{outcome}` metric.
     pub fn outcome(&self) -> &'static str {
         match self {
-            Self::QueueFull { .. } => "rejected",
+            Self::QueueFull { .. } | Self::ShuttingDown => "rejected",
             Self::Internal(_) => "error",
             _ => "invalid",
         }

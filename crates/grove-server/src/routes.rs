@@ -153,6 +153,10 @@ async fn run(
     endpoint: Endpoint,
 ) -> Response {
     let valid = match valid {
+        Ok(_) if state.status.is_draining() => Err(ApiError::ShuttingDown),
+        other => other,
+    };
+    let valid = match valid {
         Ok(valid) => valid,
         Err(error) => {
             metrics::request_outcome(error.outcome());
@@ -362,8 +366,9 @@ fn sse_stream(
                 batch.push(Ok(Event::default().data("[DONE]")));
                 batch
             }
+            // A stream that fails still ends as streams do, so clients stop reading.
             Some(WorkerEvent::Failed(error)) | Some(WorkerEvent::Rejected(error)) => {
-                vec![data(&error.body())]
+                vec![data(&error.body()), Ok(Event::default().data("[DONE]"))]
             }
             Some(WorkerEvent::Accepted) => Vec::new(),
             None => vec![data(
@@ -392,8 +397,14 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
 async fn health(State(state): State<AppState>) -> Response {
     let status = &state.status;
     let alive = status.alive.load(Ordering::Relaxed);
+    let draining = status.is_draining();
+    // A draining replica fails its health check first, so a gateway stops sending it work.
     let body = json!({
-        "status": if alive { "ok" } else { "unavailable" },
+        "status": match (alive, draining) {
+            (false, _) => "unavailable",
+            (true, true) => "draining",
+            (true, false) => "ok",
+        },
         "model": state.limits.name,
         "speculative_algorithm": state.default_algorithm,
         "running": status.running.load(Ordering::Relaxed),
@@ -403,7 +414,7 @@ async fn health(State(state): State<AppState>) -> Response {
         "kv_cached_pages": status.cached_pages.load(Ordering::Relaxed),
         "preemptions": status.preemptions.load(Ordering::Relaxed),
     });
-    let code = if alive {
+    let code = if alive && !draining {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

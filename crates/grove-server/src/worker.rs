@@ -70,6 +70,27 @@ pub struct EngineStatus {
     pub preemptions: AtomicU64,
     /// Cleared when the engine thread exits (a model error it could not recover from).
     pub alive: AtomicBool,
+    /// Set when the server is stopping: no new requests, `/health` answers 503.
+    pub draining: AtomicBool,
+    /// Set when the grace period is over: the engine ends every request still running.
+    pub abort: AtomicBool,
+}
+
+impl EngineStatus {
+    /// Stop taking requests; running ones carry on (a SIGTERM's first step).
+    pub fn begin_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// End every request still running with an error (the grace period is over).
+    pub fn abort_running(&self) {
+        self.begin_draining();
+        self.abort.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
 }
 
 impl EngineStatus {
@@ -149,6 +170,9 @@ pub(crate) fn run(
                 Err(TryRecvError::Disconnected) => break,
             }
         }
+        if status.abort.load(Ordering::Relaxed) {
+            fail_all(&mut engine, &mut clients, ApiError::ShuttingDown);
+        }
         // Clients that went away (a dropped stream, a closed connection) stop here.
         clients.retain(|&id, client| {
             if client.events.is_closed() {
@@ -169,18 +193,26 @@ pub(crate) fn run(
                 Err(error) => {
                     // The batch is in an unknown state: fail every request, keep serving.
                     tracing::error!(%error, "engine step failed");
-                    let error = ApiError::Internal(error.to_string());
-                    for (id, client) in clients.drain() {
-                        engine.cancel(id);
-                        metrics::request_outcome("error");
-                        let _ = client.events.send(WorkerEvent::Failed(error.clone()));
-                    }
+                    fail_all(
+                        &mut engine,
+                        &mut clients,
+                        ApiError::Internal(error.to_string()),
+                    );
                 }
             }
         }
         status.publish(&engine);
     }
     Ok(())
+}
+
+/// Ends every request with `error` (their pages return).
+fn fail_all(engine: &mut Engine<'_>, clients: &mut HashMap<RequestId, Client>, error: ApiError) {
+    for (id, client) in clients.drain() {
+        engine.cancel(id);
+        metrics::request_outcome(error.outcome());
+        let _ = client.events.send(WorkerEvent::Failed(error.clone()));
+    }
 }
 
 /// Marks the engine alive while the loop runs; cleared however it ends (a panic included), so

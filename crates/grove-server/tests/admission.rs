@@ -82,3 +82,29 @@ async fn a_full_queue_refuses_with_retry_after_and_invalid_requests_still_get_40
     drop(stream);
     server.idle_free_pages().await;
 }
+
+/// A draining server (SIGTERM received) fails its health check first, so a gateway stops
+/// sending it work, and refuses new requests with 503 while running ones carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_server_fails_health_and_refuses_new_requests() {
+    let server = TestServer::start(default_served(), config("tiny", 6, 4096, 2, 4));
+    assert_eq!(server.health().await["status"], "ok");
+    server.status.begin_draining();
+    let response = server
+        .client
+        .get(format!("{}/health", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 503);
+    let health: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(health["status"], "draining", "{health}");
+    let (status, body) = server
+        .post(
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": "x", "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "server_shutting_down", "{body}");
+}

@@ -1,10 +1,14 @@
 //! `grove serve`: the OpenAI-compatible server (flags named as SGLang's launch flags).
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
 use anyhow::{Context, Result};
 use clap::Args;
 use grove_engine::{EngineLimits, GeneratorOptions};
 use grove_model::Model;
-use grove_server::{EngineSettings, ServerConfig};
+use grove_server::{EngineSettings, EngineStatus, ServerConfig};
 
 use crate::loading::{self, ModelArgs, SpecArgs};
 
@@ -49,6 +53,11 @@ pub struct ServeArgs {
     /// used when the pool needs room).
     #[arg(long)]
     pub disable_radix_cache: bool,
+    /// Seconds running requests get to finish after SIGTERM or Ctrl-C (uvicorn's flag): the
+    /// server stops accepting at once and `/health` turns 503; what is still running then ends
+    /// with an error event and `[DONE]`, and the process exits 0.
+    #[arg(long, default_value_t = 25)]
+    pub timeout_graceful_shutdown: u64,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -109,11 +118,51 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "grove serve: model `{model_name}` listening on http://{}",
             listener.local_addr()?
         );
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
+        let shutdown = graceful_shutdown(server.status.clone(), args.timeout_graceful_shutdown);
         grove_server::serve(listener, server.router, shutdown)
             .await
-            .context("serving")
+            .context("serving")?;
+        eprintln!("grove serve: stopped");
+        Ok(())
     })
+}
+
+/// Resolves at the first SIGTERM or SIGINT (what Docker, Kubernetes and systemd send, and
+/// Ctrl-C), which stops the listener; running requests then have `grace` seconds before the
+/// engine ends them, and connections that still hang on (a client holding a half-sent header)
+/// a few more before the process exits anyway.
+async fn graceful_shutdown(status: Arc<EngineStatus>, grace: u64) {
+    wait_for_stop_signal().await;
+    status.begin_draining();
+    eprintln!(
+        "grove serve: stopping: no new requests; {} running and {} waiting have {grace} s",
+        status.running.load(Ordering::Relaxed),
+        status.waiting.load(Ordering::Relaxed)
+    );
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(grace)).await;
+        if status.running.load(Ordering::Relaxed) + status.waiting.load(Ordering::Relaxed) > 0 {
+            eprintln!("grove serve: grace period over: ending the requests still running");
+        }
+        status.abort_running();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        eprintln!("grove serve: connections still open after the grace period; exiting");
+        std::process::exit(0);
+    });
+}
+
+async fn wait_for_stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "SIGTERM handler not installed; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

@@ -95,19 +95,29 @@ fn the_openai_python_client_drives_grove_serve() {
     assert!(stdout.contains("checks passed"));
 }
 
-/// The status code of `GET path` (HTTP/1.0, optionally with a bearer token).
-fn get_status(url: &str, path: &str, key: Option<&str>) -> u16 {
+/// The whole response to an HTTP/1.0 request (`body`: a JSON POST, else a GET).
+fn http(url: &str, path: &str, key: Option<&str>, body: Option<&str>) -> String {
     use std::io::{Read, Write};
     let address = url.trim_start_matches("http://");
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: {address}\r\n{auth}\r\n"
-    )
-    .unwrap();
+    let head = match body {
+        Some(body) => format!(
+            "POST {path} HTTP/1.0\r\nHost: {address}\r\n{auth}Content-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+        None => format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n{auth}\r\n"),
+    };
+    stream.write_all(head.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// The status code of `GET path` (optionally with a bearer token).
+fn get_status(url: &str, path: &str, key: Option<&str>) -> u16 {
+    let response = http(url, path, key, None);
     response.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
@@ -121,4 +131,63 @@ fn the_api_key_is_read_from_the_environment() {
     assert_eq!(get_status(&url, "/v1/models", Some("sesame")), 200);
     assert_eq!(get_status(&url, "/health", None), 200);
     assert_eq!(get_status(&url, "/metrics", None), 200);
+}
+
+/// SIGTERM: the listener closes, requests that cannot finish within
+/// `--timeout-graceful-shutdown` end with an error event and `[DONE]`, and the process exits 0.
+#[test]
+fn sigterm_ends_running_streams_cleanly_and_exits_zero() {
+    // One request at a time, eight queued: far more than the one-second grace period holds.
+    let (mut server, url) = start(&[
+        "--timeout-graceful-shutdown",
+        "1",
+        "--max-running-requests",
+        "1",
+    ]);
+    let long = r#"{"model": "target", "prompt": "x", "max_tokens": 1000, "ignore_eos": true,
+                  "stream": true}"#;
+    let streams: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || http(&url, "/v1/completions", None, Some(long)))
+        })
+        .collect();
+    // Every request is in before the signal (the listener closes with it).
+    let waiting = |health: &str| -> u64 {
+        let after = health.split("\"waiting\":").nth(1).unwrap_or("0");
+        after
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or(0)
+    };
+    let started = std::time::Instant::now();
+    while waiting(&http(&url, "/health", None, None)) < 5 {
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "the requests never queued"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let pid = server.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let responses: Vec<String> = streams.into_iter().map(|s| s.join().unwrap()).collect();
+    for response in &responses {
+        assert!(response.trim_end().ends_with("data: [DONE]"), "{response}");
+    }
+    assert!(
+        responses.iter().any(|r| r.contains("server_shutting_down")),
+        "every request finished within the grace period"
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed().as_secs() < 10, "grove serve did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
 }
