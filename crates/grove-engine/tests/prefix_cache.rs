@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 /// third request samples (seeded).
 fn shared_prefix_requests(count: usize, systems: usize, seed: u64) -> Vec<GenerateRequest> {
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
-    let mut random_tokens = |rng: &mut rand_chacha::ChaCha12Rng, n: usize| -> Vec<TokenId> {
+    let random_tokens = |rng: &mut rand_chacha::ChaCha12Rng, n: usize| -> Vec<TokenId> {
         (0..n)
             .map(|_| rng.random_range(0..1021) as TokenId)
             .collect()
@@ -158,14 +158,14 @@ fn a_follow_up_turn_reuses_the_answer_it_contains() -> Result<()> {
                 prefix_cache: true,
             })?;
             let first = greedy(&(1..30).collect::<Vec<TokenId>>(), 24);
-            let answer = drive(&mut engine, &[first.clone()], &[0], &[None])?
+            let answer = drive(&mut engine, std::slice::from_ref(&first), &[0], &[None])?
                 .remove(&0)
                 .unwrap();
             let mut prompt = first.prompt.clone();
             prompt.extend(&answer.token_ids);
             prompt.extend([7, 8, 9]);
             let turn = greedy(&prompt, 20);
-            let output = drive(&mut engine, &[turn.clone()], &[0], &[None])?
+            let output = drive(&mut engine, std::slice::from_ref(&turn), &[0], &[None])?
                 .remove(&0)
                 .unwrap();
             let alone = generator.generate(&turn, |_| {})?;
@@ -252,10 +252,10 @@ proptest! {
         }
         // A cancellation may land before or after a request's end depending on the schedule.
         let (uncached, cached) = (&outputs[0], &outputs[1]);
-        for index in 0..requests.len() {
+        for (index, cancel) in cancels.iter().enumerate() {
             match (uncached.get(&index), cached.get(&index)) {
                 (Some(a), Some(b)) => prop_assert_eq!(&a.token_ids, &b.token_ids, "{} request {}", name, index),
-                _ => prop_assert!(cancels[index].is_some(), "{} request {} did not finish", name, index),
+                _ => prop_assert!(cancel.is_some(), "{} request {} did not finish", name, index),
             }
         }
     }
