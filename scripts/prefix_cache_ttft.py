@@ -2,9 +2,10 @@
 """Time to first token of chats that share a long system prompt, against a running server.
 
 Sends one chat per question, in order, each streamed, all with the same system prompt (the
-first `--system-chars` characters of `--system-file`), and prints per request: time to first
-token, prompt tokens, cached prompt tokens (`usage.prompt_tokens_details.cached_tokens`) and
-the answer. Run it against `grove serve` and against `grove serve --disable-radix-cache` to
+first `--system-chars` characters of `--system-file`; with `--conversation`, one chat whose
+every turn carries the earlier answers), and prints per request: time to first token,
+prompt tokens, cached prompt tokens (`usage.prompt_tokens_details.cached_tokens`) and the
+answer. Run it against `grove serve` and against `grove serve --disable-radix-cache` to
 compare: with the cache, every request after the first prefills only its own question.
 
     python3 scripts/prefix_cache_ttft.py --url http://127.0.0.1:30000 --json out.json
@@ -33,6 +34,11 @@ def main():
     parser.add_argument("--system-chars", type=int, default=5200)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--requests", type=int, default=len(QUESTIONS))
+    parser.add_argument(
+        "--conversation",
+        action="store_true",
+        help="one chat: each request carries the earlier questions and answers",
+    )
     parser.add_argument("--json", help="write the per-request results here")
     args = parser.parse_args()
     if args.model is None:
@@ -41,14 +47,13 @@ def main():
         code = source.read()[: args.system_chars]
     system = "You answer questions about this Python module.\n\n" + code
     results = []
+    history = [{"role": "system", "content": system}]
     for index in range(args.requests):
         question = QUESTIONS[index % len(QUESTIONS)]
+        messages = history + [{"role": "user", "content": question}]
         body = {
             "model": args.model,
-            "messages": [
-                {"role": "system", "content": system},
-                {"role": "user", "content": question},
-            ],
+            "messages": messages,
             "max_tokens": args.max_tokens,
             "temperature": 0,
             "stream": True,
@@ -56,6 +61,8 @@ def main():
         }
         reply = stream_chat(args.url, body)
         ttft, answer, usage = reply["ttft"], reply["text"], reply["usage"]
+        if args.conversation:
+            history = messages + [{"role": "assistant", "content": answer}]
         cached = usage["prompt_tokens_details"]["cached_tokens"]
         results.append(
             {

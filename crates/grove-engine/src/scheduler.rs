@@ -227,8 +227,10 @@ impl<'a> Engine<'a> {
             };
             let hit = front.share_cached_prefix(&mut self.pools);
             let (target, draft) = self.runner.prefill_pages(front);
-            let evictable = self.pools.evictable_pages();
-            if target > self.pools.pool.free_pages() + evictable
+            // Counting the evictable pages walks the whole cache: only when the free ones fall
+            // short (and so that nothing is evicted for a request that cannot start anyway).
+            let free = self.pools.pool.free_pages();
+            if (target > free && target > free + self.pools.evictable_pages())
                 || !self.pools.make_room(target, draft)
             {
                 front.release(&self.pools);
