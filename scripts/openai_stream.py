@@ -53,3 +53,17 @@ def stream_chat(url, body):
     if result["ttft"] is None:
         result["ttft"] = time.monotonic() - start
     return result
+
+
+def poll_health(url, latencies, stop, interval):
+    """Until `stop` (a threading.Event) is set, asks `GET /health` every `interval` seconds on
+    a fresh connection and appends each answer's latency to `latencies`."""
+    parsed = urllib.parse.urlparse(url)
+    while not stop.is_set():
+        start = time.monotonic()
+        connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+        connection.request("GET", "/health")
+        connection.getresponse().read()
+        connection.close()
+        latencies.append(time.monotonic() - start)
+        time.sleep(interval)

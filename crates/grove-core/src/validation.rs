@@ -41,6 +41,14 @@ pub enum ValidationError {
         max_new_tokens: usize,
         context: usize,
     },
+    /// A text longer than the most tokens a prompt may have, found without encoding all of it
+    /// (a multi-megabyte prompt is refused in milliseconds).
+    PromptTooLong {
+        field: &'static str,
+        /// Tokens counted before the count passed the limit.
+        at_least: usize,
+        limit: usize,
+    },
     /// The prompt, the tokens asked for and one verify do not fit the KV pool.
     KvOverflow {
         prompt_tokens: usize,
@@ -127,7 +135,8 @@ impl ValidationError {
             | Self::TokenOutOfVocab { field, .. }
             | Self::Unsupported { field, .. }
             | Self::NoTokenizer { field, .. }
-            | Self::Tokenize { field, .. } => field,
+            | Self::Tokenize { field, .. }
+            | Self::PromptTooLong { field, .. } => field,
             Self::ContextOverflow { .. } | Self::KvOverflow { .. }
                 if self.prompt_alone_overflows() =>
             {
@@ -170,7 +179,7 @@ impl ValidationError {
     /// OpenAI's `error.code` where it has one for the rule.
     pub fn code(&self) -> Option<&'static str> {
         match self {
-            Self::ContextOverflow { .. } | Self::KvOverflow { .. } => {
+            Self::ContextOverflow { .. } | Self::KvOverflow { .. } | Self::PromptTooLong { .. } => {
                 Some("context_length_exceeded")
             }
             _ => None,
@@ -222,6 +231,12 @@ impl ValidationError {
                 "`{max_new_tokens}` must be such that prompt + `{max_new_tokens}` + one verify \
                  fits the KV pool (--max-total-tokens), got {prompt_tokens} + {asked}, which \
                  needs {needed} slots of {capacity}"
+            ),
+            Self::PromptTooLong {
+                at_least, limit, ..
+            } => format!(
+                "`{field}` is longer than {at_least} tokens (counted before reading the rest), \
+                 but a prompt may have at most {limit} to leave room for a completion: shorten it"
             ),
             Self::TokenOutOfVocab { id, vocab_size, .. } => format!(
                 "token id {id} in `{field}` is outside the vocabulary of {vocab_size} tokens"

@@ -125,6 +125,7 @@ impl<'a> Generator<'a> {
             max_total_tokens,
             max_running: requests.len(),
             prefix_cache: false,
+            prefill_step: None,
         };
         let mut engine = self.engine(limits)?;
         for request in requests {

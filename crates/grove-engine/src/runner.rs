@@ -42,6 +42,17 @@ pub(crate) struct StepResult {
     pub emitted: Vec<Vec<TokenId>>,
 }
 
+/// What one [`RoundRunner::prefill_chunk`] did.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrefillProgress {
+    /// Tokens it ran.
+    pub tokens: usize,
+    /// The sequence's KV now holds everything it committed.
+    pub done: bool,
+    /// The first token a fresh sequence chose (`None` until done, or when it resumed).
+    pub first: Option<TokenId>,
+}
+
 /// Runs prefills and rounds against one model; holds settings, never sequences.
 #[derive(Clone)]
 pub(crate) struct RoundRunner<'a> {
@@ -175,64 +186,108 @@ impl<'a> RoundRunner<'a> {
         }
     }
 
-    /// Runs the committed tokens past any shared cached prefix through the target in chunks,
-    /// and adds their taps to the drafter's context at once (so the sequence's pages can be
-    /// cached with the drafter's). A fresh sequence then chooses and emits its first token,
-    /// which it returns; a preempted one resumes with the anchor it had and returns none.
-    pub fn prefill(
+    /// Reserves, at admission, every page `sequence`'s prefill and first round take in both
+    /// pools (what [`RoundRunner::prefill_pages`] counted), so that rounds of the sequences
+    /// running beside a prefill spread over several steps cannot take them. All or nothing.
+    pub fn reserve_prefill(&self, sequence: &mut Sequence<'_>) -> Result<(), grove_kv::KvError> {
+        let need = sequence.prefill_need() - sequence.table.len();
+        let committed = sequence.prefill_need() - sequence.method.verify_rows();
+        let block = self.round_block(sequence);
+        sequence.table.reserve(need)?;
+        if let Some(table) = sequence.draft_table.as_mut() {
+            if let Err(error) = table.reserve(committed - table.len() + block) {
+                let shared = sequence.table.len();
+                sequence.table.truncate(shared);
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the next `max_tokens` (at most) of the committed tokens not yet in KV through the
+    /// target in one forward, keeping their taps for the drafter. The chunk that ends the
+    /// prefill adds every chunk's taps to the drafter's context at once (so the sequence's
+    /// pages can be cached with the drafter's); a fresh sequence then chooses and emits its
+    /// first token, a preempted one resumes with the anchor it had.
+    pub fn prefill_chunk(
         &self,
         sequence: &mut Sequence<'_>,
         pools: &mut Pools,
+        max_tokens: usize,
         on_text: &mut impl FnMut(&str),
-    ) -> Result<Option<TokenId>, EngineError> {
+    ) -> Result<PrefillProgress, EngineError> {
         let prefill_start = Instant::now();
         let tokens = sequence.committed_tokens();
-        let table = &mut sequence.table;
         // Only sequences that keep a drafter context capture the drafter's features.
         let taps = if sequence.draft_table.is_some() {
             self.taps()
         } else {
             &[]
         };
-        let mut last_logits = Vec::new();
-        let mut features = Vec::new();
-        let shared = table.len();
-        for chunk in tokens[shared..].chunks(self.options.prefill_chunk.max(1)) {
-            table.reserve(chunk.len())?;
-            let positions: Vec<usize> = (table.len()..table.len() + chunk.len()).collect();
-            let segment = Segment::causal(table, chunk, &positions, LogitRows::Last);
-            let batch = ForwardBatch {
-                segments: vec![segment],
-                taps,
-            };
-            let output = self.model.forward(&batch, &mut pools.kv)?;
-            table.append(chunk.len());
-            last_logits = output.logits_row(0).map_err(ModelError::from)?;
-            if !taps.is_empty() {
-                features.push(Tensor::cat(&output.taps, 1).map_err(ModelError::from)?);
+        let table = &mut sequence.table;
+        let start = table.len();
+        let len = max_tokens
+            .min(self.options.prefill_chunk)
+            .min(tokens.len() - start)
+            .max(1);
+        let chunk = &tokens[start..start + len];
+        table.reserve(len)?;
+        let positions: Vec<usize> = (start..start + len).collect();
+        let segment = Segment::causal(table, chunk, &positions, LogitRows::Last);
+        let batch = ForwardBatch {
+            segments: vec![segment],
+            taps,
+        };
+        let output = self.model.forward(&batch, &mut pools.kv)?;
+        table.append(len);
+        if !taps.is_empty() {
+            let features = Tensor::cat(&output.taps, 1).map_err(ModelError::from)?;
+            sequence.prefill_features.push(features);
+        }
+        let done = start + len == tokens.len();
+        let mut progress = PrefillProgress {
+            tokens: len,
+            done,
+            first: None,
+        };
+        if done {
+            self.end_prefill(sequence, pools)?;
+            if sequence.emitted == 0 {
+                let logits = output.logits_row(0).map_err(ModelError::from)?;
+                sequence.anchor = sequence.sampler.sample(&logits);
+                sequence.emitted = 1;
+                sequence.decode_start = Instant::now();
+                sequence.finish = sequence.emitter.emit(sequence.anchor, on_text)?;
+                progress.first = Some(sequence.anchor);
             }
         }
+        sequence.t_prefill += prefill_start.elapsed();
+        Ok(progress)
+    }
+
+    /// Adds the prefill's taps to the drafter's context in one extend.
+    fn end_prefill(
+        &self,
+        sequence: &mut Sequence<'_>,
+        pools: &mut Pools,
+    ) -> Result<(), EngineError> {
         sequence.pending_features = None;
+        let features = std::mem::take(&mut sequence.prefill_features);
         if let (false, Some(spec), Some(draft_table)) = (
             features.is_empty(),
             self.speculation,
             sequence.draft_table.as_mut(),
         ) {
-            debug_assert_eq!(draft_table.len(), shared, "drafter context out of step");
             let features = Tensor::cat(&features, 0).map_err(ModelError::from)?;
+            debug_assert_eq!(
+                draft_table.len() + features.dim(0).unwrap_or(0),
+                sequence.table.len(),
+                "drafter context out of step"
+            );
             spec.drafter
                 .extend(&mut pools.draft_kv, draft_table, &features)?;
         }
-        sequence.needs_prefill = false;
-        sequence.t_prefill += prefill_start.elapsed();
-        if sequence.emitted > 0 {
-            return Ok(None);
-        }
-        sequence.anchor = sequence.sampler.sample(&last_logits);
-        sequence.emitted = 1;
-        sequence.decode_start = Instant::now();
-        sequence.finish = sequence.emitter.emit(sequence.anchor, on_text)?;
-        Ok(Some(sequence.anchor))
+        Ok(())
     }
 
     /// Pages of each pool [`RoundRunner::reserve_round`] takes for `sequence`:

@@ -2,14 +2,18 @@
 //! one step at a time (continuous batching).
 //!
 //! Each step: admit waiting sequences in order while the pool has room for their prefill and
-//! first verify (`max_running` at most); reserve every running sequence's next round, oldest
-//! first, preempting the newest when the pool runs out (its pages return; it waits at the front
-//! of the queue and is prefilled again with everything it committed, so its output is
-//! unchanged); run one batched round; report text and finished requests. Finished or cancelled
-//! sequences free their pages at once.
+//! first verify (`max_running` at most; their pages are reserved at once); run one chunk of the
+//! admitted prompts (chunked prefill, interleaved: with sequences decoding, the chunk is sized
+//! by the measured prefill rate so that their next tokens wait about `prefill_step`, not for
+//! the whole prompt); reserve every running sequence's next round, oldest first, preempting
+//! the newest when the pool runs out (its pages return; it waits at the front of the queue and
+//! is prefilled again with everything it committed, so its output is unchanged); run one
+//! batched round; report text and finished requests. Finished or cancelled sequences free their
+//! pages at once.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use grove_core::{TokenId, ValidationError};
 use grove_kv::{PrefixCache, PrefixCacheStats};
@@ -50,7 +54,14 @@ pub struct EngineLimits {
     /// Keep committed pages for later requests that start with the same tokens (SGLang's radix
     /// cache; `--disable-radix-cache` turns it off).
     pub prefix_cache: bool,
+    /// With sequences decoding, how long one step's prefill may hold them up: prompts are
+    /// cut into chunks sized by the measured prefill rate (`None`: whole `prefill_chunk`s,
+    /// one per step).
+    pub prefill_step: Option<Duration>,
 }
+
+/// The shortest prefill chunk a step runs (and the multiple longer time-sized chunks round to).
+pub const MIN_PREFILL_CHUNK: usize = 16;
 
 /// Owns the round runner, the KV pools and every sequence; `Generator::engine` makes one.
 pub struct Engine<'a> {
@@ -58,7 +69,11 @@ pub struct Engine<'a> {
     limits: EngineLimits,
     pools: Pools,
     waiting: VecDeque<Sequence<'a>>,
+    /// Admitted sequences whose prompt is still being prefilled, a chunk per step.
+    prefilling: VecDeque<Sequence<'a>>,
     running: Vec<Sequence<'a>>,
+    /// Measured prefill cost, seconds per token (`None` until a chunk ran).
+    prefill_seconds_per_token: Option<f64>,
     next_id: RequestId,
     preemptions: u64,
     last_step: StepTimings,
@@ -75,7 +90,9 @@ impl<'a> Engine<'a> {
             limits,
             pools,
             waiting: VecDeque::new(),
+            prefilling: VecDeque::new(),
             running: Vec::new(),
+            prefill_seconds_per_token: None,
             next_id: 0,
             preemptions: 0,
             last_step: StepTimings::default(),
@@ -126,20 +143,27 @@ impl<'a> Engine<'a> {
     /// Drops a request wherever it is; its pages return at once (those of its committed
     /// tokens to the prefix cache). False if it is unknown.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        let before = self.waiting.len() + self.running.len();
+        let before = self.waiting.len() + self.running();
         self.waiting.retain(|s| s.id != id);
+        // A prompt cut off mid-prefill offers the whole pages it ran.
         let pools = &mut self.pools;
+        self.prefilling.retain(|s| {
+            if s.id == id {
+                s.cache_prefix(pools);
+            }
+            s.id != id
+        });
         self.running.retain(|s| {
             if s.id == id {
                 s.cache_prefix(pools);
             }
             s.id != id
         });
-        before != self.waiting.len() + self.running.len()
+        before != self.waiting.len() + self.running()
     }
 
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.waiting.is_empty() && self.running.is_empty() && self.prefilling.is_empty()
     }
 
     pub fn free_pages(&self) -> usize {
@@ -173,8 +197,9 @@ impl<'a> Engine<'a> {
         self.preemptions
     }
 
+    /// Sequences admitted: decoding, or with their prompt still prefilling.
     pub fn running(&self) -> usize {
-        self.running.len()
+        self.running.len() + self.prefilling.len()
     }
 
     pub fn waiting(&self) -> usize {
@@ -190,6 +215,7 @@ impl<'a> Engine<'a> {
     pub fn step(&mut self) -> Result<Vec<EngineEvent>, EngineError> {
         let mut events = Vec::new();
         self.admit(&mut events)?;
+        self.prefill_step(&mut events)?;
         // A prefill can end a request at once (its first token stops it).
         self.collect_finished(&mut events)?;
         self.reserve_rounds();
@@ -217,11 +243,17 @@ impl<'a> Engine<'a> {
         Ok(events)
     }
 
-    /// Prefills waiting sequences, in order, while they fit: a cached prefix of a sequence's
-    /// tokens is shared, not prefilled, and only the pages it still needs must be free or
-    /// evictable.
+    /// Admits waiting sequences, in order, while they fit: a cached prefix of a sequence's
+    /// tokens is shared, not prefilled, and the pages it still needs (beside those the running
+    /// sequences' next rounds take) must be free or evictable. An admitted sequence holds the
+    /// pages of its whole prefill and first round, and waits in `prefilling`.
     fn admit(&mut self, events: &mut Vec<EngineEvent>) -> Result<(), EngineError> {
-        while self.running.len() < self.limits.max_running.max(1) {
+        let rounds: usize = self
+            .running
+            .iter()
+            .map(|s| self.runner.round_pages(s).0)
+            .sum();
+        while self.running() < self.limits.max_running.max(1) {
             let Some(front) = self.waiting.front_mut() else {
                 break;
             };
@@ -230,8 +262,10 @@ impl<'a> Engine<'a> {
             // Counting the evictable pages walks the whole cache: only when the free ones fall
             // short (and so that nothing is evicted for a request that cannot start anyway).
             let free = self.pools.pool.free_pages();
-            if (target > free && target > free + self.pools.evictable_pages())
-                || !self.pools.make_room(target, draft)
+            let need = target + rounds;
+            if (need > free && need > free + self.pools.evictable_pages())
+                || !self.pools.make_room(need, draft)
+                || self.runner.reserve_prefill(front).is_err()
             {
                 front.release(&self.pools);
                 break;
@@ -240,29 +274,85 @@ impl<'a> Engine<'a> {
             if let Some(cache) = self.pools.prefix.as_mut() {
                 cache.record_lookup(sequence.prefill_need() - sequence.method.verify_rows(), hit);
             }
-            let id = sequence.id;
-            if sequence.emitted == 0 {
-                events.push(EngineEvent::Started { id });
+            if !sequence.started {
+                sequence.started = true;
+                events.push(EngineEvent::Started { id: sequence.id });
             }
-            let first =
-                self.runner
-                    .prefill(&mut sequence, &mut self.pools, &mut |text: &str| {
-                        events.push(EngineEvent::Text {
-                            id,
-                            text: text.to_owned(),
-                        })
-                    })?;
-            if let Some(token) = first {
+            self.prefilling.push_back(sequence);
+        }
+        Ok(())
+    }
+
+    /// Prompt tokens this step may prefill: a whole chunk when nothing else runs; with
+    /// sequences decoding beside it, as many as take about `limits.prefill_step` at the rate
+    /// measured so far, so that their next tokens are not held up for a long prompt.
+    fn prefill_budget(&self) -> usize {
+        let chunk = self.runner.options.prefill_chunk.max(1);
+        match (self.limits.prefill_step, self.running.is_empty()) {
+            (Some(step), false) => {
+                let tokens = match self.prefill_seconds_per_token {
+                    Some(rate) => (step.as_secs_f64() / rate) as usize,
+                    None => MIN_PREFILL_CHUNK,
+                };
+                // Whole multiples of a kernel tile, where the chunk is longer than one.
+                let tokens = tokens.clamp(MIN_PREFILL_CHUNK, chunk);
+                if tokens > MIN_PREFILL_CHUNK {
+                    tokens - tokens % MIN_PREFILL_CHUNK
+                } else {
+                    tokens
+                }
+            }
+            _ => chunk,
+        }
+    }
+
+    /// Runs one step's share of the admitted prompts, oldest first; a sequence whose prefill
+    /// ends emits its first token and runs from this step's round on.
+    fn prefill_step(&mut self, events: &mut Vec<EngineEvent>) -> Result<(), EngineError> {
+        let mut budget = self.prefill_budget();
+        while budget > 0 {
+            let Some(sequence) = self.prefilling.front_mut() else {
+                break;
+            };
+            let id = sequence.id;
+            let start = Instant::now();
+            let progress = self.runner.prefill_chunk(
+                sequence,
+                &mut self.pools,
+                budget,
+                &mut |text: &str| {
+                    events.push(EngineEvent::Text {
+                        id,
+                        text: text.to_owned(),
+                    })
+                },
+            )?;
+            self.measure_prefill(progress.tokens, start.elapsed());
+            budget = budget.saturating_sub(progress.tokens);
+            if let Some(token) = progress.first {
                 events.push(EngineEvent::Tokens {
                     id,
                     tokens: vec![token],
                 });
             }
-            // Requests that arrive while this one runs share its prompt already.
-            sequence.cache_prefix(&mut self.pools);
-            self.running.push(sequence);
+            if progress.done {
+                let sequence = self.prefilling.pop_front().expect("front exists");
+                // Requests that arrive while this one runs share its prompt already.
+                sequence.cache_prefix(&mut self.pools);
+                self.running.push(sequence);
+            }
         }
         Ok(())
+    }
+
+    /// Folds a chunk's time into the prefill rate (seconds per token, recent chunks weighing
+    /// most: the rate falls as chunks grow and rises with the context they attend to).
+    fn measure_prefill(&mut self, tokens: usize, elapsed: Duration) {
+        let rate = elapsed.as_secs_f64() / tokens.max(1) as f64;
+        self.prefill_seconds_per_token = Some(match self.prefill_seconds_per_token {
+            Some(old) => 0.5 * old + 0.5 * rate,
+            None => rate,
+        });
     }
 
     /// Reserves every running sequence's next round, oldest first; when the pool is short,
@@ -279,10 +369,14 @@ impl<'a> Engine<'a> {
             if self.pools.evictable_pages() > 0 && self.pools.make_room(target, draft) {
                 continue;
             }
-            let mut newest = self
-                .running
-                .pop()
-                .expect("the sequence being reserved is running");
+            // The newest first: a prompt still prefilling, then the newest running sequence.
+            let mut newest = match self.prefilling.pop_back() {
+                Some(sequence) => sequence,
+                None => self
+                    .running
+                    .pop()
+                    .expect("the sequence being reserved is running"),
+            };
             newest.cache_prefix(&mut self.pools);
             newest.release(&self.pools);
             self.preemptions += 1;

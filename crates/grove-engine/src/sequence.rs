@@ -83,8 +83,10 @@ pub(crate) struct Sequence<'r> {
     pub phases: PhaseMicros,
     pub emitted: usize,
     pub finish: Option<FinishReason>,
-    /// Its KV is empty: it waits for a (re)prefill.
-    pub needs_prefill: bool,
+    /// Taps of the prefill's chunks so far, added to the drafter's context when it ends.
+    pub prefill_features: Vec<Tensor>,
+    /// It left the queue once (a preempted sequence is not started again).
+    pub started: bool,
     pub t_prefill: Duration,
     pub decode_start: Instant,
     /// Prompt tokens its first prefill found in the prefix cache.
@@ -118,7 +120,8 @@ impl<'r> Sequence<'r> {
             request,
             emitted: 0,
             finish: None,
-            needs_prefill: true,
+            prefill_features: Vec::new(),
+            started: false,
             t_prefill: Duration::ZERO,
             decode_start: Instant::now(),
             cached_tokens: 0,
@@ -212,7 +215,7 @@ impl<'r> Sequence<'r> {
             .as_ref()
             .map(|_| pools.draft_pool.new_table());
         self.pending_features = None;
-        self.needs_prefill = true;
+        self.prefill_features.clear();
     }
 
     /// Flushes a finished sequence's text and completes its statistics; its pages return.

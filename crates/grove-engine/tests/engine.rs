@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use anyhow::Result;
 use common::*;
@@ -102,14 +103,22 @@ fn late_arrivals_and_a_small_pool_with_preemption_change_no_output() -> Result<(
                 .map(|r| generator.generate(r, |_| {}))
                 .collect::<Result<_, _>>()?;
             // Room for about two sequences at a time while eight may run: preemption is certain.
-            for prefix_cache in [false, true] {
+            // Interleaved prefill (16-token chunks beside running sequences) too: a sequence may
+            // be preempted halfway through its prompt.
+            for (prefix_cache, prefill_step) in
+                [(false, None), (true, None), (true, Some(Duration::ZERO))]
+            {
                 let mut engine = generator.engine(EngineLimits {
                     max_total_tokens: 140,
                     max_running: 8,
                     prefix_cache,
+                    prefill_step,
                 })?;
                 let outputs = drive(&mut engine, &requests, &arrivals)?;
-                let label = format!("{name} page size {page_size} prefix cache {prefix_cache}");
+                let label = format!(
+                    "{name} page size {page_size} prefix cache {prefix_cache} \
+                     prefill step {prefill_step:?}"
+                );
                 assert!(
                     engine.preemptions() > 0,
                     "{label}: the pool never ran short"
@@ -136,6 +145,76 @@ fn late_arrivals_and_a_small_pool_with_preemption_change_no_output() -> Result<(
     Ok(())
 }
 
+/// A long prompt arriving while another request decodes is prefilled a chunk per step between
+/// its rounds: the running request gets tokens every step (no stall for the whole prompt), and
+/// both outputs equal their solo runs.
+#[test]
+fn a_long_prompt_prefills_between_the_rounds_of_a_running_request() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let options = GeneratorOptions {
+        prefill_chunk: 64,
+        ..Default::default()
+    };
+    let generator = Generator::new(&target, None, options).with_ddtree(DDTreeSpec {
+        drafter: &drafter,
+        budget: 6,
+        top_k: 6,
+    })?;
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
+    let long: Vec<TokenId> = (0..300).map(|_| rng.random_range(0..1021)).collect();
+    let requests = [greedy(&[5, 9, 2], 200), greedy(&long, 8)];
+    for (prefill_step, most_steps) in [(Some(Duration::ZERO), 300 / 16), (None, 300 / 64)] {
+        let mut engine = generator.engine(EngineLimits {
+            max_total_tokens: 1200,
+            max_running: 2,
+            prefix_cache: false,
+            prefill_step,
+        })?;
+        let short = engine.submit(requests[0].clone())?;
+        engine.step()?;
+        let long_id = engine.submit(requests[1].clone())?;
+        let (mut prefill_steps, mut stalled, mut outputs) = (0, 0, HashMap::new());
+        let mut long_prefilled = false;
+        while !engine.is_idle() {
+            let short_running = !outputs.contains_key(&short);
+            let events = engine.step()?;
+            let tokens_for = |wanted: u64| {
+                events
+                    .iter()
+                    .any(|e| matches!(e, EngineEvent::Tokens { id, .. } if *id == wanted))
+            };
+            if !long_prefilled {
+                prefill_steps += 1;
+                long_prefilled = tokens_for(long_id);
+                stalled += usize::from(short_running && !tokens_for(short));
+            }
+            for event in events {
+                if let EngineEvent::Finished { id, output } = event {
+                    outputs.insert(id, output);
+                }
+            }
+        }
+        let label = format!("prefill step {prefill_step:?}");
+        assert!(
+            prefill_steps >= most_steps,
+            "{label}: the 300-token prompt took {prefill_steps} steps"
+        );
+        assert_eq!(
+            stalled, 0,
+            "{label}: a step gave the running request nothing"
+        );
+        for (id, request) in [short, long_id].into_iter().zip(&requests) {
+            let alone = generator.generate(request, |_| {})?;
+            assert_eq!(
+                outputs[&id].token_ids, alone.token_ids,
+                "{label} request {id}"
+            );
+        }
+        assert_eq!(engine.free_pages(), engine.total_pages(), "{label}");
+    }
+    Ok(())
+}
+
 #[test]
 fn cancelling_returns_pages_and_the_others_finish_exactly() -> Result<()> {
     let (target, drafter) = golden_pair()?;
@@ -150,6 +229,7 @@ fn cancelling_returns_pages_and_the_others_finish_exactly() -> Result<()> {
         max_total_tokens: 1000,
         max_running: 4,
         prefix_cache: true,
+        prefill_step: None,
     })?;
     let ids: Vec<u64> = requests
         .iter()
@@ -192,6 +272,7 @@ fn a_request_larger_than_the_pool_is_refused_naming_the_limit() -> Result<()> {
         max_total_tokens: 64,
         max_running: 2,
         prefix_cache: true,
+        prefill_step: None,
     })?;
     let error = engine
         .submit(greedy(&[1, 2, 3], 100))

@@ -88,6 +88,7 @@ fn cached_run<'a>(
         max_total_tokens,
         max_running: 4,
         prefix_cache: true,
+        prefill_step: None,
     })?;
     let outputs = drive(&mut engine, requests, arrivals, &vec![None; requests.len()])?;
     Ok((engine, outputs))
@@ -156,6 +157,7 @@ fn a_follow_up_turn_reuses_the_answer_it_contains() -> Result<()> {
                 max_total_tokens: 1024,
                 max_running: 2,
                 prefix_cache: true,
+                prefill_step: None,
             })?;
             let first = greedy(&(1..30).collect::<Vec<TokenId>>(), 24);
             let answer = drive(&mut engine, std::slice::from_ref(&first), &[0], &[None])?
@@ -245,7 +247,7 @@ proptest! {
         let mut outputs = Vec::new();
         for prefix_cache in [false, true] {
             let mut engine = generator
-                .engine(EngineLimits { max_total_tokens: pool, max_running: 3, prefix_cache })
+                .engine(EngineLimits { max_total_tokens: pool, max_running: 3, prefix_cache, prefill_step: None })
                 .unwrap();
             outputs.push(drive(&mut engine, &requests, &arrivals, &cancels).unwrap());
             assert_pages_return(&mut engine, name);

@@ -24,6 +24,7 @@ pub(crate) const NORMAL: i64 = 1;
 pub(crate) const UNKNOWN: i64 = 2;
 
 /// Pieces, scores and a piece -> id index.
+#[derive(Clone)]
 pub struct SentencePiece {
     /// Every piece, back to back.
     text: String,

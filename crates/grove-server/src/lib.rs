@@ -9,13 +9,13 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod listener;
 pub mod metrics;
 mod protocol;
 mod routes;
 mod validate;
 mod worker;
 
-use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use grove_core::TokenId;
 
 pub use error::ApiError;
+pub use listener::{serve, ConnectionLimits};
 pub use validate::{MAX_STOP_BYTES, MAX_STOP_SEQUENCES};
 pub use worker::{EngineSettings, EngineStatus, ServedModel};
 
@@ -110,6 +111,7 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         next_id: AtomicU64::new(0),
+        validation: Arc::new(tokio::sync::Semaphore::new(routes::VALIDATION_TASKS)),
     });
     // Install the recorder before the first request records anything.
     metrics::handle();
@@ -118,23 +120,4 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
         status,
         engine_thread,
     })
-}
-
-/// Serves `router` on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Streamed events are small writes: without TCP_NODELAY, Nagle's algorithm holds each one
-    // until the client's (delayed, ~40 ms) ACK of the previous one arrives.
-    let listener = listener.tap_io(|stream| {
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "TCP_NODELAY not set");
-        }
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
 }

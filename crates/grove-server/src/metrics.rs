@@ -144,3 +144,16 @@ pub(crate) fn finished(output: &GenerateOutput, latency: Duration) {
         }
     }
 }
+
+pub(crate) fn connection_opened() {
+    gauge!("grove_open_connections").increment(1.0);
+}
+
+pub(crate) fn connection_closed() {
+    gauge!("grove_open_connections").decrement(1.0);
+}
+
+/// A connection closed at once because the cap was reached.
+pub(crate) fn connection_shed() {
+    counter!("grove_connections_shed_total").increment(1);
+}

@@ -38,7 +38,12 @@ pub(crate) struct Shared {
     pub default_algorithm: SpecAlgorithm,
     pub created: u64,
     pub next_id: AtomicU64,
+    /// Permits for requests being parsed and tokenized at once ([`VALIDATION_TASKS`]).
+    pub validation: Arc<tokio::sync::Semaphore>,
 }
+
+/// Requests parsed, templated and tokenized at once (on the blocking pool).
+pub(crate) const VALIDATION_TASKS: usize = 2;
 
 pub(crate) type AppState = Arc<Shared>;
 
@@ -109,15 +114,27 @@ async fn validate<T: serde::de::DeserializeOwned + Send + 'static>(
     endpoint: fn(&ModelLimits, (T, CommonFields)) -> Result<ValidRequest, ValidationError>,
 ) -> Result<ValidRequest, ApiError> {
     authorize(state, headers)?;
-    let request = parse_json::<T>(&body_bytes(body)?)?;
-    check_model(state, &request.1.model)?;
-    // Tokenizing a long prompt or rendering a chat template is milliseconds of CPU: it runs on
-    // the blocking pool, not on the async workers that serve every other connection.
-    let state = Arc::clone(state);
-    tokio::task::spawn_blocking(move || endpoint(&state.limits, request))
+    let body = body_bytes(body)?;
+    // Parsing a large body, rendering a chat template and tokenizing a long prompt are
+    // milliseconds to seconds of CPU: they run on the blocking pool, never on the async
+    // workers that answer every other connection (`/health` included), and at most
+    // `VALIDATION_TASKS` at a time, so a burst of huge prompts queues instead of taking every
+    // core from the engine.
+    let permit = state
+        .validation
+        .clone()
+        .acquire_owned()
         .await
-        .map_err(|error| ApiError::Internal(format!("validation task failed: {error}")))?
-        .map_err(ApiError::from)
+        .map_err(|_| ApiError::Internal("the validation pool is closed".into()))?;
+    let state = Arc::clone(state);
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let request = parse_json::<T>(&body)?;
+        check_model(&state, &request.1.model)?;
+        endpoint(&state.limits, request).map_err(ApiError::from)
+    })
+    .await
+    .map_err(|error| ApiError::Internal(format!("validation task failed: {error}")))?
 }
 
 fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {

@@ -196,8 +196,17 @@ impl ModelLimits {
                 reason: e.to_string(),
             }
         })?;
-        // The template already holds any BOS; adding special tokens would double it.
-        let prompt = self.encode(&rendered, "messages", false)?;
+        self.check_length(tokenizer, &rendered, "messages")?;
+        // Special tokens count only where the template wrote them; the template already holds
+        // any BOS (adding the post-processor's would double it).
+        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        let prompt =
+            tokenizer
+                .encode_chat(&rendered, &contents)
+                .map_err(|e| ValidationError::Tokenize {
+                    field: "messages",
+                    reason: e.to_string(),
+                })?;
         let default_max = self.max_model_len().saturating_sub(prompt.len()).max(1);
         self.finish(prompt, common, request.max_completion_tokens, default_max)
     }
@@ -220,12 +229,42 @@ impl ModelLimits {
         if text.is_empty() {
             return Err(ValidationError::Empty { field });
         }
-        self.tokenizer(field)?
+        let tokenizer = self.tokenizer(field)?;
+        self.check_length(tokenizer, text, field)?;
+        tokenizer
             .encode(text, special)
             .map_err(|e| ValidationError::Tokenize {
                 field,
                 reason: e.to_string(),
             })
+    }
+
+    /// Refuses a text far longer than any prompt may be after encoding only enough of it to
+    /// know: a multi-megabyte prompt costs milliseconds, not seconds of a tokenizer thread.
+    fn check_length(
+        &self,
+        tokenizer: &TextTokenizer,
+        text: &str,
+        field: &'static str,
+    ) -> Result<(), ValidationError> {
+        // The prompt must leave room for one new token.
+        let limit = self.max_model_len().saturating_sub(1);
+        // Text of about 4 bytes a token or fewer is encoded whole at once (once, not twice).
+        if text.len() <= 4 * limit {
+            return Ok(());
+        }
+        match tokenizer.exceeds(text, limit) {
+            Ok(Some(at_least)) => Err(ValidationError::PromptTooLong {
+                field,
+                at_least,
+                limit,
+            }),
+            Ok(None) => Ok(()),
+            Err(e) => Err(ValidationError::Tokenize {
+                field,
+                reason: e.to_string(),
+            }),
+        }
     }
 
     fn token_ids(&self, ids: &[i64]) -> Result<Vec<TokenId>, ValidationError> {

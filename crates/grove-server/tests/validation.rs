@@ -544,6 +544,27 @@ async fn overflows_name_the_prompt_when_no_max_tokens_could_fit() {
     }
 }
 
+/// A multi-megabyte prompt is refused after encoding only enough of it to know it cannot fit
+/// (issue 26, item 2), as an overflow that names the prompt.
+#[tokio::test]
+async fn a_huge_prompt_is_refused_before_all_of_it_is_tokenized() {
+    let huge = "for item in range(10): print(item)\n".repeat(90_000);
+    assert!(huge.len() > 3_000_000);
+    for (path, body, param) in [
+        (C, completion(json!({"prompt": huge})), "prompt"),
+        (
+            CHAT,
+            chat(json!({"messages": [{"role": "user", "content": huge}]})),
+            "messages",
+        ),
+    ] {
+        let body = refused(path, body, 400, BAD, Some(param)).await;
+        assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("before reading the rest"), "{message}");
+    }
+}
+
 #[tokio::test]
 async fn context_length_caps_requests_and_models_reports_the_true_ceiling() {
     // The default server: its 512-token pool, less one verify (budget 6 + 1), is the ceiling.

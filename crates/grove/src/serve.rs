@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use grove_engine::{EngineLimits, GeneratorOptions};
 use grove_model::Model;
-use grove_server::{EngineSettings, EngineStatus, ServerConfig};
+use grove_server::{ConnectionLimits, EngineSettings, EngineStatus, ServerConfig};
 
 use crate::loading::{self, ModelArgs, SpecArgs};
 
@@ -48,6 +48,12 @@ pub struct ServeArgs {
     /// Prompt tokens per prefill forward.
     #[arg(long, default_value_t = grove_engine::DEFAULT_PREFILL_CHUNK)]
     pub chunked_prefill_size: usize,
+    /// While other requests are decoding, a prompt's prefill runs in chunks of about this many
+    /// milliseconds (sized by the measured prefill rate, at most --chunked-prefill-size
+    /// tokens), one chunk per step between their rounds, so that a long prompt does not stall
+    /// running streams. 0: whole --chunked-prefill-size chunks.
+    #[arg(long, default_value_t = 400)]
+    pub prefill_step_ms: u64,
     /// Prefill every prompt in full: no sharing of a cached prefix between requests (the
     /// radix cache keeps the KV pages of earlier requests' tokens, evicting the least recently
     /// used when the pool needs room).
@@ -58,6 +64,15 @@ pub struct ServeArgs {
     /// with an error event and `[DONE]`, and the process exits 0.
     #[arg(long, default_value_t = 25)]
     pub timeout_graceful_shutdown: u64,
+    /// Seconds a connection may go without sending a complete request head (uvicorn's flag):
+    /// a new connection before its first request, a kept-alive one between requests, a client
+    /// sending its headers slowly. Then it is closed. Requests being answered are not cut.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_keep_alive: u64,
+    /// Open connections at most; past it new connections are closed at once and a warning is
+    /// logged. Default: the descriptor limit (`ulimit -n`) less 64.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -96,6 +111,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     max_total_tokens: args.max_total_tokens,
                     max_running: args.max_running_requests,
                     prefix_cache: !args.disable_radix_cache,
+                    prefill_step: (args.prefill_step_ms > 0)
+                        .then(|| std::time::Duration::from_millis(args.prefill_step_ms)),
                 },
                 max_queued: args.max_queued_requests,
                 threads,
@@ -119,7 +136,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
             listener.local_addr()?
         );
         let shutdown = graceful_shutdown(server.status.clone(), args.timeout_graceful_shutdown);
-        grove_server::serve(listener, server.router, shutdown)
+        let limits = ConnectionLimits {
+            keep_alive: Duration::from_secs(args.timeout_keep_alive),
+            max_connections: args
+                .max_connections
+                .map_or_else(ConnectionLimits::default_max_connections, |n| n as usize),
+        };
+        grove_server::serve(listener, server.router, limits, shutdown)
             .await
             .context("serving")?;
         eprintln!("grove serve: stopped");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use candle_core::Device;
 use grove_engine::{Drafter, EngineLimits, GeneratorOptions, SpecAlgorithm, SpeculationSettings};
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
-use grove_server::{EngineSettings, EngineStatus, ServedModel, ServerConfig};
+use grove_server::{ConnectionLimits, EngineSettings, EngineStatus, ServedModel, ServerConfig};
 use grove_testkit::random_checkpoint::{RandomCheckpoint, RandomDrafter};
 use serde_json::{json, Value};
 
@@ -82,6 +82,7 @@ pub fn config(
                 max_total_tokens,
                 max_running,
                 prefix_cache: true,
+                prefill_step: None,
             },
             max_queued,
             threads: 1,
@@ -98,6 +99,15 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(served: ServedModel, config: ServerConfig) -> Self {
+        let limits = ConnectionLimits {
+            keep_alive: std::time::Duration::from_secs(10),
+            max_connections: ConnectionLimits::default_max_connections(),
+        };
+        Self::start_with(served, config, limits)
+    }
+
+    /// A server whose listener has `limits`.
+    pub fn start_with(served: ServedModel, config: ServerConfig, limits: ConnectionLimits) -> Self {
         let server = grove_server::start(served, config).unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
@@ -111,7 +121,7 @@ impl TestServer {
                 .unwrap();
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                grove_server::serve(listener, router, std::future::pending())
+                grove_server::serve(listener, router, limits, std::future::pending())
                     .await
                     .unwrap();
             });

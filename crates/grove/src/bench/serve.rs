@@ -86,6 +86,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     // Every method is sent the same prompts: a cache would prefill them for the
                     // first method only.
                     prefix_cache: false,
+                    prefill_step: None,
                 },
                 max_queued: 4 * max_concurrency,
                 threads,
@@ -100,9 +101,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let points = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
+        let limits = grove_server::ConnectionLimits {
+            keep_alive: std::time::Duration::from_secs(10),
+            max_connections: grove_server::ConnectionLimits::default_max_connections(),
+        };
         tokio::spawn(grove_server::serve(
             listener,
             server.router,
+            limits,
             std::future::pending(),
         ));
         let client = reqwest::Client::new();
