@@ -99,6 +99,13 @@ pub fn scaled_dots_many<'a>(
         #[allow(unsafe_code)]
         return unsafe { scaled_dots_avx512(queries, &key, scale, out, n) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if width.is_multiple_of(LANES) && crate::cpu::allows(crate::cpu::Level::Avx2) {
+        // SAFETY: the level includes AVX2 and FMA (which `dot` uses at this level, so the
+        // bits are the same), found on this CPU.
+        #[allow(unsafe_code)]
+        return unsafe { scaled_dots_avx2(queries, &key, scale, out, n) };
+    }
     for (query, out) in queries.iter().zip(out.chunks_exact_mut(n.max(1))) {
         for (i, out) in out.iter_mut().enumerate() {
             *out = dot(query, key(i)) * scale;
@@ -162,6 +169,118 @@ unsafe fn scaled_dots_avx512<'a>(
             *out = dot(query, key(i)) * scale;
         }
     }
+}
+
+/// Keys per block of [`scaled_dots_avx2`]: one 8-wide vector of scores.
+const AVX2_KEYS: usize = 8;
+
+/// [`scaled_dots_many`] on AVX2 for queries of whole 16-lane chunks, eight keys at a time: for
+/// each key the same fused multiply-adds per lane as [`dot_fma`] (its sixteen lanes in two
+/// vectors), then the eight keys' lane vectors transposed so that `dot`'s sequential sum
+/// `((empty + lane 0) + lane 1) + ... + lane 15`, its empty tail added, runs for all eight in
+/// vector adds (a `dot` per key summed its lanes one scalar add after another: a long
+/// prompt's attention spent most of its time there).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scaled_dots_avx2<'a>(
+    queries: &[&[f32]],
+    key: &impl Fn(usize) -> &'a [f32],
+    scale: f32,
+    out: &mut [f32],
+    n: usize,
+) {
+    use std::arch::x86_64::*;
+    let width = queries[0].len();
+    let chunks = width / LANES;
+    let empty = _mm256_set1_ps([0f32; 0].iter().sum::<f32>());
+    let scales = _mm256_set1_ps(scale);
+    let mut block = 0;
+    while block + AVX2_KEYS <= n {
+        let keys: [*const f32; AVX2_KEYS] = std::array::from_fn(|k| {
+            let key = key(block + k);
+            assert_eq!(key.len(), width, "key and query differ in length");
+            key.as_ptr()
+        });
+        for (q, query) in queries.iter().enumerate() {
+            let mut low = [_mm256_setzero_ps(); AVX2_KEYS];
+            let mut high = [_mm256_setzero_ps(); AVX2_KEYS];
+            // Four keys at a time, chunk by chunk: each query chunk is loaded once for four
+            // keys, and the eight sums stay in registers.
+            for group in (0..AVX2_KEYS).step_by(4) {
+                for c in 0..chunks {
+                    // SAFETY: `c * LANES + LANES <= width` for the query and every key.
+                    let (q_low, q_high) = unsafe {
+                        (
+                            _mm256_loadu_ps(query.as_ptr().add(c * LANES)),
+                            _mm256_loadu_ps(query.as_ptr().add(c * LANES + 8)),
+                        )
+                    };
+                    for k in group..group + 4 {
+                        // SAFETY: as above.
+                        let (k_low, k_high) = unsafe {
+                            (
+                                _mm256_loadu_ps(keys[k].add(c * LANES)),
+                                _mm256_loadu_ps(keys[k].add(c * LANES + 8)),
+                            )
+                        };
+                        low[k] = _mm256_fmadd_ps(q_low, k_low, low[k]);
+                        high[k] = _mm256_fmadd_ps(q_high, k_high, high[k]);
+                    }
+                }
+            }
+            let mut total = empty;
+            for lane in transpose8(low).into_iter().chain(transpose8(high)) {
+                total = _mm256_add_ps(total, lane);
+            }
+            total = _mm256_mul_ps(_mm256_add_ps(total, empty), scales);
+            let row = &mut out[q * n..(q + 1) * n];
+            assert!(block + AVX2_KEYS <= row.len());
+            // SAFETY: `block + AVX2_KEYS <= n`, the row's length (checked).
+            unsafe { _mm256_storeu_ps(row.as_mut_ptr().add(block), total) };
+        }
+        block += AVX2_KEYS;
+    }
+    for (query, row) in queries.iter().zip(out.chunks_exact_mut(n.max(1))) {
+        for (i, out) in row.iter_mut().enumerate().skip(block) {
+            *out = dot(query, key(i)) * scale;
+        }
+    }
+}
+
+/// An 8 x 8 transpose: lane `k` of output `l` is lane `l` of row `k` (pairs of lanes, then
+/// pairs of pairs, then the 128-bit halves).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2")]
+fn transpose8(rows: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let pairs: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (rows[i & !1], rows[i | 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // Entry `4 h + m`, 128-bit half `j`: lane `4 j + m` of rows `4 h .. 4 h + 4`.
+    let quads: [__m256; 8] = std::array::from_fn(|index| {
+        let (h, m) = (index / 4, index % 4);
+        let (a, b) = (pairs[4 * h + m / 2], pairs[4 * h + 2 + m / 2]);
+        if m % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    std::array::from_fn(|l| {
+        let (low, high) = (quads[l % 4], quads[4 + l % 4]);
+        if l < 4 {
+            _mm256_permute2f128_ps::<0x20>(low, high)
+        } else {
+            _mm256_permute2f128_ps::<0x31>(low, high)
+        }
+    })
 }
 
 /// `rows` transposed: lane `k` of output `l` is lane `l` of row `k`. Pairs of 32-bit lanes,
@@ -292,6 +411,18 @@ mod tests {
                     let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
                     let mut ours = vec![f32::NAN; queries.len() * n];
                     scaled_dots_many(&queries, key, 0.125, &mut ours);
+                    // The AVX2 blocks as well, on CPUs where AVX-512 runs the call above.
+                    #[cfg(target_arch = "x86_64")]
+                    if d % LANES == 0 && crate::cpu::Level::supported() >= crate::cpu::Level::Avx2 {
+                        let mut avx2 = vec![f32::NAN; queries.len() * n];
+                        // SAFETY: the CPU has AVX2 and FMA.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            scaled_dots_avx2(&queries, &key, 0.125, &mut avx2, n)
+                        };
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&avx2), bits(&ours), "avx2, d {d}, n {n}");
+                    }
                     for (q, query) in queries.iter().enumerate() {
                         for i in 0..n {
                             let expected = dot(query, key(i)) * 0.125;
