@@ -7,7 +7,7 @@ mod sampling;
 mod stop;
 mod validation;
 
-pub use sampling::{SamplingParams, GREEDY_TEMPERATURE_EPSILON};
+pub use sampling::{SamplingDefaults, SamplingParams, GREEDY_TEMPERATURE_EPSILON};
 pub use stop::{FinishReason, StopCondition};
 pub use validation::{Naming, ValidationError};
 

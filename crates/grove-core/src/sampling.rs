@@ -16,6 +16,15 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
 }
 
+/// A checkpoint's sampling defaults (`generation_config.json`'s `temperature`, `top_p`,
+/// `top_k`, as vLLM reads them): what a request that does not set a field gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+}
+
 impl Default for SamplingParams {
     fn default() -> Self {
         Self::greedy()

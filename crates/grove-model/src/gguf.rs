@@ -91,6 +91,14 @@ impl GgufFile {
         &self.architecture
     }
 
+    /// The model's name as the file states it (`general.name`), if it does.
+    pub fn name(&self) -> Option<&str> {
+        match self.content.metadata.get("general.name") {
+            Some(Value::String(name)) if !name.trim().is_empty() => Some(name.trim()),
+            _ => None,
+        }
+    }
+
     fn config_error(&self, message: String) -> ModelError {
         ModelError::Config {
             path: self.path.clone(),

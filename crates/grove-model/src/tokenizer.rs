@@ -393,6 +393,29 @@ fn chat_environment(template: &str) -> Result<minijinja::Environment<'_>, ModelE
     Ok(env)
 }
 
+/// Sampling defaults declared by a checkpoint's `generation_config.json` (none without the
+/// file). `do_sample: false` means greedy, as transformers reads it.
+pub fn generation_sampling(directory: &Path) -> Result<grove_core::SamplingDefaults, ModelError> {
+    let path = directory.join("generation_config.json");
+    let Some(config) = read_json_if_present(&path)? else {
+        return Ok(grove_core::SamplingDefaults::default());
+    };
+    let number = |key: &str| config.get(key).and_then(Value::as_f64).map(|v| v as f32);
+    let greedy = config.get("do_sample").and_then(Value::as_bool) == Some(false);
+    Ok(grove_core::SamplingDefaults {
+        temperature: if greedy {
+            Some(0.0)
+        } else {
+            number("temperature")
+        },
+        top_p: number("top_p"),
+        top_k: config
+            .get("top_k")
+            .and_then(Value::as_u64)
+            .map(|k| k as usize),
+    })
+}
+
 /// Stop token ids declared by a checkpoint: `generation_config.json`'s `eos_token_id` (one or a
 /// list), else `config.json`'s.
 pub fn generation_stop_ids(
@@ -446,6 +469,26 @@ mod tests {
             role: role.into(),
             content: content.into(),
         }
+    }
+
+    #[test]
+    fn sampling_defaults_come_from_generation_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |text: &str| std::fs::write(dir.path().join("generation_config.json"), text);
+        assert_eq!(
+            generation_sampling(dir.path()).unwrap(),
+            grove_core::SamplingDefaults::default()
+        );
+        write(r#"{"do_sample": true, "temperature": 0.7, "top_p": 0.8, "top_k": 20}"#).unwrap();
+        let defaults = generation_sampling(dir.path()).unwrap();
+        assert_eq!(defaults.temperature, Some(0.7));
+        assert_eq!(defaults.top_p, Some(0.8));
+        assert_eq!(defaults.top_k, Some(20));
+        write(r#"{"do_sample": false, "temperature": 0.7}"#).unwrap();
+        assert_eq!(
+            generation_sampling(dir.path()).unwrap().temperature,
+            Some(0.0)
+        );
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub struct ServerConfig {
     /// The longest prompt + completion accepted (`--context-length`; default and at most the
     /// model's `max_position_embeddings`).
     pub context_length: Option<usize>,
+    /// Sampling for fields a request leaves out (the checkpoint's `generation_config.json`).
+    pub sampling_defaults: grove_core::SamplingDefaults,
     pub engine: EngineSettings,
 }
 
@@ -102,6 +104,7 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
             verify_rows: engine.verify_rows,
             stop_token_ids: config.stop_token_ids,
             tokenizer,
+            sampling_defaults: config.sampling_defaults,
         },
         api_key: config.api_key,
         commands,

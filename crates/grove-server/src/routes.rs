@@ -58,7 +58,24 @@ pub(crate) fn router(state: AppState) -> Router {
         // Also answers OPTIONS: grove sends no CORS headers (browsers go through a proxy).
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(access_log))
         .with_state(state)
+}
+
+/// The access line of every request: method, path, status and the time to the response's
+/// head (a stream's tokens and total time are in the engine's line when it finishes).
+/// Health checks and scrapes are logged at debug level: they come every few seconds.
+async fn access_log(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let start = Instant::now();
+    let response = next.run(request).await;
+    let (status, seconds) = (response.status().as_u16(), start.elapsed().as_secs_f64());
+    if matches!(path.as_str(), "/health" | "/metrics") {
+        tracing::debug!("{method} {path} {status} {seconds:.3} s");
+    } else {
+        tracing::info!("{method} {path} {status} {seconds:.3} s");
+    }
+    response
 }
 
 /// Which OpenAI endpoint a response is for.

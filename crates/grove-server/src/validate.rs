@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use grove_core::{SamplingParams, StopCondition, TokenId, ValidationError};
+use grove_core::{SamplingDefaults, SamplingParams, StopCondition, TokenId, ValidationError};
 use grove_engine::{GenerateRequest, SpeculationOverride};
 use grove_model::{ChatMessage, TextTokenizer};
 use serde::de::DeserializeOwned;
@@ -33,6 +33,8 @@ pub struct ModelLimits {
     pub verify_rows: usize,
     pub stop_token_ids: Vec<TokenId>,
     pub tokenizer: Option<Arc<TextTokenizer>>,
+    /// What a request that leaves a sampling field out gets.
+    pub sampling_defaults: SamplingDefaults,
 }
 
 impl ModelLimits {
@@ -314,7 +316,7 @@ impl ModelLimits {
         Ok(ValidRequest {
             generate: GenerateRequest {
                 prompt,
-                sampling: sampling(&common)?,
+                sampling: sampling(&common, self.sampling_defaults)?,
                 stop: StopCondition {
                     max_new_tokens,
                     stop_token_ids: if common.ignore_eos {
@@ -416,8 +418,14 @@ fn at_least_one(field: &'static str, value: i64) -> Result<usize, ValidationErro
     }
 }
 
-fn sampling(common: &CommonFields) -> Result<SamplingParams, ValidationError> {
-    let temperature = common.temperature.unwrap_or(1.0);
+/// The request's sampling: its own fields, else the checkpoint's defaults, else OpenAI's.
+fn sampling(
+    common: &CommonFields,
+    defaults: SamplingDefaults,
+) -> Result<SamplingParams, ValidationError> {
+    let temperature = common
+        .temperature
+        .unwrap_or(defaults.temperature.map_or(1.0, f64::from));
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ValidationError::OutOfRange {
             field: "temperature",
@@ -425,7 +433,9 @@ fn sampling(common: &CommonFields) -> Result<SamplingParams, ValidationError> {
             value: temperature.to_string(),
         });
     }
-    let top_p = common.top_p.unwrap_or(1.0);
+    let top_p = common
+        .top_p
+        .unwrap_or(defaults.top_p.map_or(1.0, f64::from));
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ValidationError::OutOfRange {
             field: "top_p",
@@ -434,7 +444,8 @@ fn sampling(common: &CommonFields) -> Result<SamplingParams, ValidationError> {
         });
     }
     let top_k = match common.top_k {
-        None | Some(-1) | Some(0) => 0,
+        None => defaults.top_k.unwrap_or(0),
+        Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
         Some(k) => {
             return Err(ValidationError::OutOfRange {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use grove_core::TokenId;
 use grove_engine::{
@@ -113,6 +113,7 @@ impl EngineStatus {
 struct Client {
     events: UnboundedSender<WorkerEvent>,
     received: Instant,
+    prompt_tokens: usize,
     /// When the last step that chose tokens for it ended.
     last_tokens: Option<Instant>,
 }
@@ -154,6 +155,7 @@ pub(crate) fn run(
     });
     drop(ready);
     let mut clients: HashMap<RequestId, Client> = HashMap::new();
+    let mut throughput = Throughput::new();
     loop {
         // Idle: sleep until a request arrives. Busy: take whatever arrived since the last step.
         if engine.is_idle() {
@@ -188,7 +190,7 @@ pub(crate) fn run(
             match engine.step() {
                 Ok(events) => {
                     metrics::step(engine.last_step(), step_start.elapsed());
-                    dispatch(events, &mut clients);
+                    dispatch(events, &mut clients, &mut throughput);
                 }
                 Err(error) => {
                     // The batch is in an unknown state: fail every request, keep serving.
@@ -202,8 +204,28 @@ pub(crate) fn run(
             }
         }
         status.publish(&engine);
+        throughput.report(&engine);
     }
     Ok(())
+}
+
+/// One line per finished request: how it ended, its tokens and its time.
+fn log_finished(id: RequestId, output: &GenerateOutput, latency: Duration) {
+    let stats = &output.stats;
+    tracing::info!(
+        "request {id}: finish={}, {} prompt tokens ({} cached) + {} generated in {:.2} s, \
+         {} rounds, tau {:.2}",
+        match output.finish_reason {
+            grove_core::FinishReason::Stop => "stop",
+            grove_core::FinishReason::Length => "length",
+        },
+        stats.prompt_tokens,
+        stats.cached_tokens,
+        stats.new_tokens,
+        latency.as_secs_f64(),
+        stats.rounds,
+        stats.mean_accept_length
+    );
 }
 
 /// Ends every request with `error` (their pages return).
@@ -254,6 +276,7 @@ fn submit(
             limit: settings.max_queued,
         });
     }
+    let prompt_tokens = submission.request.prompt.len();
     match engine.submit(submission.request) {
         Ok(id) => {
             let _ = submission.events.send(WorkerEvent::Accepted);
@@ -262,6 +285,7 @@ fn submit(
                 Client {
                     events: submission.events,
                     received: submission.received,
+                    prompt_tokens,
                     last_tokens: None,
                 },
             );
@@ -270,13 +294,61 @@ fn submit(
     }
 }
 
-fn dispatch(events: Vec<EngineEvent>, clients: &mut HashMap<RequestId, Client>) {
+/// The periodic throughput line, as vLLM and llama-server print one: tokens prefilled and
+/// generated since the last line, and the engine's state.
+struct Throughput {
+    since: Instant,
+    prompt: usize,
+    generated: usize,
+}
+
+impl Throughput {
+    const INTERVAL: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        Self {
+            since: Instant::now(),
+            prompt: 0,
+            generated: 0,
+        }
+    }
+
+    /// Logs the line when the interval has passed and anything ran since the last.
+    fn report(&mut self, engine: &Engine<'_>) {
+        let elapsed = self.since.elapsed();
+        if elapsed < Self::INTERVAL {
+            return;
+        }
+        if self.prompt + self.generated > 0 || !engine.is_idle() {
+            let seconds = elapsed.as_secs_f64();
+            let total = engine.total_pages().max(1);
+            tracing::info!(
+                "throughput: prompt {:.1} tok/s, generation {:.1} tok/s, running {}, waiting {}, \
+                 KV {:.1}% used ({} cached pages)",
+                self.prompt as f64 / seconds,
+                self.generated as f64 / seconds,
+                engine.running(),
+                engine.waiting(),
+                100.0 * (total - engine.free_pages().min(total)) as f64 / total as f64,
+                engine.cached_pages()
+            );
+        }
+        *self = Self::new();
+    }
+}
+
+fn dispatch(
+    events: Vec<EngineEvent>,
+    clients: &mut HashMap<RequestId, Client>,
+    throughput: &mut Throughput,
+) {
     let now = Instant::now();
     for event in events {
         match event {
             EngineEvent::Started { id } => {
                 if let Some(client) = clients.get(&id) {
                     metrics::queue_time(now - client.received);
+                    throughput.prompt += client.prompt_tokens;
                 }
             }
             EngineEvent::Tokens { id, tokens } => {
@@ -290,6 +362,7 @@ fn dispatch(events: Vec<EngineEvent>, clients: &mut HashMap<RequestId, Client>) 
                     Some(last) => metrics::inter_token_latency(now - last),
                 }
                 client.last_tokens = Some(now);
+                throughput.generated += tokens.len();
                 // A send fails only when the client is gone; it is cancelled before the next step.
                 let _ = client.events.send(WorkerEvent::Tokens(tokens));
             }
@@ -303,6 +376,7 @@ fn dispatch(events: Vec<EngineEvent>, clients: &mut HashMap<RequestId, Client>) 
                     continue;
                 };
                 metrics::finished(&output, now - client.received);
+                log_finished(id, &output, now - client.received);
                 let _ = client.events.send(WorkerEvent::Finished(output));
             }
         }

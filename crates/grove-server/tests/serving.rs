@@ -270,3 +270,46 @@ async fn clients_that_hang_up_free_their_pages_and_others_carry_on() {
         "{metrics}"
     );
 }
+
+/// Sampling fields a request leaves out come from the checkpoint's `generation_config.json`
+/// (here: greedy, as `do_sample: false` says), not OpenAI's T = 1.0; fields it sets win.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_defaults_fill_the_fields_a_request_leaves_out() {
+    let mut settings = config("golden", 4, 2048, 4, 8);
+    settings.sampling_defaults = grove_core::SamplingDefaults {
+        temperature: Some(0.0),
+        top_p: None,
+        top_k: None,
+    };
+    let server = TestServer::start(golden_served(), settings);
+    let prompt = [970, 881, 849, 832, 613];
+    let body = |extra: Value| {
+        let mut body = json!({"model": "golden", "prompt": prompt, "max_tokens": 24,
+                              "return_token_ids": true});
+        for (key, value) in extra.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        body
+    };
+    let (_, greedy) = server
+        .post("/v1/completions", body(json!({"temperature": 0})))
+        .await;
+    // Left out: greedy, twice the same, and the explicit greedy answer.
+    for _ in 0..2 {
+        let (status, answer) = server.post("/v1/completions", body(json!({}))).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(token_ids(&answer), token_ids(&greedy));
+    }
+    // Set by the request: sampled (two seeds, two different answers at T = 1.5).
+    let sampled: Vec<Vec<u64>> = futures_util::future::join_all((1..=2).map(|seed| {
+        server.post(
+            "/v1/completions",
+            body(json!({"temperature": 1.5, "seed": seed})),
+        )
+    }))
+    .await
+    .iter()
+    .map(|(_, answer)| token_ids(answer))
+    .collect();
+    assert_ne!(sampled[0], sampled[1]);
+}

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use grove_core::{SamplingParams, StopCondition, TokenId};
+use grove_core::{FinishReason, SamplingParams, StopCondition, TokenId};
 use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
 use grove_model::ChatMessage;
 
@@ -35,16 +35,19 @@ pub struct GenerateArgs {
     /// Wrap the prompt as a user turn in the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    #[arg(long, default_value_t = 64)]
-    pub max_new_tokens: usize,
-    /// 0 means greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// 0 disables top-k.
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
+    /// Tokens to generate at most; default: until a stop token, capped by the model's context
+    /// (llama.cpp's `-n -1`).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// 0 means greedy. Default: the checkpoint's `generation_config.json`, else 0.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Default: the checkpoint's `generation_config.json`, else 1 (off).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// 0 disables top-k. Default: the checkpoint's `generation_config.json`, else 0.
+    #[arg(long)]
+    pub top_k: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// Stop when this text appears (repeatable); it is not included in the output.
@@ -97,16 +100,21 @@ fn generate(args: &GenerateArgs) -> Result<()> {
     } else {
         loaded.stop_token_ids()?
     };
+    let defaults = loaded.sampling_defaults()?;
+    let context = grove_model::Model::config(&loaded.model).max_position_embeddings;
+    let max_new_tokens = args
+        .max_new_tokens
+        .unwrap_or_else(|| context.saturating_sub(prompt.len()).max(1));
     let request = GenerateRequest {
         prompt,
         sampling: SamplingParams {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
+            temperature: args.temperature.or(defaults.temperature).unwrap_or(0.0),
+            top_k: args.top_k.or(defaults.top_k).unwrap_or(0),
+            top_p: args.top_p.or(defaults.top_p).unwrap_or(1.0),
             seed: args.seed,
         },
         stop: StopCondition {
-            max_new_tokens: args.max_new_tokens,
+            max_new_tokens,
             stop_token_ids,
             stop_strings: args.stop.clone(),
         },
@@ -142,22 +150,34 @@ fn generate(args: &GenerateArgs) -> Result<()> {
             } else {
                 println!();
             }
-            let s = &output.stats;
-            eprintln!(
-                "[grove] {} prompt + {} new tokens, finish {:?}, {} rounds, tau {:.2}, prefill {:.1} tok/s, decode {:.1} tok/s (draft {:.1} ms, verify {:.1} ms, commit {:.1} ms), {}",
-                s.prompt_tokens,
-                s.new_tokens,
-                output.finish_reason,
-                s.rounds,
-                s.mean_accept_length,
-                s.prefill_tokens_per_s,
-                s.decode_tokens_per_s,
-                s.t_draft_us as f64 / 1e3,
-                s.t_verify_us as f64 / 1e3,
-                s.t_commit_us as f64 / 1e3,
-                crate::kernels_line()
-            );
+            eprintln!("{}", stats_line(&output, args.max_new_tokens.is_some()));
         }
     }
     Ok(())
+}
+
+/// The summary `--format text` prints to stderr: why it stopped, the mean tokens a round
+/// accepted (tau), the speeds and where a round's time went.
+fn stats_line(output: &grove_engine::GenerateOutput, max_given: bool) -> String {
+    let s = &output.stats;
+    let finish = match (output.finish_reason, max_given) {
+        (FinishReason::Stop, _) => "finish=stop",
+        (FinishReason::Length, true) => "finish=length (cut at --max-new-tokens)",
+        (FinishReason::Length, false) => "finish=length (cut: the context is full)",
+    };
+    format!(
+        "[grove] {} prompt + {} new tokens, {finish}, {} rounds, {:.2} tokens accepted per \
+         round (tau), prefill {:.1} tok/s, decode {:.1} tok/s (draft {:.1} ms, verify {:.1} ms, \
+         commit {:.1} ms), {}",
+        s.prompt_tokens,
+        s.new_tokens,
+        s.rounds,
+        s.mean_accept_length,
+        s.prefill_tokens_per_s,
+        s.decode_tokens_per_s,
+        s.t_draft_us as f64 / 1e3,
+        s.t_verify_us as f64 / 1e3,
+        s.t_commit_us as f64 / 1e3,
+        crate::kernels_line()
+    )
 }

@@ -8,7 +8,7 @@ use clap::Args;
 use grove_core::TokenId;
 use grove_engine::{Drafter, Generator, SpeculationSettings};
 use grove_model::drafter_manifest::{find_drafter, DrafterManifest, TargetFingerprint};
-use grove_model::tokenizer::generation_stop_ids;
+use grove_model::tokenizer::{generation_sampling, generation_stop_ids};
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use grove_server::ServedModel;
 use grove_testkit::random_checkpoint::RandomCheckpoint;
@@ -42,8 +42,9 @@ pub const TINY_MODEL_SEED: u64 = 20261129;
 /// Flags every model-running subcommand takes.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// A HF checkpoint directory (config.json + safetensors [+ tokenizer.json]); default: the
-    /// embedded tiny model.
+    /// A llama.cpp GGUF file, or a HF checkpoint directory (config.json + safetensors
+    /// [+ tokenizer.json]); default: the embedded default pair's target (a small trained
+    /// Python model, whose drafter speculation picks up).
     #[arg(long)]
     pub model_path: Option<PathBuf>,
     /// Compute threads (rayon and candle's matmuls); default: all cores.
@@ -125,8 +126,9 @@ pub struct SpecArgs {
     /// DDTree: candidates per depth; default: the budget.
     #[arg(long)]
     pub speculative_ddtree_topk: Option<usize>,
-    /// Vocabulary shards for the per-depth top-K (in-process for now); results are identical
-    /// for any count.
+    /// Vocabulary shards for the drafter's per-depth top-K, computed in this process (SGLang's
+    /// vocab-parallel LM head, not tensor parallelism: grove runs on one device); results are
+    /// identical for any count.
     #[arg(long, default_value_t = 1)]
     pub tp_size: usize,
 }
@@ -229,6 +231,11 @@ impl Loaded {
             drafter: drafter.map(|d| Box::new(d) as Box<dyn Drafter>),
             tokenizer: self.tokenizer.map(std::sync::Arc::new),
         }
+    }
+
+    /// Sampling defaults from the checkpoint's `generation_config.json` (none for a GGUF file).
+    pub fn sampling_defaults(&self) -> Result<grove_core::SamplingDefaults> {
+        Ok(generation_sampling(&self.dir)?)
     }
 
     /// The ids that end generation: the checkpoint's `eos_token_id`s and the tokenizer's EOS.

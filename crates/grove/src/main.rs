@@ -25,6 +25,12 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log level: error, warn, info, debug or trace (or tracing directives such as
+    /// `grove_server=debug`). Default: info for `serve` (an access line per request, one per
+    /// finished request, a throughput line every 10 s), warn otherwise; `RUST_LOG` is read when
+    /// this is not given.
+    #[arg(long, global = true)]
+    log_level: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,9 +69,26 @@ pub fn kernels_line() -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    let filter = match (&cli.log_level, std::env::var("RUST_LOG")) {
+        (Some(level), _) => tracing_subscriber::EnvFilter::try_new(level),
+        (None, Ok(directives)) => tracing_subscriber::EnvFilter::try_new(directives),
+        (None, Err(_)) => tracing_subscriber::EnvFilter::try_new(default_level),
+    };
+    let filter = match filter {
+        Ok(filter) => filter,
+        Err(error) => {
+            eprintln!("error: --log-level: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // A bad GROVE_KERNEL is an error here, before any kernel would panic on it.
     if let Err(error) = grove_kernels::cpu::Level::from_env() {

@@ -42,7 +42,8 @@ pub struct ServeArgs {
     /// this and what the KV pool can hold for one request as `max_model_len`.
     #[arg(long)]
     pub context_length: Option<usize>,
-    /// The model name clients send (default: the model directory's name).
+    /// The model name clients send and `/v1/models` lists (default: `grove-default` for the
+    /// embedded pair, a GGUF file's `general.name`, a checkpoint directory's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// Prompt tokens per prefill forward.
@@ -80,12 +81,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let loaded = loading::load(&args.model)?;
     let drafter = args.spec.load_drafter(&loaded)?;
     let stop_token_ids = loaded.stop_token_ids()?;
-    let model_name = args.served_model_name.clone().unwrap_or_else(|| {
-        loaded
-            .dir
-            .file_name()
-            .map_or_else(|| "grove".into(), |n| n.to_string_lossy().into_owned())
-    });
+    let sampling_defaults = loaded.sampling_defaults()?;
+    let model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| default_model_name(&loaded.dir));
     let config = loaded.model.config();
     let kv_bytes_per_token = config.num_layers * 2 * config.kv_width() * 4;
     eprintln!(
@@ -100,6 +100,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             api_key: args.api_key.clone(),
             stop_token_ids,
             context_length: args.context_length,
+            sampling_defaults,
             engine: EngineSettings {
                 options: GeneratorOptions {
                     page_size: args.model.page_size,
@@ -148,6 +149,28 @@ pub fn run(args: ServeArgs) -> Result<()> {
         eprintln!("grove serve: stopped");
         Ok(())
     })
+}
+
+/// The name clients send when `--served-model-name` is not given: `grove-default` for the
+/// embedded default pair, a GGUF file's `general.name` (else its file name without
+/// `.gguf`), a checkpoint directory's name.
+fn default_model_name(path: &std::path::Path) -> String {
+    if path == std::path::Path::new(loading::DEFAULT_MODEL_DIR) {
+        return "grove-default".into();
+    }
+    if grove_model::gguf::is_gguf(path) {
+        let stated = grove_model::gguf::GgufFile::open(path)
+            .ok()
+            .and_then(|file| file.name().map(str::to_owned));
+        if let Some(name) = stated {
+            return name;
+        }
+        if let Some(stem) = path.file_stem() {
+            return stem.to_string_lossy().into_owned();
+        }
+    }
+    path.file_name()
+        .map_or_else(|| "grove".into(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Resolves at the first SIGTERM or SIGINT (what Docker, Kubernetes and systemd send, and

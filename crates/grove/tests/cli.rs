@@ -115,6 +115,33 @@ fn the_embedded_default_pair_generates_text_and_chat() {
     assert_eq!(json["stats"]["prompt_tokens"], 1 + 5 + 2 + 1 + 1 + 1 + 10);
 }
 
+/// Without `--max-new-tokens`, generation runs until a stop token or the full context (as
+/// llama.cpp's `-n -1`), and the stats line says which cut it.
+#[test]
+fn generate_defaults_to_the_context_and_says_why_it_stopped() {
+    let output = grove(&["generate", "--prompt", "def fib(n):", "--ignore-eos"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let log = stderr(&output);
+    // The default pair's context is 1024 tokens; the prompt is 6 of them.
+    assert!(
+        log.contains("1018 new tokens") && log.contains("finish=length (cut: the context is full)"),
+        "{log}"
+    );
+    let output = grove(&[
+        "generate",
+        "--prompt",
+        "def fib(n):",
+        "--max-new-tokens",
+        "3",
+    ]);
+    let log = stderr(&output);
+    assert!(
+        log.contains("finish=length (cut at --max-new-tokens)"),
+        "{log}"
+    );
+    assert!(log.contains("tokens accepted per round (tau)"), "{log}");
+}
+
 #[test]
 fn chat_template_flag_replaces_the_models_template_and_bad_ones_are_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -144,7 +144,7 @@ fn sigterm_ends_running_streams_cleanly_and_exits_zero() {
         "--max-running-requests",
         "1",
     ]);
-    let long = r#"{"model": "target", "prompt": "x", "max_tokens": 1000, "ignore_eos": true,
+    let long = r#"{"model": "grove-default", "prompt": "x", "max_tokens": 1000, "ignore_eos": true,
                   "stream": true}"#;
     let streams: Vec<_> = (0..8)
         .map(|_| {

@@ -71,6 +71,7 @@ pub fn config(
         api_key: None,
         stop_token_ids: vec![],
         context_length: None,
+        sampling_defaults: Default::default(),
         engine: EngineSettings {
             options: GeneratorOptions::default(),
             speculation: SpeculationSettings {

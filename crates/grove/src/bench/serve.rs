@@ -74,6 +74,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             api_key: None,
             stop_token_ids: Vec::new(),
             context_length: None,
+            sampling_defaults: Default::default(),
             engine: EngineSettings {
                 options: GeneratorOptions {
                     page_size: args.model.page_size,
