@@ -134,11 +134,7 @@ unsafe fn scaled_dots_avx512<'a>(
     let scales = _mm512_set1_ps(scale);
     let mut block = 0;
     while block + LANES <= n {
-        let keys: [*const f32; LANES] = std::array::from_fn(|k| {
-            let key = key(block + k);
-            assert_eq!(key.len(), width, "key and query differ in length");
-            key.as_ptr()
-        });
+        let keys: [*const f32; LANES] = block_keys(key, block, width);
         for (q, query) in queries.iter().enumerate() {
             // Chunk by chunk across the sixteen keys: sixteen independent chains of
             // multiply-adds (one key at a time waited on its own chain's latency).
@@ -164,8 +160,33 @@ unsafe fn scaled_dots_avx512<'a>(
         }
         block += LANES;
     }
+    dots_from(queries, key, scale, out, n, block);
+}
+
+/// The addresses of keys `block..block + N`, each checked to be `width` long.
+fn block_keys<'a, const N: usize>(
+    key: &impl Fn(usize) -> &'a [f32],
+    block: usize,
+    width: usize,
+) -> [*const f32; N] {
+    std::array::from_fn(|k| {
+        let key = key(block + k);
+        assert_eq!(key.len(), width, "key and query differ in length");
+        key.as_ptr()
+    })
+}
+
+/// The keys past the vector blocks (`first..n`), a [`dot`] each.
+fn dots_from<'a>(
+    queries: &[&[f32]],
+    key: &impl Fn(usize) -> &'a [f32],
+    scale: f32,
+    out: &mut [f32],
+    n: usize,
+    first: usize,
+) {
     for (query, row) in queries.iter().zip(out.chunks_exact_mut(n.max(1))) {
-        for (i, out) in row.iter_mut().enumerate().skip(block) {
+        for (i, out) in row.iter_mut().enumerate().skip(first) {
             *out = dot(query, key(i)) * scale;
         }
     }
@@ -197,11 +218,7 @@ unsafe fn scaled_dots_avx2<'a>(
     let scales = _mm256_set1_ps(scale);
     let mut block = 0;
     while block + AVX2_KEYS <= n {
-        let keys: [*const f32; AVX2_KEYS] = std::array::from_fn(|k| {
-            let key = key(block + k);
-            assert_eq!(key.len(), width, "key and query differ in length");
-            key.as_ptr()
-        });
+        let keys: [*const f32; AVX2_KEYS] = block_keys(key, block, width);
         for (q, query) in queries.iter().enumerate() {
             let mut low = [_mm256_setzero_ps(); AVX2_KEYS];
             let mut high = [_mm256_setzero_ps(); AVX2_KEYS];
@@ -241,11 +258,7 @@ unsafe fn scaled_dots_avx2<'a>(
         }
         block += AVX2_KEYS;
     }
-    for (query, row) in queries.iter().zip(out.chunks_exact_mut(n.max(1))) {
-        for (i, out) in row.iter_mut().enumerate().skip(block) {
-            *out = dot(query, key(i)) * scale;
-        }
-    }
+    dots_from(queries, key, scale, out, n, block);
 }
 
 /// An 8 x 8 transpose: lane `k` of output `l` is lane `l` of row `k` (pairs of lanes, then
