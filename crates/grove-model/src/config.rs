@@ -25,6 +25,26 @@ pub enum Family {
 impl Family {
     const SUPPORTED: &'static str = "qwen3, qwen2, llama, gemma3_text";
 
+    /// HF's `model_type` of the family.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Qwen3 => "qwen3",
+            Self::Qwen2 => "qwen2",
+            Self::Llama => "llama",
+            Self::Gemma3 => "gemma3_text",
+        }
+    }
+
+    /// HF's architecture class of the family's causal LMs (`config.json`'s `architectures`).
+    pub fn architecture(self) -> &'static str {
+        match self {
+            Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Llama => "LlamaForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
+        }
+    }
+
     fn from_model_type(model_type: &str) -> Option<Self> {
         match model_type {
             "qwen3" => Some(Self::Qwen3),

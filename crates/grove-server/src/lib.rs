@@ -30,6 +30,10 @@ pub use worker::{EngineSettings, EngineStatus, ServedModel};
 /// Server settings beyond the engine's.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
+    /// Where the model was loaded from (a directory or a GGUF file), and the drafter: what
+    /// `/server_info` and `/model_info` report to a gateway.
+    pub model_path: String,
+    pub drafter_path: Option<String>,
     /// The name clients pass as `model` and `GET /v1/models` lists.
     pub model_name: String,
     /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
@@ -95,7 +99,18 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
             })
         }
     };
+    let worker = routes::WorkerFacts {
+        model_path: config.model_path,
+        drafter_path: config.drafter_path,
+        model_type: model_config.family.model_type(),
+        architecture: model_config.family.architecture(),
+        max_running_requests: config.engine.limits.max_running,
+        page_size: config.engine.options.page_size,
+        chunked_prefill_size: config.engine.options.prefill_chunk,
+        prefix_cache: config.engine.limits.prefix_cache,
+    };
     let state = Arc::new(routes::Shared {
+        worker,
         limits: validate::ModelLimits {
             name: config.model_name,
             context,

@@ -29,8 +29,21 @@ use crate::protocol::{
 use crate::validate::{parse_json, ModelLimits, ValidRequest};
 use crate::worker::{EngineStatus, Submission, WorkerEvent};
 
+/// What a gateway asks a worker about (SGLang's `/server_info` and `/model_info`).
+pub(crate) struct WorkerFacts {
+    pub model_path: String,
+    pub drafter_path: Option<String>,
+    pub model_type: &'static str,
+    pub architecture: &'static str,
+    pub max_running_requests: usize,
+    pub page_size: usize,
+    pub chunked_prefill_size: usize,
+    pub prefix_cache: bool,
+}
+
 /// What every handler shares.
 pub(crate) struct Shared {
+    pub worker: WorkerFacts,
     pub limits: ModelLimits,
     pub api_key: Option<String>,
     pub commands: Sender<Submission>,
@@ -53,6 +66,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        // SGLang's worker metadata, which sglang-router reads when a worker registers (and
+        // the older names it falls back to).
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
         .route("/metrics", get(metrics_page))
         .fallback(fallback)
         // Also answers OPTIONS: grove sends no CORS headers (browsers go through a proxy).
@@ -426,6 +445,50 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
         max_model_len: state.limits.max_model_len(),
     };
     Json(json!({"object": "list", "data": [card]})).into_response()
+}
+
+/// The server's configuration in SGLang's `/server_info` names where they exist, grove's own
+/// beside them.
+async fn server_info(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(error) = authorize(&state, &headers) {
+        return error.into_response();
+    }
+    let (worker, limits) = (&state.worker, &state.limits);
+    Json(json!({
+        "version": concat!("grove ", env!("CARGO_PKG_VERSION")),
+        "model_path": worker.model_path,
+        "served_model_name": limits.name,
+        "tokenizer_path": limits.tokenizer.as_ref().map(|_| &worker.model_path),
+        "tp_size": 1,
+        "dp_size": 1,
+        "context_length": limits.context,
+        "max_model_len": limits.max_model_len(),
+        "max_total_tokens": limits.kv_tokens,
+        "max_running_requests": worker.max_running_requests,
+        "page_size": worker.page_size,
+        "chunked_prefill_size": worker.chunked_prefill_size,
+        "disable_radix_cache": !worker.prefix_cache,
+        "speculative_algorithm": state.default_algorithm,
+        "speculative_draft_model_path": worker.drafter_path,
+        "max_verify_rows": limits.verify_rows,
+    }))
+    .into_response()
+}
+
+/// What model this worker runs, in SGLang's `/model_info` names.
+async fn model_info(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(error) = authorize(&state, &headers) {
+        return error.into_response();
+    }
+    let worker = &state.worker;
+    Json(json!({
+        "model_path": worker.model_path,
+        "tokenizer_path": state.limits.tokenizer.as_ref().map(|_| &worker.model_path),
+        "is_generation": true,
+        "model_type": worker.model_type,
+        "architectures": [worker.architecture],
+    }))
+    .into_response()
 }
 
 async fn health(State(state): State<AppState>) -> Response {

@@ -313,3 +313,30 @@ async fn sampling_defaults_fill_the_fields_a_request_leaves_out() {
     .collect();
     assert_ne!(sampled[0], sampled[1]);
 }
+
+/// What sglang-router reads when a worker registers: `/server_info` and `/model_info` (and the
+/// older `/get_*` names it falls back to) carry the served name, the model and its limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_metadata_answers_what_the_gateway_asks() {
+    let server = TestServer::start(golden_served(), config("golden", 4, 2048, 3, 8));
+    for path in ["/server_info", "/get_server_info"] {
+        let (status, body) = server.get(path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let info: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(info["served_model_name"], "golden");
+        assert_eq!(info["model_path"], "golden (test)");
+        assert_eq!(info["tp_size"], 1);
+        assert_eq!(info["max_running_requests"], 3);
+        assert_eq!(info["max_total_tokens"], 2048);
+        assert_eq!(info["speculative_algorithm"], "ddtree");
+        assert!(info["version"].as_str().unwrap().starts_with("grove "));
+    }
+    for path in ["/model_info", "/get_model_info"] {
+        let (status, body) = server.get(path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let info: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(info["is_generation"], true);
+        assert_eq!(info["model_type"], "qwen3");
+        assert_eq!(info["architectures"], json!(["Qwen3ForCausalLM"]));
+    }
+}

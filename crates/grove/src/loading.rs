@@ -136,6 +136,16 @@ pub struct SpecArgs {
 impl SpecArgs {
     /// Loads the drafter the flags ask for, checked against the target.
     pub fn load_drafter(&self, loaded: &Loaded) -> Result<Option<DFlashDrafter>> {
+        match self.drafter_path(loaded)? {
+            Some(path) => self.load_drafter_from(loaded, &path).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Where the drafter the flags ask for is (checked against the target when a flag named
+    /// it): the flag's directory, the default pair's own, or one trained for this target under
+    /// the drafters directory; `None` when nothing is drafted.
+    pub fn drafter_path(&self, loaded: &Loaded) -> Result<Option<PathBuf>> {
         let path = match (
             self.speculative_algorithm,
             &self.speculative_draft_model_path,
@@ -160,15 +170,15 @@ impl SpecArgs {
                     )
                 };
                 eprintln!("drafter: {} (trained for this target)", found.display());
-                return self.load_drafter_from(loaded, &found).map(Some);
+                return Ok(Some(found));
             }
             (_, Some(path)) => path.as_path(),
         };
         DrafterManifest::check(path, &loaded.fingerprint())?;
-        self.load_drafter_from(loaded, path).map(Some)
+        Ok(Some(path.to_owned()))
     }
 
-    fn load_drafter_from(&self, loaded: &Loaded, path: &Path) -> Result<DFlashDrafter> {
+    pub fn load_drafter_from(&self, loaded: &Loaded, path: &Path) -> Result<DFlashDrafter> {
         let tokenizer = loaded.tokenizer.as_ref();
         let resolve = |token: &str| tokenizer.and_then(|t| t.token_to_id(token));
         DFlashDrafter::load(path, &loaded.model, resolve, &Device::Cpu)

@@ -79,13 +79,18 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> Result<()> {
     let threads = loading::resolve_threads(args.model.threads);
     let loaded = loading::load(&args.model)?;
-    let drafter = args.spec.load_drafter(&loaded)?;
+    let drafter_path = args.spec.drafter_path(&loaded)?;
+    let drafter = match &drafter_path {
+        Some(path) => Some(args.spec.load_drafter_from(&loaded, path)?),
+        None => None,
+    };
     let stop_token_ids = loaded.stop_token_ids()?;
     let sampling_defaults = loaded.sampling_defaults()?;
     let model_name = args
         .served_model_name
         .clone()
         .unwrap_or_else(|| default_model_name(&loaded.dir));
+    let model_path = loaded.dir.display().to_string();
     let config = loaded.model.config();
     let kv_bytes_per_token = config.num_layers * 2 * config.kv_width() * 4;
     eprintln!(
@@ -96,6 +101,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let server = grove_server::start(
         loaded.into_served(drafter),
         ServerConfig {
+            model_path: model_path.clone(),
+            drafter_path: drafter_path.map(|p| p.display().to_string()),
             model_name: model_name.clone(),
             api_key: args.api_key.clone(),
             stop_token_ids,

@@ -191,3 +191,83 @@ fn sigterm_ends_running_streams_cleanly_and_exits_zero() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+/// Whether SGLang's model gateway is installed; prints why not.
+fn gateway_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import sglang_router"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("GROVE_REQUIRE_SGLANG_ROUTER").is_none(),
+            "GROVE_REQUIRE_SGLANG_ROUTER is set but `python3 -c 'import sglang_router'` fails"
+        );
+        eprintln!("skipped: sglang-router is not installed (pip install sglang-router)");
+    }
+    ok
+}
+
+/// Two replicas behind sglang-router (issue 27): the gateway lists grove's model, spreads 16
+/// concurrent requests (completions and chat, streamed and not) over both; with
+/// `--policy cache_aware` the requests that share a long prefix land on one replica; after one
+/// replica is killed the gateway answers 8 more from the other.
+#[test]
+fn two_replicas_serve_behind_sglang_router_and_fail_over() {
+    if !gateway_available() {
+        return;
+    }
+    let replica = || start(&["--max-running-requests", "4"]);
+    let (first, first_url) = replica();
+    let (second, second_url) = replica();
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+            .to_string()
+    };
+    let gateway = |policy: &str| {
+        // Each gateway also serves its own metrics: two must not share the default port.
+        let (port, metrics_port) = (free_port(), free_port());
+        let router = Server(
+            Command::new("python3")
+                .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
+                .args(["--port", &port, "--policy", policy])
+                .args(["--prometheus-port", &metrics_port])
+                .args(["--health-check-interval-secs", "1"])
+                .args(["--health-failure-threshold", "1"])
+                .arg("--worker-urls")
+                .args([&first_url, &second_url])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("starting sglang-router"),
+        );
+        (router, format!("http://127.0.0.1:{port}"))
+    };
+    let (router, router_url) = gateway("round_robin");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/gateway.py");
+    let phase = |args: &[&str]| {
+        let output = Command::new("python3")
+            .arg(&script)
+            .args(args)
+            .output()
+            .expect("running python3");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        eprintln!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success() && stdout.contains("checks passed"),
+            "{stdout}"
+        );
+    };
+    phase(&["spread", &router_url, &first_url, &second_url]);
+    let (cache_aware, cache_aware_url) = gateway("cache_aware");
+    phase(&["affinity", &cache_aware_url, &first_url, &second_url]);
+    drop(cache_aware);
+    drop(second);
+    phase(&["failover", &router_url]);
+    drop((router, first));
+}

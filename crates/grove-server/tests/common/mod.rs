@@ -67,6 +67,8 @@ pub fn config(
     max_queued: usize,
 ) -> ServerConfig {
     ServerConfig {
+        model_path: format!("{model_name} (test)"),
+        drafter_path: None,
         model_name: model_name.into(),
         api_key: None,
         stop_token_ids: vec![],

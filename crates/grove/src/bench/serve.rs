@@ -70,6 +70,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let server = grove_server::start(
         loaded.into_served(drafter),
         ServerConfig {
+            model_path: args.model.model_dir().display().to_string(),
+            drafter_path: None,
             model_name: "bench".into(),
             api_key: None,
             stop_token_ids: Vec::new(),
