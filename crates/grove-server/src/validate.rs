@@ -198,7 +198,9 @@ impl ModelLimits {
                 reason: e.to_string(),
             }
         })?;
-        self.check_length(tokenizer, &rendered, "messages")?;
+        // Named `prompt`, as every other overflow of a chat is (the rendered messages are the
+        // prompt; clients that trim history look at the code).
+        self.check_length(tokenizer, &rendered, "prompt")?;
         // Special tokens count only where the template wrote them; the template already holds
         // any BOS (adding the post-processor's would double it).
         let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();

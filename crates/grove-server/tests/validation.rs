@@ -555,7 +555,7 @@ async fn a_huge_prompt_is_refused_before_all_of_it_is_tokenized() {
         (
             CHAT,
             chat(json!({"messages": [{"role": "user", "content": huge}]})),
-            "messages",
+            "prompt",
         ),
     ] {
         let body = refused(path, body, 400, BAD, Some(param)).await;
