@@ -71,6 +71,8 @@ pub struct TextTokenizer {
     tokenizer: Backend,
     /// The tokenizer with special tokens' text encoded as text, made on first use.
     literal: std::sync::OnceLock<Backend>,
+    /// The ids of the special added tokens, collected on first use.
+    special_ids: std::sync::OnceLock<std::collections::HashSet<u32>>,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -117,6 +119,7 @@ impl TextTokenizer {
         Ok(Self {
             tokenizer: Backend::Tokenizers(Box::new(tokenizer)),
             literal: std::sync::OnceLock::new(),
+            special_ids: std::sync::OnceLock::new(),
             chat_template,
             bos_token: token_text("bos_token"),
             eos_token: token_text("eos_token"),
@@ -132,6 +135,7 @@ impl TextTokenizer {
         Self {
             tokenizer,
             literal: std::sync::OnceLock::new(),
+            special_ids: std::sync::OnceLock::new(),
             chat_template,
             bos_token: None,
             eos_token: None,
@@ -230,12 +234,13 @@ impl TextTokenizer {
         let encoding = on_backend!(&self.tokenizer, t => t.encode(rendered, false))
             .map_err(|e| self.error(e))?;
         let spans = content_spans(rendered, contents);
-        let special: std::collections::HashSet<u32> =
+        let special = self.special_ids.get_or_init(|| {
             on_backend!(&self.tokenizer, t => t.get_added_tokens_decoder())
                 .into_iter()
                 .filter(|(_, token)| token.special)
                 .map(|(id, _)| id)
-                .collect();
+                .collect()
+        });
         let typed =
             encoding
                 .get_ids()
