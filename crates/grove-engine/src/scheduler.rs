@@ -294,13 +294,10 @@ impl<'a> Engine<'a> {
                     Some(rate) => (step.as_secs_f64() / rate) as usize,
                     None => MIN_PREFILL_CHUNK,
                 };
-                // Whole multiples of a kernel tile, where the chunk is longer than one.
-                let tokens = tokens.clamp(MIN_PREFILL_CHUNK, chunk);
-                if tokens > MIN_PREFILL_CHUNK {
-                    tokens - tokens % MIN_PREFILL_CHUNK
-                } else {
-                    tokens
-                }
+                // Whole multiples of a kernel tile, never past the configured chunk (which
+                // may be shorter than a tile).
+                let tokens = tokens.max(MIN_PREFILL_CHUNK);
+                (tokens - tokens % MIN_PREFILL_CHUNK).min(chunk)
             }
             _ => chunk,
         }

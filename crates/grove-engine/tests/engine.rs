@@ -151,19 +151,25 @@ fn late_arrivals_and_a_small_pool_with_preemption_change_no_output() -> Result<(
 #[test]
 fn a_long_prompt_prefills_between_the_rounds_of_a_running_request() -> Result<()> {
     let (target, drafter) = golden_pair()?;
-    let options = GeneratorOptions {
-        prefill_chunk: 64,
-        ..Default::default()
-    };
-    let generator = Generator::new(&target, None, options).with_ddtree(DDTreeSpec {
-        drafter: &drafter,
-        budget: 6,
-        top_k: 6,
-    })?;
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
     let long: Vec<TokenId> = (0..300).map(|_| rng.random_range(0..1021)).collect();
     let requests = [greedy(&[5, 9, 2], 200), greedy(&long, 8)];
-    for (prefill_step, most_steps) in [(Some(Duration::ZERO), 300 / 16), (None, 300 / 64)] {
+    // Time-sized chunks (16 tokens at a zero step time), whole chunks, and a configured chunk
+    // shorter than the 16-token tile.
+    for (chunk, prefill_step, most_steps) in [
+        (64, Some(Duration::ZERO), 300 / 16),
+        (64, None, 300 / 64),
+        (8, Some(Duration::ZERO), 300 / 8),
+    ] {
+        let options = GeneratorOptions {
+            prefill_chunk: chunk,
+            ..Default::default()
+        };
+        let generator = Generator::new(&target, None, options).with_ddtree(DDTreeSpec {
+            drafter: &drafter,
+            budget: 6,
+            top_k: 6,
+        })?;
         let mut engine = generator.engine(EngineLimits {
             max_total_tokens: 1200,
             max_running: 2,
@@ -194,7 +200,7 @@ fn a_long_prompt_prefills_between_the_rounds_of_a_running_request() -> Result<()
                 }
             }
         }
-        let label = format!("prefill step {prefill_step:?}");
+        let label = format!("chunk {chunk}, prefill step {prefill_step:?}");
         assert!(
             prefill_steps >= most_steps,
             "{label}: the 300-token prompt took {prefill_steps} steps"
