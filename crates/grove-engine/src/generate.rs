@@ -14,6 +14,7 @@
 use grove_core::ValidationError;
 use grove_model::{Model, TextTokenizer};
 
+use crate::budget::{AutoBudget, AutoBudgetReport, BudgetTracePoint};
 use crate::drafter::Drafter;
 use crate::request::{GenerateOutput, GenerateRequest, GeneratorOptions};
 use crate::runner::RoundRunner;
@@ -40,6 +41,7 @@ impl<'a> Generator<'a> {
                 tokenizer,
                 options,
                 speculation: None,
+                auto: AutoBudget::shared(),
             },
         }
     }
@@ -75,6 +77,44 @@ impl<'a> Generator<'a> {
     /// The most draft nodes one round may verify (0 without a drafter).
     pub fn max_budget(&self) -> usize {
         self.runner.default_method().budget()
+    }
+
+    /// Whether requests that do not choose get a budget chosen each round.
+    pub fn auto_budget(&self) -> bool {
+        self.runner.speculation.is_some_and(|s| s.auto)
+    }
+
+    /// The automatic budget's measured cost table and calibration so far.
+    pub fn auto_budget_report(&self) -> AutoBudgetReport {
+        AutoBudget::lock(&self.runner.auto).report()
+    }
+
+    /// Starts the automatic budget's cost table from known step times (seconds) instead of
+    /// measuring before the first round: `verify` by rows, `draft` by drafting sequences, at a
+    /// short context (a table kept from an earlier run, or a test's). Rounds update it as
+    /// usual, unless `fixed`: then every choice follows this table (reproducible choices, for
+    /// tests and for comparing runs).
+    pub fn preload_costs(&self, verify: &[(usize, f64)], draft: &[(usize, f64)], fixed: bool) {
+        let mut auto = AutoBudget::lock(&self.runner.auto);
+        for &(rows, seconds) in verify {
+            auto.costs.observe_verify(0, rows, seconds);
+        }
+        for &(sequences, seconds) in draft {
+            auto.costs.observe_draft(0, sequences, seconds);
+        }
+        if fixed {
+            auto.costs.fix();
+        }
+    }
+
+    /// Records every step's choice from now on (for a benchmark's trace).
+    pub fn start_budget_trace(&self) {
+        AutoBudget::lock(&self.runner.auto).start_trace();
+    }
+
+    /// The steps recorded since [`Generator::start_budget_trace`].
+    pub fn take_budget_trace(&self) -> Vec<BudgetTracePoint> {
+        AutoBudget::lock(&self.runner.auto).take_trace()
     }
 
     /// An engine with these settings and `limits`, for requests that come and go.

@@ -9,6 +9,7 @@
 // `unsafe` lives in grove-kernels only.
 #![forbid(unsafe_code)]
 
+mod budget;
 mod detokenizer;
 mod drafter;
 mod emitter;
@@ -21,6 +22,7 @@ mod sequence;
 mod speculation;
 mod stop_strings;
 
+pub use budget::{AutoBudgetReport, BudgetTracePoint, CostCell};
 pub use detokenizer::Detokenizer;
 pub use drafter::{DraftBlock, Drafter};
 pub use generate::Generator;
@@ -31,7 +33,8 @@ pub use runner::StepTimings;
 pub use sampler::{argmax, processed_distribution, Sampler};
 pub use scheduler::{Engine, EngineEvent, EngineLimits, RequestId};
 pub use speculation::{
-    DDTreeSpec, DFlashSpec, SpecAlgorithm, SpeculationOverride, SpeculationSettings,
+    Budget, DDTreeSpec, DFlashSpec, SpecAlgorithm, SpeculationOverride, SpeculationSettings,
+    DEFAULT_AUTO_MAX_BUDGET,
 };
 pub use stop_strings::{StopScan, StopStrings};
 

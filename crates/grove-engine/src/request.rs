@@ -56,9 +56,16 @@ impl GenerateRequest {
 /// Per-request statistics, in the JSON shape `grove generate --format json` prints.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct GenerateStats {
-    /// The method this request ran with and its draft nodes per round (0 without speculation).
+    /// The method this request ran with and its draft nodes per round (0 without speculation;
+    /// the ceiling when the budget was chosen each round).
     pub algorithm: SpecAlgorithm,
     pub budget: usize,
+    /// The budget was chosen each round from measured costs (`auto`).
+    pub auto_budget: bool,
+    /// Draft nodes verified per round, on average (the chosen budget).
+    pub mean_budget: f64,
+    /// Rounds that did not draft (the automatic budget found drafting would not pay).
+    pub rounds_without_drafts: usize,
     pub prompt_tokens: usize,
     /// Prompt tokens whose K/V came from the prefix cache instead of a prefill.
     pub cached_tokens: usize,

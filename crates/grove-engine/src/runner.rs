@@ -4,7 +4,7 @@
 //! per sequence. Sequences share one target KV store and one drafter store, each owning page
 //! tables in them, so a finished or preempted sequence returns its pages at once.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -16,6 +16,7 @@ use grove_spec::{
     top_k_candidates, AcceptResult, DepthCandidates, DraftTree, SegmentPlan, VerifyPlan,
 };
 
+use crate::budget::AutoBudget;
 use crate::drafter::DraftBlock;
 use crate::emitter::Emitter;
 use crate::request::{GenerateRequest, GeneratorOptions};
@@ -34,6 +35,14 @@ pub struct StepTimings {
     pub tree_build: Duration,
     pub verify: Duration,
     pub commit: Duration,
+    /// Draft nodes verified by each sequence that speculates (its method drafts), in batch
+    /// order: the budget chosen this round.
+    pub budgets: Vec<usize>,
+    /// Sequences that drafted.
+    pub drafted: usize,
+    /// Accepted drafts the calibrated drafter predicted, and those the walk accepted.
+    pub predicted_accepted: f64,
+    pub accepted: usize,
 }
 
 /// A step's results: the tokens each sequence of the batch emitted, in batch order.
@@ -60,12 +69,18 @@ pub(crate) struct RoundRunner<'a> {
     pub tokenizer: Option<&'a TextTokenizer>,
     pub options: GeneratorOptions,
     pub speculation: Option<Speculation<'a>>,
+    /// Measured costs and calibration for automatic budgets, shared by the generator's engines.
+    pub auto: Arc<Mutex<AutoBudget>>,
 }
+
+/// Draft rows a sequence that does not draft may leave pending before they are added to the
+/// drafter's context anyway (bounds their memory and the next draft's extend).
+const MAX_PENDING_ROWS: usize = 64;
 
 impl<'a> RoundRunner<'a> {
     /// Checks `request` against the model and the engine's speculation; returns the method its
     /// rounds use.
-    pub fn validate(&self, request: &GenerateRequest) -> Result<Method, ValidationError> {
+    pub fn validate(&self, request: &GenerateRequest) -> Result<(Method, bool), ValidationError> {
         let config = self.model.config();
         if request.prompt.is_empty() {
             return Err(ValidationError::Empty { field: "prompt" });
@@ -106,8 +121,8 @@ impl<'a> RoundRunner<'a> {
         self.resolve(request.speculation)
     }
 
-    /// What a request with `choice` drafts each round.
-    pub fn resolve(&self, choice: SpeculationOverride) -> Result<Method, ValidationError> {
+    /// What a request with `choice` drafts each round, and whether its budget is automatic.
+    pub fn resolve(&self, choice: SpeculationOverride) -> Result<(Method, bool), ValidationError> {
         speculation::resolve(self.speculation, choice)
     }
 
@@ -156,12 +171,13 @@ impl<'a> RoundRunner<'a> {
         &self,
         id: u64,
         request: Arc<GenerateRequest>,
-        method: Method,
+        method: (Method, bool),
         pools: &Pools,
     ) -> Sequence<'a> {
         let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
         let emitter = Emitter::new(self.tokenizer, &request.stop);
-        Sequence::new(id, request, method, emitter, pools, max_depth)
+        let budget = AutoBudget::lock(&self.auto).new_sequence();
+        Sequence::new(id, request, method, emitter, pools, (max_depth, budget))
     }
 
     /// Pages of each pool `sequence` still needs for its prefill and first round, past what
@@ -336,12 +352,15 @@ impl<'a> RoundRunner<'a> {
             sequences: batch.len(),
             ..StepTimings::default()
         };
+        let context = batch.iter().map(|s| s.table.len()).sum::<usize>() / batch.len().max(1);
+        self.plan_drafting(batch, context);
         let start = Instant::now();
         let candidates = self.draft(batch, pools)?;
         timings.draft = start.elapsed();
+        timings.drafted = batch.iter().filter(|s| s.draft_now).count();
 
         let start = Instant::now();
-        let trees: Vec<DraftTree> = batch
+        let mut trees: Vec<DraftTree> = batch
             .iter()
             .zip(&candidates)
             .map(|(sequence, candidates)| {
@@ -351,6 +370,14 @@ impl<'a> RoundRunner<'a> {
                 };
                 DraftTree::build(sequence.anchor, candidates, budget)
             })
+            .collect();
+        let gains = self.choose_budgets(batch, &mut trees, context, timings.draft);
+        timings.predicted_accepted = gains.iter().flatten().sum();
+        timings.budgets = batch
+            .iter()
+            .zip(&trees)
+            .filter(|(s, _)| s.method.drafts())
+            .map(|(_, t)| t.len())
             .collect();
         let bases: Vec<usize> = batch.iter().map(|s| s.table.len()).collect();
         let plan = VerifyPlan::new(&trees.iter().collect::<Vec<_>>(), &bases);
@@ -373,6 +400,16 @@ impl<'a> RoundRunner<'a> {
                 let commit_start = Instant::now();
                 let result =
                     self.accept_and_commit(sequence, tree, segment, rows, taps.as_ref(), pools)?;
+                let accepted = result.path.len() - 1;
+                timings.accepted += accepted;
+                if !tree.is_empty() {
+                    AutoBudget::lock(&self.auto)
+                        .calibration
+                        .observe(tree, &result.path);
+                }
+                if sequence.auto && sequence.draft_now {
+                    sequence.budget.drafted(accepted as f64, tree.len());
+                }
                 let commit = commit_start.elapsed();
                 timings.commit += commit;
                 let phases = &mut sequence.phases;
@@ -386,6 +423,7 @@ impl<'a> RoundRunner<'a> {
             Ok(emitted)
         };
         let emitted = with_host_values(&logits, accept_all).map_err(ModelError::from)??;
+        self.observe_costs(&timings, context);
         Ok(StepResult { timings, emitted })
     }
 
@@ -414,9 +452,13 @@ impl<'a> RoundRunner<'a> {
                 logits: LogitRows::All,
             })
             .collect();
+        // Taps only when a sequence keeps a drafter context to add them to.
+        let keeps_context = batch
+            .iter()
+            .any(|s| s.method.drafts() && s.draft_table.is_some());
         let forward = ForwardBatch {
             segments,
-            taps: self.taps(),
+            taps: if keeps_context { self.taps() } else { &[] },
         };
         let output = self.model.forward(&forward, &mut pools.kv)?;
         let taps = if output.taps.is_empty() {
@@ -449,7 +491,11 @@ impl<'a> RoundRunner<'a> {
         sequence
             .table
             .commit_path(&mut pools.kv, segment.base, &result.path);
-        if let (Some(taps), true) = (taps, sequence.method.drafts()) {
+        if let (Some(taps), true, true) = (
+            taps,
+            sequence.method.drafts(),
+            sequence.draft_table.is_some(),
+        ) {
             let first = segment.logits_rows.start;
             let picked: Vec<u32> = result.path.iter().map(|&n| (first + n) as u32).collect();
             let picked = Tensor::from_vec(picked, result.path.len(), &candle_core::Device::Cpu)
@@ -466,7 +512,8 @@ impl<'a> RoundRunner<'a> {
     }
 
     /// Per-depth candidates for each sequence's tree (empty: a root-only tree), from one
-    /// batched drafter pass over the sequences that draft.
+    /// batched drafter pass over the sequences that draft this round (whose committed rows
+    /// join their drafter contexts first; a sequence that does not draft adds them in batches).
     fn draft(
         &self,
         batch: &mut [&mut Sequence<'_>],
@@ -484,7 +531,9 @@ impl<'a> RoundRunner<'a> {
         let mut blocks = Vec::new();
         let mut drafting = Vec::new();
         for (index, (sequence, &(depths, _))) in batch.iter_mut().zip(&shapes).enumerate() {
-            if depths == 0 {
+            sequence.draft_now &= depths > 0;
+            let pending = Self::pending_rows(sequence);
+            if !sequence.draft_now && pending < MAX_PENDING_ROWS {
                 continue;
             }
             let position = sequence.table.len();
@@ -495,6 +544,9 @@ impl<'a> RoundRunner<'a> {
             if let Some(features) = sequence.pending_features.take() {
                 spec.drafter
                     .extend(&mut pools.draft_kv, draft_table, &features)?;
+            }
+            if !sequence.draft_now {
+                continue;
             }
             blocks.push(DraftBlock {
                 table: draft_table,

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use grove_core::{TokenId, ValidationError};
 use grove_kv::{PrefixCache, PrefixCacheStats};
 
+use crate::budget::{measure_costs, AutoBudget};
 use crate::request::{GenerateOutput, GenerateRequest};
 use crate::runner::{RoundRunner, StepTimings};
 use crate::sequence::{Pools, Sequence};
@@ -106,8 +107,11 @@ impl<'a> Engine<'a> {
     }
 
     /// The checks of [`Engine::check`], and the method the request runs.
-    fn method_for(&self, request: &GenerateRequest) -> Result<speculation::Method, EngineError> {
-        let method = self.runner.validate(request)?;
+    fn method_for(
+        &self,
+        request: &GenerateRequest,
+    ) -> Result<(speculation::Method, bool), EngineError> {
+        let (method, auto) = self.runner.validate(request)?;
         let needed =
             speculation::kv_need(request.prompt.len() + request.stop.max_new_tokens, method);
         let capacity = self.pools.pool.num_slots();
@@ -120,7 +124,7 @@ impl<'a> Engine<'a> {
             }
             .into());
         }
-        Ok(method)
+        Ok((method, auto))
     }
 
     /// Sequences the next step can start beside those running (`max_running` minus running).
@@ -214,6 +218,9 @@ impl<'a> Engine<'a> {
     /// Admits, reserves (preempting when needed), runs one batched round and reports.
     pub fn step(&mut self) -> Result<Vec<EngineEvent>, EngineError> {
         let mut events = Vec::new();
+        // Before admission (the pool is emptiest) and the prefill: the wait counts toward the
+        // first token, not the decoding speed.
+        self.measure_costs()?;
         self.admit(&mut events)?;
         self.prefill_step(&mut events)?;
         // A prefill can end a request at once (its first token stops it).
@@ -241,6 +248,21 @@ impl<'a> Engine<'a> {
         }
         self.collect_finished(&mut events)?;
         Ok(events)
+    }
+
+    /// Measures the cost table before the first round that chooses its budget (once per
+    /// generator: its engines share the table).
+    fn measure_costs(&mut self) -> Result<(), EngineError> {
+        let mut sequences = self.running.iter().chain(&self.prefilling);
+        if !sequences.any(|s| s.auto) && !self.waiting.iter().any(|s| s.auto) {
+            return Ok(());
+        }
+        let mut auto = AutoBudget::lock(&self.runner.auto);
+        if !auto.costs.is_empty() {
+            return Ok(());
+        }
+        let max_rows = self.runner.default_method().verify_rows();
+        measure_costs(&self.runner, &mut self.pools, max_rows, &mut auto.costs)
     }
 
     /// Admits waiting sequences, in order, while they fit: a cached prefix of a sequence's

@@ -9,6 +9,7 @@ use grove_core::{FinishReason, TokenId};
 use grove_kv::{KvStore, PagePool, PageTable, PrefixCache};
 use grove_spec::{AcceptResult, AcceptanceStats};
 
+use crate::budget::SequenceBudget;
 use crate::emitter::Emitter;
 use crate::request::{GenerateOutput, GenerateRequest, GenerateStats};
 use crate::sampler::Sampler;
@@ -70,6 +71,14 @@ pub(crate) struct Sequence<'r> {
     pub request: Arc<GenerateRequest>,
     /// What its rounds draft (resolved from the request within the engine's ceiling).
     pub method: Method,
+    /// Its rounds verify as many of `method`'s nodes as pay on this machine, chosen each round.
+    pub auto: bool,
+    /// The automatic budget's state (see `budget.rs`).
+    pub budget: SequenceBudget,
+    /// It drafts in the round being run (the automatic budget may skip drafting).
+    pub draft_now: bool,
+    /// Rounds it ran without drafting (for its statistics).
+    pub rounds_without_drafts: usize,
     pub table: PageTable,
     /// The drafter's context for this sequence (see [`Pools::keeps_draft_context`]).
     pub draft_table: Option<PageTable>,
@@ -99,14 +108,18 @@ impl<'r> Sequence<'r> {
     pub fn new(
         id: u64,
         request: Arc<GenerateRequest>,
-        method: Method,
+        (method, auto): (Method, bool),
         emitter: Emitter<'r>,
         pools: &Pools,
-        max_depth: usize,
+        (max_depth, budget): (usize, SequenceBudget),
     ) -> Self {
         Self {
             id,
             method,
+            auto,
+            budget,
+            draft_now: method.drafts(),
+            rounds_without_drafts: 0,
             table: pools.pool.new_table(),
             draft_table: pools
                 .keeps_draft_context(method)
@@ -207,6 +220,13 @@ impl<'r> Sequence<'r> {
         cache.insert(&tokens[..len], self.table.pages(), draft_pages);
     }
 
+    /// Stops keeping the drafter's context (its pages return; what the prefix cache took
+    /// stays there): it will not draft again.
+    pub fn drop_draft_context(&mut self) {
+        self.draft_table = None;
+        self.pending_features = None;
+    }
+
     /// Drops the sequence's KV (its pages return to the pools) until the next prefill.
     pub fn release(&mut self, pools: &Pools) {
         self.table = pools.pool.new_table();
@@ -233,6 +253,9 @@ impl<'r> Sequence<'r> {
         let stats = GenerateStats {
             algorithm: self.method.algorithm(),
             budget: self.method.budget(),
+            auto_budget: self.auto,
+            mean_budget: acceptance.tree_nodes as f64 / acceptance.rounds().max(1) as f64,
+            rounds_without_drafts: self.rounds_without_drafts,
             prompt_tokens,
             cached_tokens: self.cached_tokens,
             new_tokens: token_ids.len(),

@@ -33,22 +33,37 @@ impl SpecAlgorithm {
     }
 }
 
+/// Draft nodes a round verifies: a fixed number, or chosen each round from measured costs and
+/// predicted acceptance (up to the engine's ceiling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    Fixed(usize),
+    Auto,
+}
+
 /// Per-request speculation; `None` fields follow the engine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpeculationOverride {
     pub algorithm: Option<SpecAlgorithm>,
     /// Draft nodes verified per round (the chain length for DFlash, the tree budget for DDTree).
-    pub budget: Option<usize>,
+    pub budget: Option<Budget>,
 }
+
+/// The most nodes an automatic DDTree budget verifies unless `max_budget` says otherwise.
+pub const DEFAULT_AUTO_MAX_BUDGET: usize = 32;
 
 /// An engine's speculation, as its flags give it; `None` fields take the drafter's defaults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpeculationSettings {
     pub algorithm: SpecAlgorithm,
-    /// DFlash: anchor + drafts verified per round (default: the drafter's block size).
+    /// DFlash: anchor + drafts verified per round (default: chosen each round, up to the
+    /// drafter's block size).
     pub num_draft_tokens: Option<usize>,
-    /// DDTree: non-root nodes per tree (default: block size - 1).
-    pub budget: Option<usize>,
+    /// DDTree: non-root nodes per tree (default: chosen each round, up to `max_budget`).
+    pub budget: Option<Budget>,
+    /// The ceiling of an automatic budget (default: [`DEFAULT_AUTO_MAX_BUDGET`] for DDTree,
+    /// the drafter's block size - 1 for DFlash).
+    pub max_budget: Option<usize>,
     /// DDTree: candidates per depth (default: the budget).
     pub top_k: Option<usize>,
 }
@@ -133,6 +148,8 @@ pub(crate) fn kv_need(tokens: usize, method: Method) -> usize {
 pub(crate) struct Speculation<'a> {
     pub drafter: &'a dyn Drafter,
     pub method: Method,
+    /// Requests that do not choose get a budget chosen each round, up to `method`'s.
+    pub auto: bool,
 }
 
 impl<'a> Speculation<'a> {
@@ -151,6 +168,7 @@ impl<'a> Speculation<'a> {
             method: Method::Chain {
                 num_draft_tokens: spec.num_draft_tokens,
             },
+            auto: false,
         })
     }
 
@@ -174,6 +192,7 @@ impl<'a> Speculation<'a> {
                 budget: spec.budget,
                 top_k: spec.top_k,
             },
+            auto: false,
         })
     }
 
@@ -193,23 +212,43 @@ impl<'a> Speculation<'a> {
             };
         };
         let block_size = drafter.block_size();
-        match settings.algorithm {
-            SpecAlgorithm::None => Ok(None),
-            SpecAlgorithm::DFlash => Self::dflash(DFlashSpec {
-                drafter,
-                num_draft_tokens: settings.num_draft_tokens.unwrap_or(block_size),
-            })
-            .map(Some),
+        let auto = |fixed: Option<Budget>| !matches!(fixed, Some(Budget::Fixed(_)));
+        let speculation = match settings.algorithm {
+            SpecAlgorithm::None => return Ok(None),
+            SpecAlgorithm::DFlash => {
+                // The chain's own flag fixes it; a fixed tree budget keeps the whole block.
+                let budget = match (settings.num_draft_tokens, settings.budget) {
+                    (Some(n), _) => Some(Budget::Fixed(n.saturating_sub(1))),
+                    (None, Some(Budget::Fixed(_))) => Some(Budget::Fixed(block_size - 1)),
+                    (None, budget) => budget,
+                };
+                let ceiling = settings.max_budget.unwrap_or(block_size - 1);
+                let num_draft_tokens = match budget {
+                    Some(Budget::Fixed(drafts)) => drafts + 1,
+                    _ => ceiling.min(block_size - 1) + 1,
+                };
+                let mut speculation = Self::dflash(DFlashSpec {
+                    drafter,
+                    num_draft_tokens,
+                })?;
+                speculation.auto = auto(budget);
+                speculation
+            }
             SpecAlgorithm::DDTree => {
-                let budget = settings.budget.unwrap_or(block_size - 1);
-                Self::ddtree(DDTreeSpec {
+                let budget = match settings.budget {
+                    Some(Budget::Fixed(budget)) => budget,
+                    _ => settings.max_budget.unwrap_or(DEFAULT_AUTO_MAX_BUDGET),
+                };
+                let mut speculation = Self::ddtree(DDTreeSpec {
                     drafter,
                     budget,
                     top_k: settings.top_k.unwrap_or(budget),
-                })
-                .map(Some)
+                })?;
+                speculation.auto = auto(settings.budget);
+                speculation
             }
-        }
+        };
+        Ok(Some(speculation))
     }
 }
 
@@ -218,11 +257,12 @@ pub(crate) fn default_method(speculation: Option<Speculation<'_>>) -> Method {
     speculation.map_or(Method::Plain, |s| s.method)
 }
 
-/// What a request with `choice` drafts each round, checked against the engine's ceiling.
+/// What a request with `choice` drafts each round, checked against the engine's ceiling, and
+/// whether its budget is chosen each round (up to the method's).
 pub(crate) fn resolve(
     speculation: Option<Speculation<'_>>,
     choice: SpeculationOverride,
-) -> Result<Method, ValidationError> {
+) -> Result<(Method, bool), ValidationError> {
     let algorithm = choice
         .algorithm
         .unwrap_or(default_method(speculation).algorithm());
@@ -233,12 +273,15 @@ pub(crate) fn resolve(
             field: "speculative.budget",
             limit: "absent when no drafting happens (algorithm \"none\", or a server started \
                     without a drafter)",
-            value: choice.budget.map_or(String::new(), |b| b.to_string()),
+            value: match choice.budget {
+                Some(Budget::Fixed(b)) => b.to_string(),
+                _ => "\"auto\"".into(),
+            },
         });
     }
     let Some(spec) = speculation else {
         return match algorithm {
-            SpecAlgorithm::None => Ok(Method::Plain),
+            SpecAlgorithm::None => Ok((Method::Plain, false)),
             _ => Err(ValidationError::OutOfRange {
                 field: "speculative.algorithm",
                 limit: "\"none\" on a server started without a drafter (--speculative-algorithm)",
@@ -247,10 +290,15 @@ pub(crate) fn resolve(
         };
     };
     if algorithm == SpecAlgorithm::None {
-        return Ok(Method::Plain);
+        return Ok((Method::Plain, false));
     }
     let ceiling = spec.method.budget();
-    if let Some(budget) = choice.budget {
+    let (fixed, auto) = match choice.budget {
+        Some(Budget::Fixed(budget)) => (Some(budget), false),
+        Some(Budget::Auto) => (None, true),
+        None => (None, spec.auto),
+    };
+    if let Some(budget) = fixed {
         if budget == 0 || budget > ceiling {
             return Err(ValidationError::OutOfRange {
                 field: "speculative.budget",
@@ -259,8 +307,8 @@ pub(crate) fn resolve(
             });
         }
     }
-    let budget = choice.budget.unwrap_or(ceiling);
-    Ok(match algorithm {
+    let budget = fixed.unwrap_or(ceiling);
+    let method = match algorithm {
         SpecAlgorithm::DFlash => Method::Chain {
             num_draft_tokens: budget.min(spec.drafter.block_size() - 1) + 1,
         },
@@ -271,7 +319,8 @@ pub(crate) fn resolve(
                 _ => budget,
             },
         },
-    })
+    };
+    Ok((method, auto))
 }
 
 #[cfg(test)]
@@ -326,7 +375,7 @@ mod tests {
     fn a_budget_without_drafting_is_refused_by_name() {
         let with_budget = |algorithm| SpeculationOverride {
             algorithm,
-            budget: Some(3),
+            budget: Some(Budget::Fixed(3)),
         };
         for algorithm in [None, Some(SpecAlgorithm::None)] {
             let error = resolve(None, with_budget(algorithm)).unwrap_err();
@@ -337,7 +386,7 @@ mod tests {
         }
         assert_eq!(
             resolve(None, SpeculationOverride::default()),
-            Ok(Method::Plain)
+            Ok((Method::Plain, false))
         );
     }
 }

@@ -7,7 +7,7 @@ mod common;
 use anyhow::Result;
 use common::*;
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::{GenerateRequest, SpecAlgorithm, SpeculationOverride};
+use grove_engine::{Budget, GenerateRequest, SpecAlgorithm, SpeculationOverride};
 use rand::{Rng, SeedableRng};
 
 #[test]
@@ -74,7 +74,7 @@ fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
         },
         SpeculationOverride {
             algorithm: Some(SpecAlgorithm::DFlash),
-            budget: Some(3),
+            budget: Some(Budget::Fixed(3)),
         },
         SpeculationOverride {
             algorithm: Some(SpecAlgorithm::DFlash),
@@ -82,11 +82,20 @@ fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
         },
         SpeculationOverride {
             algorithm: Some(SpecAlgorithm::DDTree),
-            budget: Some(4),
+            budget: Some(Budget::Fixed(4)),
         },
         SpeculationOverride {
             algorithm: None,
-            budget: Some(1),
+            budget: Some(Budget::Fixed(1)),
+        },
+        // Chosen each round from measured costs: the rounds differ, the tokens may not.
+        SpeculationOverride {
+            algorithm: Some(SpecAlgorithm::DDTree),
+            budget: Some(Budget::Auto),
+        },
+        SpeculationOverride {
+            algorithm: Some(SpecAlgorithm::DFlash),
+            budget: Some(Budget::Auto),
         },
     ];
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
@@ -113,20 +122,22 @@ fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
         let label = format!("request {i} {:?}", request.speculation);
         assert_eq!(batched.token_ids, alone.token_ids, "{label}");
         assert_eq!(batched.token_ids, reference.token_ids, "{label}");
-        assert_eq!(
-            batched.stats.accept_lengths, alone.stats.accept_lengths,
-            "{label}"
-        );
+        let auto = request.speculation.budget == Some(Budget::Auto);
+        assert_eq!(batched.stats.auto_budget, auto, "{label}");
+        if !auto {
+            assert_eq!(
+                batched.stats.accept_lengths, alone.stats.accept_lengths,
+                "{label}"
+            );
+        }
+        let budget = |ceiling| match request.speculation.budget {
+            Some(Budget::Fixed(b)) => b,
+            _ => ceiling,
+        };
         let expected = match request.speculation.algorithm {
             Some(SpecAlgorithm::None) => (SpecAlgorithm::None, 0),
-            Some(SpecAlgorithm::DFlash) => (
-                SpecAlgorithm::DFlash,
-                request.speculation.budget.unwrap_or(7),
-            ),
-            _ => (
-                SpecAlgorithm::DDTree,
-                request.speculation.budget.unwrap_or(12),
-            ),
+            Some(SpecAlgorithm::DFlash) => (SpecAlgorithm::DFlash, budget(7)),
+            _ => (SpecAlgorithm::DDTree, budget(12)),
         };
         assert_eq!(
             (batched.stats.algorithm, batched.stats.budget),
@@ -138,7 +149,7 @@ fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
     let over = GenerateRequest {
         speculation: SpeculationOverride {
             algorithm: None,
-            budget: Some(13),
+            budget: Some(Budget::Fixed(13)),
         },
         ..greedy(&[1, 2], 4)
     };

@@ -7,14 +7,12 @@
 mod common;
 
 use anyhow::{Context, Result};
-use candle_core::{Device, Tensor};
 use common::*;
 use grove_core::{SamplingParams, TokenId};
 use grove_engine::{
-    DFlashSpec, DraftBlock, Drafter, GenerateOutput, GenerateRequest, Generator, GeneratorOptions,
+    DFlashSpec, Drafter, GenerateOutput, GenerateRequest, Generator, GeneratorOptions,
 };
-use grove_kv::{KvStore, PageTable};
-use grove_model::{Decoder, Model, ModelError};
+use grove_model::{Decoder, Model};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
@@ -73,72 +71,6 @@ fn greedy_dflash_reproduces_the_reference_tokens_and_acceptance_lengths() -> Res
         }
     }
     Ok(())
-}
-
-/// Proposes a known sequence: the target's greedy continuation (oracle) or, shifted by one id,
-/// a token that is never the target's choice (adversarial).
-struct ScriptedDrafter {
-    /// The full greedy sequence, prompt included, indexed by position.
-    sequence: Vec<TokenId>,
-    vocab_size: usize,
-    block_size: usize,
-    adversarial: bool,
-}
-
-impl Drafter for ScriptedDrafter {
-    fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    fn target_taps(&self) -> &[usize] {
-        &[]
-    }
-
-    fn new_kv_store(&self, _num_slots: usize) -> KvStore {
-        KvStore::new(0, 0, 0)
-    }
-
-    fn extend(
-        &self,
-        _kv: &mut KvStore,
-        _table: &mut PageTable,
-        _features: &Tensor,
-    ) -> Result<(), ModelError> {
-        Ok(())
-    }
-
-    fn draft(
-        &self,
-        _target: &dyn Model,
-        _kv: &mut KvStore,
-        blocks: &mut [DraftBlock<'_>],
-    ) -> Result<Vec<Tensor>, ModelError> {
-        blocks
-            .iter()
-            .map(|block| self.script(block.position))
-            .collect()
-    }
-}
-
-impl ScriptedDrafter {
-    /// One-hot logits for the slots after the anchor at `position`.
-    fn script(&self, position: usize) -> Result<Tensor, ModelError> {
-        let mut logits = vec![0f32; (self.block_size - 1) * self.vocab_size];
-        for slot in 0..self.block_size - 1 {
-            let truth = self.sequence.get(position + 1 + slot).copied().unwrap_or(0) as usize;
-            let token = if self.adversarial {
-                (truth + 1) % self.vocab_size
-            } else {
-                truth
-            };
-            logits[slot * self.vocab_size + token] = 10.0;
-        }
-        Ok(Tensor::from_vec(
-            logits,
-            (self.block_size - 1, self.vocab_size),
-            &Device::Cpu,
-        )?)
-    }
 }
 
 #[test]

@@ -9,12 +9,15 @@
 //! Skipped with a printed reason when a model file or llama-cpp-python is absent, unless
 //! `GROVE_REQUIRE_LLAMA_CPP=1` (CI sets it and installs both).
 
+mod common;
+
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
+use common::{model, repo_root, required};
 use grove_core::TokenId;
 use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
 use grove_kv::PagePool;
@@ -25,20 +28,6 @@ use serde_json::{json, Value};
 /// of these models by a few hundredths to a few tenths.
 const NEAR_TIE: f32 = 0.5;
 const NEW_TOKENS: usize = 32;
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn models_dir() -> PathBuf {
-    std::env::var_os("GROVE_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("models"))
-}
-
-fn required() -> bool {
-    std::env::var_os("GROVE_REQUIRE_LLAMA_CPP").is_some_and(|v| v == "1")
-}
 
 /// Whether the reference is usable; prints why not.
 fn llama_cpp_available() -> bool {
@@ -55,25 +44,6 @@ fn llama_cpp_available() -> bool {
         eprintln!("skipped: llama-cpp-python is not installed (bash scripts/install_llama_cpp.sh)");
     }
     ok
-}
-
-/// The installed model file `name`, or `None` with the reason printed.
-fn model(name: &str) -> Option<PathBuf> {
-    let path = models_dir().join(name);
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        // CI installs these two; the 1.5B may be absent anywhere.
-        !required() || !(name.starts_with("qwen2.5-coder-0.5b") || name.starts_with("gemma")),
-        "GROVE_REQUIRE_LLAMA_CPP=1 but {} is missing (python3 scripts/install_models.py)",
-        path.display()
-    );
-    eprintln!(
-        "skipped {name}: {} is absent (python3 scripts/install_models.py)",
-        path.display()
-    );
-    None
 }
 
 fn reference(request: Value) -> Result<Value> {

@@ -8,8 +8,8 @@ use anyhow::Result;
 use candle_core::{Device, Tensor};
 use grove_core::{SamplingParams, StopCondition, TokenId};
 use grove_engine::{
-    processed_distribution, DDTreeSpec, DFlashSpec, DraftBlock, Drafter, GenerateRequest,
-    Generator, GeneratorOptions,
+    processed_distribution, Budget, DDTreeSpec, DFlashSpec, DraftBlock, Drafter, GenerateRequest,
+    Generator, GeneratorOptions, SpecAlgorithm, SpeculationSettings,
 };
 use grove_kv::{KvStore, PagePool, PageTable};
 use grove_model::{
@@ -249,7 +249,27 @@ fn dflash_and_ddtree_at_temperature_one_sample_the_targets_joint_law() -> Result
         budget: 6,
         top_k: 4,
     })?;
-    check_law(&oracle_tree, &most_likely_second, &exact, SAMPLES / 5)
+    check_law(&oracle_tree, &most_likely_second, &exact, SAMPLES / 5)?;
+    // The automatic budget: each round drafts or not, and verifies as many nodes as its
+    // measured costs say; the law is the target's whatever it chooses.
+    let auto_tree = plain().with_speculation(
+        SpeculationSettings {
+            algorithm: SpecAlgorithm::DDTree,
+            budget: Some(Budget::Auto),
+            max_budget: Some(6),
+            top_k: Some(4),
+            ..Default::default()
+        },
+        Some(&oracle),
+    )?;
+    // Costs fixed where rows are nearly free and drafting is cheap, so that it drafts (on this
+    // tiny model's measured costs it would rightly not). It verifies only the drafter's
+    // one-hot choice (the siblings' predicted acceptance is nil), which the target samples a
+    // fraction of the time, so it drafts when a look says so: fewer accepted drafts than
+    // the fixed trees, the same samples.
+    let rows: Vec<(usize, f64)> = (1..=7).map(|r| (r, 1e-3 + 1e-5 * r as f64)).collect();
+    auto_tree.preload_costs(&rows, &[(1, 1e-5)], true);
+    check_law(&auto_tree, &most_likely_second, &exact, 10)
 }
 
 /// The drafter's first greedy draft after each possible first token.

@@ -119,6 +119,27 @@ pub(crate) fn step(timings: &StepTimings, wall: Duration) {
         counter!("grove_phase_microseconds_total", "phase" => phase)
             .increment(time.as_micros() as u64);
     }
+    speculation(timings);
+}
+
+/// What the step's speculating sequences chose (with an automatic budget, the choice is the
+/// engine's): nodes verified per sequence, rounds that drafted nothing, and the acceptance the
+/// calibrated drafter predicted against the acceptance observed.
+fn speculation(timings: &StepTimings) {
+    if timings.budgets.is_empty() {
+        return;
+    }
+    for &nodes in &timings.budgets {
+        histogram!("grove_speculative_budget").record(nodes as f64);
+    }
+    let without = timings.budgets.len() - timings.drafted.min(timings.budgets.len());
+    counter!("grove_speculative_rounds_total", "drafted" => "true")
+        .increment(timings.drafted as u64);
+    counter!("grove_speculative_rounds_total", "drafted" => "false").increment(without as u64);
+    if timings.drafted > 0 {
+        histogram!("grove_speculative_predicted_accepted").record(timings.predicted_accepted);
+        histogram!("grove_speculative_observed_accepted").record(timings.accepted as f64);
+    }
 }
 
 /// A request that ran to its end: outcome, token counts, acceptance.

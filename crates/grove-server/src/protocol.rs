@@ -41,7 +41,16 @@ fn null_is_false<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeField {
     pub algorithm: Option<SpecAlgorithm>,
-    pub budget: Option<i64>,
+    pub budget: Option<BudgetField>,
+}
+
+/// `speculative.budget`: draft nodes per round, or `"auto"` (chosen each round from measured
+/// costs, up to the server's ceiling).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum BudgetField {
+    Nodes(i64),
+    Name(String),
 }
 
 /// Sampling, stopping and extension fields both endpoints share (read from the same JSON
@@ -138,8 +147,14 @@ pub struct PromptTokensDetails {
 #[derive(Debug, Clone, Serialize)]
 pub struct SpeculativeUsage {
     pub algorithm: SpecAlgorithm,
-    /// Draft nodes verified per round (0 without speculation).
+    /// Draft nodes verified per round (0 without speculation; the ceiling with `auto`).
     pub budget: usize,
+    /// The budget was chosen each round (`"auto"`).
+    pub auto_budget: bool,
+    /// Draft nodes verified per round, on average: the chosen budget.
+    pub mean_budget: f64,
+    /// Rounds that drafted nothing (drafting would not have paid).
+    pub rounds_without_drafts: usize,
     /// Rounds after prefill.
     pub rounds: usize,
     /// Tokens emitted per round (accepted drafts + the target's own).

@@ -363,6 +363,9 @@ fn usage(output: &GenerateOutput) -> Usage {
         speculative: SpeculativeUsage {
             algorithm: stats.algorithm,
             budget: stats.budget,
+            auto_budget: stats.auto_budget,
+            mean_budget: stats.mean_budget,
+            rounds_without_drafts: stats.rounds_without_drafts,
             rounds: stats.rounds,
             mean_accept_length: stats.mean_accept_length,
         },

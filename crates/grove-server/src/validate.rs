@@ -6,13 +6,14 @@
 use std::sync::Arc;
 
 use grove_core::{SamplingDefaults, SamplingParams, StopCondition, TokenId, ValidationError};
-use grove_engine::{GenerateRequest, SpeculationOverride};
+use grove_engine::{Budget, GenerateRequest, SpeculationOverride};
 use grove_model::{ChatMessage, TextTokenizer};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::protocol::{
-    ChatRequest, CommonFields, CompletionRequest, Content, Message, Prompt, SpeculativeField, Stop,
+    BudgetField, ChatRequest, CommonFields, CompletionRequest, Content, Message, Prompt,
+    SpeculativeField, Stop,
 };
 
 /// OpenAI's limit on stop sequences.
@@ -504,11 +505,22 @@ fn speculation(field: Option<SpeculativeField>) -> Result<SpeculationOverride, V
     let Some(field) = field else {
         return Ok(SpeculationOverride::default());
     };
+    let budget = match field.budget {
+        None => None,
+        Some(BudgetField::Nodes(nodes)) => {
+            Some(Budget::Fixed(at_least_one("speculative.budget", nodes)?))
+        }
+        Some(BudgetField::Name(name)) if name == "auto" => Some(Budget::Auto),
+        Some(BudgetField::Name(name)) => {
+            return Err(ValidationError::OutOfRange {
+                field: "speculative.budget",
+                limit: "a positive number of draft nodes or \"auto\"",
+                value: format!("{name:?}"),
+            })
+        }
+    };
     Ok(SpeculationOverride {
         algorithm: field.algorithm,
-        budget: field
-            .budget
-            .map(|b| at_least_one("speculative.budget", b))
-            .transpose()?,
+        budget,
     })
 }

@@ -93,6 +93,34 @@ async fn metrics_report_one_request_value_by_value() {
         23.0 - rounds,
         "{page}"
     );
+    // Every round's chosen budget; the rounds that drafted (all but a last one too short to
+    // draft), and their predicted and observed accepted drafts.
+    assert_eq!(
+        metric("grove_speculative_budget_count", ""),
+        rounds,
+        "{page}"
+    );
+    let drafted = metric("grove_speculative_rounds_total", "drafted=\"true\"");
+    assert_eq!(
+        drafted + metric("grove_speculative_rounds_total", "drafted=\"false\""),
+        rounds,
+        "{page}"
+    );
+    assert!(drafted >= rounds - 1.0, "{page}");
+    assert_eq!(
+        metric("grove_speculative_predicted_accepted_count", ""),
+        drafted,
+        "{page}"
+    );
+    assert!(
+        metric("grove_speculative_predicted_accepted_sum", "") > 0.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric("grove_speculative_observed_accepted_sum", ""),
+        23.0 - rounds,
+        "{page}"
+    );
     // One first token, 23 gaps between streamed chunks at most, one end-to-end latency.
     assert_eq!(
         metric("grove_time_to_first_token_seconds_count", ""),

@@ -26,6 +26,9 @@ pub struct DraftTree {
     pub tokens: Vec<TokenId>, // [nodes + 1], tokens[0] is the root's (set by the caller)
     pub parents: Vec<usize>,  // [nodes + 1], parents[0] = 0 (unused)
     pub depths: Vec<usize>,   // [nodes + 1], depths[0] = 0
+    /// The drafter's log-probability of each node's path (its heap score); 0 for the root.
+    /// Non-increasing in node order.
+    pub scores: Vec<f64>, // [nodes + 1]
     children: Vec<Vec<usize>>, // [nodes + 1], in pop order
 }
 
@@ -70,6 +73,7 @@ impl DraftTree {
             tokens: vec![root],
             parents: vec![0],
             depths: vec![0],
+            scores: vec![0.0],
             children: vec![Vec::new()],
         };
         let available = |depth: usize| candidates.get(depth - 1).map_or(0, |c| c.token_ids.len());
@@ -92,6 +96,7 @@ impl DraftTree {
             tree.tokens.push(level.token_ids[entry.rank]);
             tree.parents.push(entry.parent);
             tree.depths.push(entry.depth);
+            tree.scores.push(entry.score);
             tree.children.push(Vec::new());
             tree.children[entry.parent].push(index);
             if entry.rank + 1 < available(entry.depth) {
@@ -119,6 +124,27 @@ impl DraftTree {
             }
         }
         tree
+    }
+
+    /// Keeps the first `budget` nodes: the tree `build` makes with that budget from the same
+    /// candidates (nodes are in pop order, and a smaller top-K never removes a node among the
+    /// first `budget` pops: a node's better siblings pop before it).
+    pub fn truncate(&mut self, budget: usize) {
+        let keep = budget.min(self.len()) + 1;
+        self.tokens.truncate(keep);
+        self.parents.truncate(keep);
+        self.depths.truncate(keep);
+        self.scores.truncate(keep);
+        self.children.truncate(keep);
+        for children in &mut self.children {
+            children.retain(|&c| c < keep);
+        }
+    }
+
+    /// The drafter's probability of every non-root node's path, in node order: the expected
+    /// number of accepted nodes of a tree is their sum when the drafter is calibrated.
+    pub fn path_probabilities(&self) -> impl Iterator<Item = f64> + '_ {
+        self.scores[1..].iter().map(|s| s.exp())
     }
 
     /// Number of non-root nodes.
@@ -267,6 +293,50 @@ mod tests {
         }
         let (path, bonus) = tree.walk(|_| 999);
         assert_eq!((path, bonus), (vec![0], 999));
+    }
+
+    proptest! {
+        #[test]
+        fn a_truncated_tree_is_the_tree_of_the_smaller_budget(seed in 0u64..500, depths in 1usize..5, vocab in 2usize..8, budget in 1usize..20, smaller in 0usize..20) {
+            let (_, candidates) = random_candidates(seed, depths, vocab, budget.min(vocab));
+            let mut tree = DraftTree::build(5, &candidates, budget);
+            prop_assert!(tree.scores.windows(2).all(|w| w[1] <= w[0]));
+            tree.truncate(smaller);
+            // The smaller budget's own build, with its own (smaller) top-K.
+            let k = smaller.min(budget).min(vocab);
+            let narrow: Vec<DepthCandidates> = candidates
+                .iter()
+                .map(|c| DepthCandidates {
+                    token_ids: c.token_ids[..k.min(c.token_ids.len())].to_vec(),
+                    log_probs: c.log_probs[..k.min(c.log_probs.len())].to_vec(),
+                })
+                .collect();
+            prop_assert_eq!(tree, DraftTree::build(5, &narrow, smaller.min(budget)));
+        }
+    }
+
+    #[test]
+    fn path_probabilities_are_the_products_along_each_path() {
+        let (_, candidates) = random_candidates(2, 3, 5, 3);
+        let tree = DraftTree::build(0, &candidates, 9);
+        for (node, p) in (1..).zip(tree.path_probabilities()) {
+            let mut expected = 1.0;
+            let mut n = node;
+            while n != 0 {
+                let level = &candidates[tree.depths[n] - 1];
+                let rank = level
+                    .token_ids
+                    .iter()
+                    .position(|&t| t == tree.tokens[n])
+                    .unwrap();
+                expected *= f64::from(level.log_probs[rank]).exp();
+                n = tree.parents[n];
+            }
+            assert!(
+                (p - expected).abs() < 1e-9,
+                "node {node}: {p} vs {expected}"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Args;
 use grove_core::TokenId;
-use grove_engine::{Drafter, Generator, SpeculationSettings};
+use grove_engine::{Budget, Drafter, Generator, SpeculationSettings};
 use grove_model::drafter_manifest::{find_drafter, DrafterManifest, TargetFingerprint};
 use grove_model::tokenizer::{generation_sampling, generation_stop_ids};
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
@@ -107,6 +107,18 @@ pub enum SpecAlgorithm {
     DDTree,
 }
 
+/// A budget flag's value: a number of draft nodes, or `auto`.
+pub fn parse_budget(text: &str) -> Result<Budget, String> {
+    match text.trim() {
+        "auto" => Ok(Budget::Auto),
+        // Zero parses: the engine refuses it, naming the flag, as every out-of-range value.
+        number => number
+            .parse::<usize>()
+            .map(Budget::Fixed)
+            .map_err(|_| format!("{text:?} is not a budget: a number of draft nodes, or auto")),
+    }
+}
+
 /// Speculation flags shared by `generate` and `bench`.
 #[derive(Debug, Clone, Args)]
 pub struct SpecArgs {
@@ -120,9 +132,16 @@ pub struct SpecArgs {
     /// drafter's.
     #[arg(long)]
     pub speculative_num_draft_tokens: Option<usize>,
-    /// DDTree: non-root nodes per draft tree; default: the drafter's block size - 1.
+    /// DDTree (and DFlash without --speculative-num-draft-tokens): draft nodes verified per
+    /// round, or `auto` (the default): chosen each round from this machine's measured verify
+    /// and draft costs and the drafter's calibrated acceptance, never more than
+    /// --speculative-ddtree-max-budget.
+    #[arg(long, value_parser = parse_budget)]
+    pub speculative_ddtree_budget: Option<Budget>,
+    /// The most draft nodes an `auto` budget verifies per round; default: 32 for DDTree, the
+    /// drafter's block size - 1 for DFlash.
     #[arg(long)]
-    pub speculative_ddtree_budget: Option<usize>,
+    pub speculative_ddtree_max_budget: Option<usize>,
     /// DDTree: candidates per depth; default: the budget.
     #[arg(long)]
     pub speculative_ddtree_topk: Option<usize>,
@@ -191,10 +210,9 @@ impl SpecArgs {
             .unwrap_or(drafter.config().block_size)
     }
 
-    /// The DDTree budget for `drafter`.
-    pub fn ddtree_budget(&self, drafter: &DFlashDrafter) -> usize {
-        self.speculative_ddtree_budget
-            .unwrap_or(drafter.config().block_size - 1)
+    /// The DDTree budget the flags give (`auto` unless a number was given).
+    pub fn ddtree_budget(&self) -> Budget {
+        self.speculative_ddtree_budget.unwrap_or(Budget::Auto)
     }
 
     /// The engine's speculation as the flags give it.
@@ -207,6 +225,7 @@ impl SpecArgs {
             },
             num_draft_tokens: self.speculative_num_draft_tokens,
             budget: self.speculative_ddtree_budget,
+            max_budget: self.speculative_ddtree_max_budget,
             top_k: self.speculative_ddtree_topk,
         }
     }

@@ -282,6 +282,9 @@ fn generate_with_dflash_on_the_golden_pair_is_lossless_and_reports_rounds() {
         "DFLASH",
         "--speculative-draft-model-path",
         drafter.to_str().unwrap(),
+        // The reference's block (the default chooses the length each round).
+        "--speculative-num-draft-tokens",
+        "8",
         "--max-new-tokens",
         "64",
         "--format",
@@ -519,7 +522,7 @@ fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
         "--speculative-draft-model-path",
         drafter,
         "--budgets",
-        "2,8",
+        "2,8,auto",
         "--prompt-tokens",
         "8",
         "--new-tokens",
@@ -539,7 +542,10 @@ fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
         .iter()
         .map(|m| m["method"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["none", "dflash", "ddtree-b2", "ddtree-b8"]);
+    assert_eq!(
+        names,
+        ["none", "dflash", "ddtree-b2", "ddtree-b8", "ddtree-auto"]
+    );
     // Each ratio is the method's median over the baseline's, measured in the same run.
     let median = |m: &Value| m["decode_tokens_per_s"]["median"].as_f64().unwrap();
     let methods = json["methods"].as_array().unwrap();
@@ -554,6 +560,17 @@ fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
     // A tree never verifies more nodes than its budget.
     assert!(methods[2]["mean_tree_nodes"].as_f64().unwrap() <= 2.0);
     assert!(methods[3]["mean_tree_nodes"].as_f64().unwrap() <= 8.0);
+    // The automatic budget's measured cost table: the startup measurement's rows at least.
+    let verify = json["auto_budget"]["verify"].as_array().unwrap();
+    assert!(verify.len() >= 4, "{json}");
+    assert!(
+        verify.iter().all(|c| c["ms"].as_f64().unwrap() > 0.0),
+        "{json}"
+    );
+    assert!(
+        !json["auto_budget"]["draft"].as_array().unwrap().is_empty(),
+        "{json}"
+    );
 
     let zero = failure(&[
         "generate",

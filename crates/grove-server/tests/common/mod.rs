@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use candle_core::Device;
-use grove_engine::{Drafter, EngineLimits, GeneratorOptions, SpecAlgorithm, SpeculationSettings};
+use grove_engine::{
+    Budget, Drafter, EngineLimits, GeneratorOptions, SpecAlgorithm, SpeculationSettings,
+};
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
 use grove_server::{ConnectionLimits, EngineSettings, EngineStatus, ServedModel, ServerConfig};
 use grove_testkit::random_checkpoint::{RandomCheckpoint, RandomDrafter};
@@ -78,7 +80,7 @@ pub fn config(
             options: GeneratorOptions::default(),
             speculation: SpeculationSettings {
                 algorithm: SpecAlgorithm::DDTree,
-                budget: Some(budget),
+                budget: Some(Budget::Fixed(budget)),
                 ..Default::default()
             },
             limits: EngineLimits {

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::loading::{ModelArgs, SpecArgs};
+use grove_engine::Budget;
+
+use crate::loading::{parse_budget, ModelArgs, SpecArgs};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -14,10 +16,10 @@ pub struct BenchArgs {
     /// alternating, in one run.
     #[command(flatten)]
     pub spec: SpecArgs,
-    /// DDTree budgets to compare (with --speculative-algorithm ddtree); default: the one
-    /// --speculative-ddtree-budget gives.
-    #[arg(long, value_delimiter = ',')]
-    pub budgets: Vec<usize>,
+    /// DDTree budgets to compare (with --speculative-algorithm ddtree), numbers or `auto`
+    /// (e.g. 1,2,4,8,auto); default: the one --speculative-ddtree-budget gives.
+    #[arg(long, value_delimiter = ',', value_parser = parse_budget)]
+    pub budgets: Vec<Budget>,
     /// Prompt length for the prefill/decode measurement.
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
@@ -51,6 +53,15 @@ pub struct BenchArgs {
     /// bandwidth and decode as a fraction of the bandwidth floor, and grove's verify curve.
     #[arg(long)]
     pub compare_llama_cpp: bool,
+
+    /// Run the automatic budget and plain decoding alternately on code prompts for --duration
+    /// seconds, another process taking a core from half-way, and write load_change.json (the
+    /// chosen budgets step by step) and load_change.png into this directory.
+    #[arg(long)]
+    pub load_change: Option<PathBuf>,
+    /// Seconds of --load-change.
+    #[arg(long, default_value_t = 40.0)]
+    pub duration: f64,
 
     /// Run none / dflash / ddtree over the --budgets sweep on fixed code prompts and write
     /// report.json plus charts (budget.png, acceptance.png) into this directory.

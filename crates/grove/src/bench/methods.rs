@@ -4,7 +4,10 @@
 
 use anyhow::{Context, Result};
 use grove_core::{SamplingParams, StopCondition, TokenId};
-use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{
+    AutoBudgetReport, Budget, DFlashSpec, Drafter, GenerateRequest, Generator, GeneratorOptions,
+    SpeculationSettings,
+};
 use grove_model::Model;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -52,6 +55,8 @@ struct BenchReport {
     methods: Vec<MethodReport>,
     verify_context: usize,
     verify_cost: Vec<VerifyPoint>,
+    /// The automatic budget's cost table and calibration after the runs (when one ran).
+    auto_budget: Option<AutoBudgetReport>,
 }
 
 pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
@@ -70,6 +75,10 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
     let methods = methods_to_compare(args, model, drafter.as_ref())?;
     let samples = measure(args, &methods, repetitions, &mut random_tokens)?;
     let method_reports = method_reports(&methods, samples);
+    let auto_budget = methods
+        .iter()
+        .find(|(_, g)| g.auto_budget())
+        .map(|(_, g)| g.auto_budget_report());
     let verify_cost = verify_curve(model, args, repetitions, &mut random_tokens)?;
     let report = BenchReport {
         model: loaded.dir.display().to_string(),
@@ -87,6 +96,7 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
         methods: method_reports,
         verify_context: args.context,
         verify_cost,
+        auto_budget,
     };
     print_report(&report);
     if let Some(path) = &args.json {
@@ -120,21 +130,36 @@ fn methods_to_compare<'a>(
     methods.push(("dflash".into(), dflash));
     if args.spec.speculative_algorithm == SpecAlgorithm::DDTree {
         let budgets = if args.budgets.is_empty() {
-            vec![args.spec.ddtree_budget(drafter)]
+            vec![args.spec.ddtree_budget()]
         } else {
             args.budgets.clone()
         };
         for budget in budgets {
-            let top_k = args.spec.speculative_ddtree_topk.unwrap_or(budget);
-            let tree = Generator::new(model, None, options.clone()).with_ddtree(DDTreeSpec {
-                drafter,
-                budget,
-                top_k,
-            })?;
-            methods.push((format!("ddtree-b{budget}"), tree));
+            let generator = Generator::new(model, None, options.clone());
+            methods.push(ddtree_method(args, generator, drafter, budget)?);
         }
     }
     Ok(methods)
+}
+
+/// DDTree at `budget` (a number, or `auto`: then `ddtree-auto`), named for the tables.
+pub(super) fn ddtree_method<'a>(
+    args: &BenchArgs,
+    generator: Generator<'a>,
+    drafter: &'a grove_model::DFlashDrafter,
+    budget: Budget,
+) -> Result<(String, Generator<'a>)> {
+    let settings = SpeculationSettings {
+        algorithm: grove_engine::SpecAlgorithm::DDTree,
+        budget: Some(budget),
+        ..args.spec.settings()
+    };
+    let generator = generator.with_speculation(settings, Some(drafter as &dyn Drafter))?;
+    let name = match budget {
+        Budget::Fixed(nodes) => format!("ddtree-b{nodes}"),
+        Budget::Auto => "ddtree-auto".into(),
+    };
+    Ok((name, generator))
 }
 
 /// Every method on the same random prompt per repetition, alternating, after one warm-up.
@@ -225,5 +250,33 @@ fn print_report(report: &BenchReport) {
         report.verify_context,
         report.repetitions,
         &report.verify_cost,
+    );
+    if let Some(auto) = &report.auto_budget {
+        print_cost_table(auto);
+    }
+}
+
+/// The automatic budget's measured costs (by context class and count) and calibration.
+pub(super) fn print_cost_table(auto: &AutoBudgetReport) {
+    for (name, unit, cells) in [
+        ("verify", "rows", &auto.verify),
+        ("draft", "sequences", &auto.draft),
+    ] {
+        eprintln!("auto budget: {name} cost (ms, moving average of measured steps)");
+        let mut contexts: Vec<usize> = cells.iter().map(|c| c.context).collect();
+        contexts.dedup();
+        for context in contexts {
+            let row: Vec<String> = cells
+                .iter()
+                .filter(|c| c.context == context)
+                .map(|c| format!("{} {}: {:.2} (n={})", c.count, unit, c.ms, c.observations))
+                .collect();
+            eprintln!("  context >= {context:>5}: {}", row.join(", "));
+        }
+    }
+    let factors: Vec<String> = auto.calibration.iter().map(|f| format!("{f:.2}")).collect();
+    eprintln!(
+        "auto budget: observed / predicted acceptance by depth: {}",
+        factors.join(" ")
     );
 }

@@ -7,12 +7,13 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use grove_core::{SamplingParams, StopCondition};
-use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{Budget, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
 use plotters::prelude::*;
 use serde::Serialize;
 
 use super::args::BenchArgs;
 use super::measure::Spread;
+use super::methods::ddtree_method;
 use crate::loading;
 
 /// Code prompts: function headers and docstrings of the kind HumanEval poses.
@@ -32,8 +33,13 @@ pub const PROMPTS: [&str; 10] = [
 #[derive(Debug, Serialize)]
 struct MethodResult {
     method: String,
-    /// Non-root nodes per round (0 for none; the chain length for DFlash).
+    /// Non-root nodes per round (0 for none; the chain length for DFlash; the ceiling for
+    /// `auto`).
     budget: usize,
+    /// The budget was chosen each round (`ddtree-auto`).
+    auto: bool,
+    /// Draft nodes verified per round, on average.
+    mean_budget: f64,
     decode_tokens_per_s: Spread,
     mean_accept_length: f64,
     speedup_vs_none: f64,
@@ -52,6 +58,29 @@ struct Report {
     methods: Vec<MethodResult>,
 }
 
+/// Greedy requests of `new_tokens` tokens for [`PROMPTS`], stopping at the model's stop tokens.
+pub(super) fn code_requests(
+    tokenizer: &grove_model::TextTokenizer,
+    stop_token_ids: &[u32],
+    new_tokens: usize,
+) -> Result<Vec<GenerateRequest>> {
+    PROMPTS
+        .iter()
+        .map(|text| {
+            Ok(GenerateRequest {
+                prompt: tokenizer.encode(text, true)?,
+                sampling: SamplingParams::greedy(),
+                stop: StopCondition {
+                    max_new_tokens: new_tokens,
+                    stop_token_ids: stop_token_ids.to_vec(),
+                    stop_strings: Vec::new(),
+                },
+                speculation: Default::default(),
+            })
+        })
+        .collect()
+}
+
 pub fn run(args: &BenchArgs, dir: &Path) -> Result<()> {
     loading::with_threads(args.model.threads, |threads| report(args, dir, threads))
 }
@@ -68,26 +97,14 @@ fn report(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
     let stop_token_ids = loaded.stop_token_ids()?;
     let block = drafter.config().block_size;
     let budgets = if args.budgets.is_empty() {
-        vec![1, 2, 4, 8, 16, 32]
+        let mut budgets: Vec<Budget> = [1, 2, 4, 8, 16, 32].map(Budget::Fixed).to_vec();
+        budgets.push(Budget::Auto);
+        budgets
     } else {
         args.budgets.clone()
     };
     let methods = methods_to_compare(args, &loaded.model, tokenizer, &drafter, &budgets)?;
-    let requests: Vec<GenerateRequest> = PROMPTS
-        .iter()
-        .map(|text| {
-            Ok(GenerateRequest {
-                prompt: tokenizer.encode(text, true)?,
-                sampling: SamplingParams::greedy(),
-                stop: StopCondition {
-                    max_new_tokens: args.new_tokens,
-                    stop_token_ids: stop_token_ids.clone(),
-                    stop_strings: Vec::new(),
-                },
-                speculation: Default::default(),
-            })
-        })
-        .collect::<Result<_>>()?;
+    let requests = code_requests(tokenizer, &stop_token_ids, args.new_tokens)?;
     let repetitions = args.repetitions.max(1);
     let results = measure(&methods, &requests, repetitions, block)?;
     let report = Report {
@@ -112,7 +129,7 @@ fn methods_to_compare<'a>(
     model: &'a grove_model::Decoder,
     tokenizer: &'a grove_model::TextTokenizer,
     drafter: &'a grove_model::DFlashDrafter,
-    budgets: &[usize],
+    budgets: &[Budget],
 ) -> Result<Vec<(String, usize, Generator<'a>)>> {
     let block = drafter.config().block_size;
     let options = GeneratorOptions {
@@ -135,14 +152,9 @@ fn methods_to_compare<'a>(
         ),
     ];
     for &budget in budgets {
-        let top_k = args.spec.speculative_ddtree_topk.unwrap_or(budget);
-        let generator =
-            Generator::new(model, Some(tokenizer), options.clone()).with_ddtree(DDTreeSpec {
-                drafter,
-                budget,
-                top_k,
-            })?;
-        methods.push((format!("ddtree-b{budget}"), budget, generator));
+        let generator = Generator::new(model, Some(tokenizer), options.clone());
+        let (name, generator) = ddtree_method(args, generator, drafter, budget)?;
+        methods.push((name, generator.max_budget(), generator));
     }
     Ok(methods)
 }
@@ -156,6 +168,7 @@ fn measure(
     block: usize,
 ) -> Result<Vec<MethodResult>> {
     let mut speeds: Vec<Vec<f64>> = vec![Vec::new(); methods.len()];
+    let mut nodes = vec![0; methods.len()];
     let mut histograms: Vec<Vec<usize>> = vec![vec![0; block]; methods.len()];
     for repetition in 0..repetitions + 1 {
         for request in requests {
@@ -166,6 +179,7 @@ fn measure(
                     continue; // warm-up, or nothing decoded
                 }
                 speeds[index].push(stats.decode_tokens_per_s);
+                nodes[index] += stats.tree_nodes;
                 for &tau in &stats.accept_lengths {
                     histograms[index][tau - 1] += 1;
                 }
@@ -177,19 +191,24 @@ fn measure(
         .iter()
         .zip(speeds)
         .zip(histograms)
-        .map(|(((name, budget, _), speeds), histogram)| {
-            let spread = Spread::of(speeds);
-            let rounds: usize = histogram.iter().sum();
-            let tokens: usize = histogram.iter().enumerate().map(|(k, n)| (k + 1) * n).sum();
-            MethodResult {
-                method: name.clone(),
-                budget: *budget,
-                speedup_vs_none: spread.median / none_speed,
-                decode_tokens_per_s: spread,
-                mean_accept_length: tokens as f64 / rounds.max(1) as f64,
-                accept_histogram: histogram,
-            }
-        })
+        .zip(nodes)
+        .map(
+            |((((name, budget, generator), speeds), histogram), nodes)| {
+                let spread = Spread::of(speeds);
+                let rounds: usize = histogram.iter().sum();
+                let tokens: usize = histogram.iter().enumerate().map(|(k, n)| (k + 1) * n).sum();
+                MethodResult {
+                    method: name.clone(),
+                    budget: *budget,
+                    auto: generator.auto_budget(),
+                    mean_budget: nodes as f64 / rounds.max(1) as f64,
+                    speedup_vs_none: spread.median / none_speed,
+                    decode_tokens_per_s: spread,
+                    mean_accept_length: tokens as f64 / rounds.max(1) as f64,
+                    accept_histogram: histogram,
+                }
+            },
+        )
         .collect();
     Ok(results)
 }
@@ -201,12 +220,13 @@ fn write(report: &Report, dir: &Path) -> Result<()> {
         dir.join("report.json"),
         serde_json::to_string_pretty(report)?,
     )?;
-    eprintln!("  method       budget  decode tok/s   x none   tau");
+    eprintln!("  method       budget  mean nodes  decode tok/s   x none   tau");
     for m in &report.methods {
         eprintln!(
-            "  {:<12} {:>6} {:>13.1} {:>8.2} {:>5.2}",
+            "  {:<12} {:>6} {:>11.2} {:>13.1} {:>8.2} {:>5.2}",
             m.method,
             m.budget,
+            m.mean_budget,
             m.decode_tokens_per_s.median,
             m.speedup_vs_none,
             m.mean_accept_length
@@ -249,14 +269,15 @@ fn charts(report: &Report, dir: &Path) -> Result<()> {
     let trees: Vec<&MethodResult> = report
         .methods
         .iter()
-        .filter(|m| m.method.starts_with("ddtree"))
+        .filter(|m| m.method.starts_with("ddtree") && !m.auto)
         .collect();
+    let auto = report.methods.iter().find(|m| m.auto);
     let dflash = report
         .methods
         .iter()
         .find(|m| m.method == "dflash")
         .context("dflash ran")?;
-    budget_chart(&trees, dflash, dir)?;
+    budget_chart(&trees, dflash, auto, dir)?;
     let best = trees
         .iter()
         .max_by(|a, b| a.speedup_vs_none.total_cmp(&b.speedup_vs_none))
@@ -264,8 +285,14 @@ fn charts(report: &Report, dir: &Path) -> Result<()> {
     acceptance_chart(dflash, best, dir)
 }
 
-/// `budget.png`: speedup and tau of each DDTree budget, DFlash and plain decoding as lines.
-fn budget_chart(trees: &[&MethodResult], dflash: &MethodResult, dir: &Path) -> Result<()> {
+/// `budget.png`: speedup and tau of each DDTree budget; DFlash, the automatic budget and plain
+/// decoding as lines.
+fn budget_chart(
+    trees: &[&MethodResult],
+    dflash: &MethodResult,
+    auto: Option<&MethodResult>,
+    dir: &Path,
+) -> Result<()> {
     let xs: Vec<f64> = trees.iter().map(|m| (m.budget as f64).log2()).collect();
     let x_range = xs.first().copied().unwrap_or(0.0) - 0.3..xs.last().copied().unwrap_or(1.0) + 0.3;
 
@@ -287,6 +314,7 @@ fn budget_chart(trees: &[&MethodResult], dflash: &MethodResult, dir: &Path) -> R
             .iter()
             .map(|m| value(m))
             .chain([value(dflash), 1.0])
+            .chain(auto.map(value))
             .collect();
         let y_max = ys.iter().copied().fold(0.0, f64::max) * 1.15;
         let mut chart = ChartBuilder::on(area)
@@ -327,6 +355,18 @@ fn budget_chart(trees: &[&MethodResult], dflash: &MethodResult, dir: &Path) -> R
             ))?
             .label(format!("DFlash (block {})", dflash.budget + 1))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED.stroke_width(2)));
+        if let Some(auto) = auto {
+            let color = RGBColor(0, 150, 70);
+            chart
+                .draw_series(LineSeries::new(
+                    [(x_range.start, value(auto)), (x_range.end, value(auto))],
+                    color.stroke_width(2),
+                ))?
+                .label(format!("auto (mean {:.1} nodes)", auto.mean_budget))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+        }
         chart
             .draw_series(LineSeries::new(
                 [(x_range.start, 1.0), (x_range.end, 1.0)],

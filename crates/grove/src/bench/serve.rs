@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures_util::StreamExt;
-use grove_engine::{EngineLimits, GeneratorOptions, SpecAlgorithm};
+use grove_engine::{Budget, EngineLimits, GeneratorOptions, SpecAlgorithm};
 use grove_model::Model;
 use grove_server::{EngineSettings, ServerConfig};
 use rand::{Rng, SeedableRng};
@@ -58,11 +58,29 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let threads = loading::resolve_threads(args.model.threads);
     let loaded = loading::load(&args.model)?;
     let drafter = args.spec.load_drafter(&loaded)?;
-    let mut methods = vec!["none"];
+    let mut methods = vec![("none".to_string(), json!({"algorithm": "none"}))];
     let mut speculation = args.spec.settings();
     if drafter.is_some() {
-        methods.extend(["dflash", "ddtree"]);
         speculation.algorithm = SpecAlgorithm::DDTree;
+        // The server's own budget (auto unless a number was given), then each --budgets one.
+        let own = match args.spec.ddtree_budget() {
+            Budget::Auto => "auto".to_string(),
+            Budget::Fixed(nodes) => format!("b{nodes}"),
+        };
+        methods.push(("dflash".into(), json!({"algorithm": "dflash"})));
+        methods.push((format!("ddtree-{own}"), json!({"algorithm": "ddtree"})));
+        for budget in &args.budgets {
+            let (label, value) = match budget {
+                Budget::Auto => ("auto".to_string(), json!("auto")),
+                Budget::Fixed(nodes) => (format!("b{nodes}"), json!(nodes)),
+            };
+            if label != own {
+                methods.push((
+                    format!("ddtree-{label}"),
+                    json!({"algorithm": "ddtree", "budget": value}),
+                ));
+            }
+        }
     }
     let max_concurrency = args.concurrency.iter().copied().max().unwrap_or(1);
     let vocab = loaded.model.config().vocab_size;
@@ -152,24 +170,25 @@ struct Load<'a> {
 impl Load<'_> {
     /// Each method in turn after a warm-up request of each: its point, throughput as a ratio
     /// to plain decoding at the same concurrency.
-    async fn run(&self, methods: &[&str]) -> Result<Vec<ServePoint>> {
+    async fn run(&self, methods: &[(String, Value)]) -> Result<Vec<ServePoint>> {
         let new_tokens = self.args.new_tokens;
-        for method in methods {
+        for (_, method) in methods {
             request(self.client, self.base, &self.prompts[0], new_tokens, method).await?;
         }
         let mut points: Vec<ServePoint> = Vec::new();
-        for method in methods {
+        for (label, method) in methods {
             let start = Instant::now();
             let all = self.clients(method).await?;
             let wall = start.elapsed().as_secs_f64();
             let baseline = points.first().map(|p| p.output_tokens_per_s);
-            points.push(self.point(method, &all, wall, baseline));
+            points.push(self.point(label, &all, wall, baseline));
         }
         Ok(points)
     }
 
-    /// Every client's requests for `method`, the clients concurrent.
-    async fn clients(&self, method: &str) -> Result<Vec<Timing>> {
+    /// Every client's requests with `method` (the `speculative` extension), the clients
+    /// concurrent.
+    async fn clients(&self, method: &Value) -> Result<Vec<Timing>> {
         let per_client = self.args.requests_per_client;
         let per_client =
             futures_util::future::join_all((0..self.concurrency).map(|c| async move {
@@ -226,10 +245,10 @@ fn report(args: &BenchArgs, threads: usize, points: &[ServePoint]) -> Result<()>
         args.new_tokens,
         args.requests_per_client
     );
-    eprintln!("  method  conc  reqs    tok/s  x none   req/s  ttft p50/p90 ms   itl p50 ms  e2e p50/p90 ms   tau");
+    eprintln!("  method       conc  reqs    tok/s  x none   req/s  ttft p50/p90 ms   itl p50 ms  e2e p50/p90 ms   tau");
     for p in points {
         eprintln!(
-            "  {:<7} {:>4} {:>5} {:>8.1} {:>7.2} {:>7.2} {:>7.1}/{:<7.1} {:>10.2} {:>8.1}/{:<8.1} {:>5.2}",
+            "  {:<12} {:>4} {:>5} {:>8.1} {:>7.2} {:>7.2} {:>7.1}/{:<7.1} {:>10.2} {:>8.1}/{:<8.1} {:>5.2}",
             p.method, p.concurrency, p.requests, p.output_tokens_per_s, p.throughput_vs_none,
             p.requests_per_s, p.ttft_ms_p50, p.ttft_ms_p90, p.inter_token_ms_p50, p.e2e_ms_p50,
             p.e2e_ms_p90, p.mean_accept_length
@@ -245,18 +264,19 @@ fn report(args: &BenchArgs, threads: usize, points: &[ServePoint]) -> Result<()>
     Ok(())
 }
 
-/// One streaming completion of exactly `new_tokens` tokens with `method`.
+/// One streaming completion of exactly `new_tokens` tokens with `method` (the `speculative`
+/// extension).
 async fn request(
     client: &reqwest::Client,
     base: &str,
     prompt: &[u32],
     new_tokens: usize,
-    method: &str,
+    method: &Value,
 ) -> Result<Timing> {
     let body = json!({
         "model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
         "ignore_eos": true, "stream": true, "return_token_ids": true,
-        "stream_options": {"include_usage": true}, "speculative": {"algorithm": method},
+        "stream_options": {"include_usage": true}, "speculative": method,
     });
     let start = Instant::now();
     let response = client
