@@ -177,7 +177,13 @@ impl<'a> RoundRunner<'a> {
         let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
         let emitter = Emitter::new(self.tokenizer, &request.stop);
         let budget = AutoBudget::lock(&self.auto).new_sequence();
-        Sequence::new(id, request, method, emitter, pools, (max_depth, budget))
+        let mut sequence = Sequence::new(id, request, method, emitter, pools, (max_depth, budget));
+        if sequence.auto && budget.dormant() {
+            // Drafting has not paid lately and it is not this one's turn to look: its prefill
+            // need not feed the drafter either.
+            sequence.drop_draft_context();
+        }
+        sequence
     }
 
     /// Pages of each pool `sequence` still needs for its prefill and first round, past what

@@ -125,6 +125,7 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
         commands,
         status: status.clone(),
         default_algorithm: engine.default_algorithm,
+        auto_budget: engine.auto_budget,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),

@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub commands: Sender<Submission>,
     pub status: Arc<EngineStatus>,
     pub default_algorithm: SpecAlgorithm,
+    /// Requests that do not choose get a budget chosen each round (`"auto"`).
+    pub auto_budget: bool,
     pub created: u64,
     pub next_id: AtomicU64,
     /// Permits for requests being parsed and tokenized at once ([`VALIDATION_TASKS`]).
@@ -473,6 +475,12 @@ async fn server_info(State(state): State<AppState>, headers: HeaderMap) -> Respo
         "disable_radix_cache": !worker.prefix_cache,
         "speculative_algorithm": state.default_algorithm,
         "speculative_draft_model_path": worker.drafter_path,
+        // The default budget: chosen each round, or the ceiling (draft nodes per round).
+        "speculative_budget": if state.auto_budget {
+            json!("auto")
+        } else {
+            json!(limits.verify_rows - 1)
+        },
         "max_verify_rows": limits.verify_rows,
     }))
     .into_response()

@@ -125,6 +125,8 @@ pub(crate) struct Ready {
     /// The most rows one verify may add (the speculation ceiling + 1).
     pub verify_rows: usize,
     pub default_algorithm: SpecAlgorithm,
+    /// Requests that do not choose get a budget chosen each round.
+    pub auto_budget: bool,
 }
 
 /// Builds the generator and engine over `served`, reports `Ready`, and runs the step loop
@@ -152,6 +154,7 @@ pub(crate) fn run(
         kv_tokens: engine.total_pages() * settings.options.page_size.max(1),
         verify_rows: generator.max_budget() + 1,
         default_algorithm: generator.default_algorithm(),
+        auto_budget: generator.auto_budget(),
     });
     drop(ready);
     let mut clients: HashMap<RequestId, Client> = HashMap::new();

@@ -329,6 +329,7 @@ async fn worker_metadata_answers_what_the_gateway_asks() {
         assert_eq!(info["max_running_requests"], 3);
         assert_eq!(info["max_total_tokens"], 2048);
         assert_eq!(info["speculative_algorithm"], "ddtree");
+        assert_eq!(info["speculative_budget"], 4, "a fixed budget: the ceiling");
         assert!(info["version"].as_str().unwrap().starts_with("grove "));
     }
     for path in ["/model_info", "/get_model_info"] {
@@ -338,5 +339,33 @@ async fn worker_metadata_answers_what_the_gateway_asks() {
         assert_eq!(info["is_generation"], true);
         assert_eq!(info["model_type"], "qwen3");
         assert_eq!(info["architectures"], json!(["Qwen3ForCausalLM"]));
+    }
+}
+
+/// A request may have its budget chosen each round (`"budget": "auto"`) on a server with a
+/// fixed one: its tokens are plain decoding's, and `usage` says what was chosen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_automatic_budget_is_lossless_and_reports_its_choice() {
+    let server = TestServer::start(golden_served(), config("golden", 12, 4096, 4, 16));
+    for (prompt, max_tokens) in prompts(4, 11) {
+        let (status, plain) = server
+            .post("/v1/completions", &greedy_body(&prompt, max_tokens, "none"))
+            .await;
+        assert_eq!(status, 200, "{plain}");
+        let mut body = greedy_body(&prompt, max_tokens, "ddtree");
+        body["speculative"]["budget"] = json!("auto");
+        let (status, auto) = server.post("/v1/completions", &body).await;
+        assert_eq!(status, 200, "{auto}");
+        assert_eq!(token_ids(&auto), token_ids(&plain));
+        let usage = &auto["usage"]["speculative"];
+        assert_eq!(usage["auto_budget"], true, "{usage}");
+        assert_eq!(usage["budget"], 12, "{usage}");
+        let mean = usage["mean_budget"].as_f64().unwrap();
+        assert!((0.0..=12.0).contains(&mean), "{usage}");
+        let rounds = usage["rounds"].as_u64().unwrap();
+        assert!(
+            usage["rounds_without_drafts"].as_u64().unwrap() <= rounds,
+            "{usage}"
+        );
     }
 }

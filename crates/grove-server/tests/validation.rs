@@ -293,6 +293,14 @@ rule!(
     Some("speculative.budget")
 );
 rule!(
+    speculative_budget_unknown_name,
+    C,
+    completion(json!({"speculative": {"budget": "fast"}})),
+    400,
+    BAD,
+    Some("speculative.budget")
+);
+rule!(
     speculative_budget_zero,
     C,
     completion(json!({"speculative": {"budget": 0}})),
