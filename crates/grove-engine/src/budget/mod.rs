@@ -72,6 +72,11 @@ impl SequenceBudget {
         self.rows
     }
 
+    /// It drafts this round because it had to look, not because drafting paid lately.
+    pub fn looking(&self) -> bool {
+        self.looked
+    }
+
     pub fn dormant(&self) -> bool {
         self.dormant
     }

@@ -105,7 +105,7 @@ impl RoundRunner<'_> {
         let draft = draft.as_secs_f64();
         auto.choices += 1;
         let explore = auto.choices.is_multiple_of(EXPLORE_EVERY);
-        let taken = choose_nodes(
+        let mut taken = choose_nodes(
             &open,
             fixed_rows,
             fixed_tokens,
@@ -113,6 +113,13 @@ impl RoundRunner<'_> {
             explore,
         );
         drop(auto);
+        // A look verifies at least the best node: an under-confident drafter whose predictions
+        // never pay on their face would otherwise never be observed, and never calibrated.
+        for ((nodes, sequence), &chose) in taken.iter_mut().zip(batch).zip(&choosing) {
+            if chose && sequence.budget.looking() {
+                *nodes = (*nodes).max(1);
+            }
+        }
         for ((tree, gains), (&nodes, &chose)) in trees
             .iter_mut()
             .zip(gains.iter_mut())
