@@ -86,7 +86,7 @@ fn a_drafter_that_is_never_right_is_skipped() -> Result<()> {
     let (target, _) = golden_pair()?;
     let prompt: Vec<TokenId> = (0..20).map(|i| (i * 37 % 1021) as TokenId).collect();
     let [_, (adversary, reference)] = scripted_pair(&target, &prompt, 48)?;
-    let output = run_auto(&target, &adversary, &prompt, 48)?;
+    let output = run_auto(&target, &adversary, &prompt, 48, &(vec![], vec![]))?;
     assert_eq!(output.token_ids, reference);
     let stats = &output.stats;
     assert!(stats.auto_budget);

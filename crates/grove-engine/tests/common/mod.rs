@@ -217,15 +217,16 @@ pub fn auto<'a>(
     Ok(generator)
 }
 
-/// An automatic DDTree budget over `drafter`, its costs measured (nothing preloaded), on
-/// `max_new` greedy tokens after `prompt`.
+/// An automatic DDTree budget over `drafter` with `costs` (measured when empty), on `max_new`
+/// greedy tokens after `prompt`.
 pub fn run_auto(
     target: &Decoder,
     drafter: &dyn Drafter,
     prompt: &[TokenId],
     max_new: usize,
+    costs: &Costs,
 ) -> Result<GenerateOutput> {
-    let generator = auto(target, drafter, SpecAlgorithm::DDTree, &(vec![], vec![]))?;
+    let generator = auto(target, drafter, SpecAlgorithm::DDTree, costs)?;
     let output = generator.generate(&greedy(prompt, max_new), |_| {})?;
     eprintln!("{:?}", generator.auto_budget_report());
     Ok(output)
