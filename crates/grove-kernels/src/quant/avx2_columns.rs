@@ -43,16 +43,17 @@ unsafe fn broadcast<const R: usize>(x: &Acts<R>, r: usize, at: usize) -> __m256i
 
 /// `G` groups (from activation offset `at`) into each row's integer sums, which start at
 /// `start`; `u(g)` gives group `g`'s half vector (unsigned weights, or with `SIGNED` signed
-/// ones, multiplied as `|q| * sign(x, q)`). Every `ADD` groups' 16-bit sums are widened once.
+/// ones, multiplied as `|q| * sign(x, q)`). Every `ADD` groups' 16-bit sums are widened once,
+/// by `vpmaddwd` with `widen`: ones, or a lane's scale twice (the scale applied in integers).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots<const R: usize, const G: usize, const ADD: usize, const SIGNED: bool>(
     start: [__m256i; R],
     x: &Acts<R>,
     at: usize,
+    widen: __m256i,
     u: impl Fn(usize) -> __m256i,
 ) -> [__m256i; R] {
-    let ones = _mm256_set1_epi16(1);
     let mut sums = start;
     for chunk in 0..G / ADD {
         let mut pairs = [_mm256_setzero_si256(); R];
@@ -73,10 +74,63 @@ unsafe fn dots<const R: usize, const G: usize, const ADD: usize, const SIGNED: b
             }
         }
         for r in 0..R {
-            sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs[r], ones));
+            sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs[r], widen));
         }
     }
     sums
+}
+
+/// 8 bytes at `p` (unsigned, or signed where `SIGNED`), each twice in its lane as 16 bits:
+/// eight rows' scales for `vpmaddwd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn doubled<const SIGNED: bool>(p: *const u8) -> __m256i {
+    let bytes = _mm_loadl_epi64(p.cast());
+    let ints = if SIGNED {
+        _mm256_and_si256(_mm256_cvtepi8_epi32(bytes), _mm256_set1_epi32(0xFFFF))
+    } else {
+        _mm256_cvtepu8_epi32(bytes)
+    };
+    _mm256_or_si256(ints, _mm256_slli_epi32::<16>(ints))
+}
+
+/// 8 bytes at `a` and 8 at `b` (unsigned, or signed where `SIGNED`), lane `p` holding `a[p]`
+/// then `b[p]` as 16 bits: two sub-blocks' scales or mins of eight rows for `vpmaddwd`
+/// against the two sub-blocks' activation sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn paired<const SIGNED: bool>(a: *const u8, b: *const u8) -> __m256i {
+    let bytes = _mm_unpacklo_epi8(_mm_loadl_epi64(a.cast()), _mm_loadl_epi64(b.cast()));
+    if SIGNED {
+        _mm256_cvtepi8_epi16(bytes)
+    } else {
+        _mm256_cvtepu8_epi16(bytes)
+    }
+}
+
+/// Row `r`'s sum of its activations' sub-blocks `index` and `index + 1` against `pairs[t]`
+/// (from [`paired`]) for `t < T`: sub-blocks `index + 2t`, `index + 2t + 1`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn paired_sums<const R: usize, const T: usize>(
+    x: &Acts<R>,
+    r: usize,
+    index: usize,
+    pairs: &[__m256i; T],
+) -> __m256i {
+    let mut sum = _mm256_setzero_si256();
+    for t in 0..T {
+        let both = x.sums[r].add(index + 2 * t).cast::<i32>().read_unaligned();
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs[t], _mm256_set1_epi32(both)));
+    }
+    sum
+}
+
+/// Sixteen-bit ones: `vpmaddwd` by them only widens.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ones() -> __m256i {
+    _mm256_set1_epi16(1)
 }
 
 /// Each row's sums starting where block `index`'s zero point puts them.
@@ -91,19 +145,6 @@ unsafe fn zero_start<const R: usize>(x: &Acts<R>, index: usize) -> [__m256i; R] 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn halves(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
-}
-
-/// 8 bytes at `p` (unsigned, or signed where `SIGNED`) as f32 times `d`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: __m256) -> __m256 {
-    let bytes = _mm_loadl_epi64(p.cast());
-    let ints = if SIGNED {
-        _mm256_cvtepi8_epi32(bytes)
-    } else {
-        _mm256_cvtepu8_epi32(bytes)
-    };
-    _mm256_mul_ps(_mm256_cvtepi32_ps(ints), d)
 }
 
 /// Group `g` of the 8 groups of 32 weights in 4 nibble vectors at `p` (low nibbles groups
@@ -140,20 +181,51 @@ unsafe fn bits_to_bytes(bits: u32, value: __m256i) -> __m256i {
 
 /// One format's unit (`columns::unit_bytes`) of half a strip (its rows `8h..8h + 8`, the
 /// unit's vectors already offset to that half) against `R` activation rows, added into the
-/// rows' 8 outputs.
+/// rows' 8 outputs. The unit's weights are [`Format::GROUPS`] half vectors, each decoded
+/// where it is used or (`D`) loaded from `decoded`, where [`Format::group`] put them once for
+/// every tile of rows.
 trait Format {
     const FORMAT: QuantFormat;
     /// Groups whose 16-bit pair sums may be added before widening: with weights below `w`
     /// and activations of at most 127 a pair is below `2 w 127`, and `ADD` of them must stay
     /// under 2^15.
     const ADD: usize;
-    unsafe fn unit<const R: usize>(
+    /// The most activation rows a pass takes: what the registers hold beside a row's sums.
+    const TILE: usize;
+    /// Whether a product of more rows than one tile decodes each half strip once for all of
+    /// them (where a group's decode costs more than loading it again: measured).
+    const DECODE_ONCE: bool;
+    /// Half vectors of weights in a unit: `GROUPS / 8` parts (blocks or 32-weight pieces) of
+    /// 8 groups.
+    const GROUPS: usize;
+    /// Group `g` of part `part` of the unit's half `half`, decoded: the weights as `u` (Q8_0:
+    /// signed). `g` is a constant where it is called, so the decode is straight-line code.
+    unsafe fn group(unit: *const u8, half: usize, part: usize, g: usize) -> __m256i;
+    unsafe fn unit<const R: usize, const D: bool>(
         unit: *const u8,
         half: usize,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m256; R],
+        decoded: *const __m256i,
     );
+}
+
+/// Group `g` of part `part` of a unit: decoded here, or (`D`) where [`Format::group`] left it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weights<F: Format, const D: bool>(
+    unit: *const u8,
+    half: usize,
+    decoded: *const __m256i,
+    part: usize,
+    g: usize,
+) -> __m256i {
+    if D {
+        _mm256_load_si256(decoded.add(8 * part + g))
+    } else {
+        F::group(unit, half, part, g)
+    }
 }
 
 struct Q8_0;
@@ -189,23 +261,32 @@ impl Format for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
     // Signed, `|q| <= 128`: one group's pairs, 2 * 128 * 127, is all 16 bits hold.
     const ADD: usize = 1;
+    const TILE: usize = 4;
+    const DECODE_ONCE: bool = false;
+    const GROUPS: usize = 16;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unit<const R: usize>(
+    unsafe fn group(unit: *const u8, half: usize, b: usize, g: usize) -> __m256i {
+        let vector = unit.add(at::q8_block(b) + HALF_VECTOR * half + VECTOR * g);
+        // Stored as q + 128: the sign bit flipped back.
+        _mm256_xor_si256(_mm256_loadu_si256(vector.cast()), _mm256_set1_epi8(-128))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
         unit: *const u8,
         half: usize,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m256; R],
+        decoded: *const __m256i,
     ) {
-        let flip = _mm256_set1_epi8(-128);
         block_pair(unit, half, i, x, acc, |b, block| {
-            let vectors = unit.add(at::q8_block(b) + HALF_VECTOR * half);
             let zero = [_mm256_setzero_si256(); R];
-            dots::<R, 8, { Self::ADD }, true>(zero, x, 32 * block, |g| {
-                // Stored as q + 128: the sign bit flipped back.
-                _mm256_xor_si256(_mm256_loadu_si256(vectors.add(VECTOR * g).cast()), flip)
+            dots::<R, 8, { Self::ADD }, true>(zero, x, 32 * block, ones(), |g| {
+                weights::<Self, D>(unit, half, decoded, b, g)
             })
         });
     }
@@ -215,27 +296,35 @@ impl Format for Q5_0 {
     const FORMAT: QuantFormat = QuantFormat::Q5_0;
     // u < 32: 4 * 2 * 31 * 127 < 2^15.
     const ADD: usize = 4;
+    const TILE: usize = 4;
+    const DECODE_ONCE: bool = true;
+    const GROUPS: usize = 16;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unit<const R: usize>(
+    unsafe fn group(unit: *const u8, half: usize, b: usize, g: usize) -> __m256i {
+        let quants = unit.add(at::q5_block(b));
+        // Bit p of group g's word is the fifth bit of the vector's byte p: this half's are
+        // the word's 32 bits at 4 * half bytes.
+        let bits = quants.add(at::Q5_BITS + 4 * half).cast::<u32>();
+        let fifth = bits_to_bytes(bits.add(2 * g).read_unaligned(), _mm256_set1_epi8(16));
+        _mm256_or_si256(nibble_group(quants.add(HALF_VECTOR * half), g), fifth)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
         unit: *const u8,
         half: usize,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m256; R],
+        decoded: *const __m256i,
     ) {
-        let sixteen = _mm256_set1_epi8(16);
         block_pair(unit, half, i, x, acc, |b, block| {
             let start = zero_start::<R>(x, block);
-            let quants = unit.add(at::q5_block(b));
-            let low = quants.add(HALF_VECTOR * half);
-            // Bit p of group g's word is the fifth bit of the vector's byte p: this half's are
-            // the word's 32 bits at 4 * half bytes.
-            let bits = quants.add(at::Q5_BITS + 4 * half).cast::<u32>();
-            dots::<R, 8, { Self::ADD }, false>(start, x, 32 * block, |g| {
-                let fifth = bits.add(2 * g).read_unaligned();
-                _mm256_or_si256(nibble_group(low, g), bits_to_bytes(fifth, sixteen))
+            dots::<R, 8, { Self::ADD }, false>(start, x, 32 * block, ones(), |g| {
+                weights::<Self, D>(unit, half, decoded, b, g)
             })
         });
     }
@@ -245,37 +334,50 @@ impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
     // u < 16: 8 * 2 * 15 * 127 < 2^15.
     const ADD: usize = 8;
+    const TILE: usize = 4;
+    const DECODE_ONCE: bool = false;
+    const GROUPS: usize = 64;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unit<const R: usize>(
+    unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
+        nibble_group(unit.add(at::q4k_quants(j) + HALF_VECTOR * half), g)
+    }
+
+    /// In integers up to the super-block: each sub-block's 16-bit sums widened by its 6-bit
+    /// scales (`vpmaddwd`), the mins' term as two sub-blocks' mins against their activation
+    /// sums; then one conversion and scaling per row (at most 8 * 2 * 8 * 15 * 127 * 63 and
+    /// 8 * 63 * 32 * 127: far inside 32 bits).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
         unit: *const u8,
         half: usize,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m256; R],
+        decoded: *const __m256i,
     ) {
-        let rows = 2 * HALF * half;
-        let (d, dmin) = (
-            halves(unit.add(at::D + rows)),
-            halves(unit.add(at::DMIN + rows)),
-        );
+        let mut sums = [_mm256_setzero_si256(); R];
         for j in 0..8 {
-            let scales = byte_scales::<false>(unit.add(at::q4k_scales(j) + HALF * half), d);
-            let mins = byte_scales::<false>(unit.add(at::q4k_mins(j) + HALF * half), dmin);
-            let quants = unit.add(at::q4k_quants(j) + HALF_VECTOR * half);
-            let zero = [_mm256_setzero_si256(); R];
-            let sums = dots::<R, 8, { Self::ADD }, false>(zero, x, 256 * i + 32 * j, |g| {
-                nibble_group(quants, g)
+            let scales = doubled::<false>(unit.add(at::q4k_scales(j) + HALF * half));
+            sums = dots::<R, 8, { Self::ADD }, false>(sums, x, 256 * i + 32 * j, scales, |g| {
+                weights::<Self, D>(unit, half, decoded, j, g)
             });
-            // Scaled per sub-block, the activation scale included (no second accumulator per
-            // row: the registers hold the tile's sums).
-            for r in 0..R {
-                let scale = _mm256_mul_ps(scales, _mm256_set1_ps(*x.scale[r].add(i)));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
-                let x_sum = _mm256_set1_ps(*x.scaled_sum32[r].add(8 * i + j));
-                acc[r] = _mm256_fnmadd_ps(mins, x_sum, acc[r]);
-            }
+        }
+        let mins: [__m256i; 4] = std::array::from_fn(|t| {
+            let at = |j: usize| unit.add(at::q4k_mins(j) + HALF * half);
+            paired::<false>(at(2 * t), at(2 * t + 1))
+        });
+        let rows = 2 * HALF * half;
+        let d = halves(unit.add(at::D + rows));
+        let dmin = halves(unit.add(at::DMIN + rows));
+        for r in 0..R {
+            let x_scale = _mm256_set1_ps(*x.scale[r].add(i));
+            let min_sums = _mm256_cvtepi32_ps(paired_sums(x, r, 8 * i, &mins));
+            let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[r]), d);
+            let value = _mm256_fnmadd_ps(min_sums, dmin, scaled);
+            acc[r] = _mm256_fmadd_ps(value, x_scale, acc[r]);
         }
     }
 }
@@ -284,105 +386,223 @@ impl Format for Q6K {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     // u < 64: 2 * 2 * 63 * 127 < 2^15.
     const ADD: usize = 2;
+    const TILE: usize = 4;
+    const DECODE_ONCE: bool = true;
+    const GROUPS: usize = 64;
 
+    /// Group `g` of weights `32j..32j + 32`: its two top bits (bits 2 (g mod 4) of its tops
+    /// vector) moved to bits 4-5, joined to its low nibble.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unit<const R: usize>(
+    unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
+        let quants = unit.add(at::q6k_quants(j) + HALF_VECTOR * half);
+        let t = _mm256_loadu_si256(quants.add(at::Q6_TOPS + VECTOR * (g / 4)).cast());
+        let moved = match g % 4 {
+            0 => _mm256_slli_epi16::<4>(t),
+            1 => _mm256_slli_epi16::<2>(t),
+            2 => t,
+            _ => _mm256_srli_epi16::<2>(t),
+        };
+        let tops = _mm256_and_si256(moved, _mm256_set1_epi8(0x30));
+        _mm256_or_si256(nibble_group(quants, g), tops)
+    }
+
+    /// In integers up to the super-block as Q4_K's: each 16-weight sub-block's sums widened
+    /// by its signed scale, the zero point (32) as two sub-blocks' scales against their
+    /// activation sums (at most 32 chunks x 2 x 2 x 2 x 63 x 127 x 128, and 32 x 16 x 128 x
+    /// 16 x 127: inside 32 bits).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
         unit: *const u8,
         half: usize,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m256; R],
+        decoded: *const __m256i,
     ) {
-        let d = halves(unit.add(at::D + 2 * HALF * half));
-        let tops_mask = _mm256_set1_epi8(0x30);
+        let scale_at = |sub: usize| unit.add(at::q6k_scales(sub) + HALF * half);
+        let mut sums = [_mm256_setzero_si256(); R];
         for j in 0..8 {
-            let quants = unit.add(at::q6k_quants(j) + HALF_VECTOR * half);
-            // Group g's two top bits (bits 2 (g mod 4) of its tops vector) moved to bits 4-5,
-            // then joined to its low nibble.
-            let u = |g: usize| {
-                let t = _mm256_loadu_si256(quants.add(at::Q6_TOPS + VECTOR * (g / 4)).cast());
-                let moved = match g % 4 {
-                    0 => _mm256_slli_epi16::<4>(t),
-                    1 => _mm256_slli_epi16::<2>(t),
-                    2 => t,
-                    _ => _mm256_srli_epi16::<2>(t),
-                };
-                _mm256_or_si256(nibble_group(quants, g), _mm256_and_si256(moved, tops_mask))
-            };
             for sub_half in 0..2 {
-                // Sub-block 2j + sub_half: 16 weights, zero point 32.
                 let sub = 2 * j + sub_half;
-                let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub) + HALF * half), d);
-                let start = zero_start::<R>(x, 16 * i + sub);
-                let sums = dots::<R, 4, { Self::ADD }, false>(start, x, 256 * i + 16 * sub, |g| {
-                    u(4 * sub_half + g)
+                let (scales, at) = (doubled::<true>(scale_at(sub)), 256 * i + 16 * sub);
+                sums = dots::<R, 4, { Self::ADD }, false>(sums, x, at, scales, |g| {
+                    weights::<Self, D>(unit, half, decoded, j, 4 * sub_half + g)
                 });
-                for r in 0..R {
-                    let scale = _mm256_mul_ps(scales, _mm256_set1_ps(*x.scale[r].add(i)));
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
-                }
             }
+        }
+        let pairs: [__m256i; 8] =
+            std::array::from_fn(|t| paired::<true>(scale_at(2 * t), scale_at(2 * t + 1)));
+        let d = halves(unit.add(at::D + 2 * HALF * half));
+        for r in 0..R {
+            let zero = _mm256_slli_epi32::<5>(paired_sums(x, r, 16 * i, &pairs));
+            let value = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r], zero));
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale[r].add(i)));
+            acc[r] = _mm256_fmadd_ps(value, scale, acc[r]);
         }
     }
 }
 
-/// The share's strips against its activation rows `start..start + R`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn strips<F: Format, const R: usize>(share: &Share<'_>, start: usize) {
-    let x = Acts::<R>::new(share.acts, F::FORMAT, share.first + start);
-    let units = share.acts.k / columns::unit_weights(F::FORMAT);
-    let unit_bytes = columns::unit_bytes(F::FORMAT);
-    let out = share.out.add(start * share.stride);
-    for s in 0..share.count {
-        let strip = share.strips.add(s * units * unit_bytes);
+/// Where half `half` of strip `s` goes: its first unit, its rows' outputs (`written` of them
+/// at `out`, activation row `r`'s at `+ r * stride`).
+struct HalfStrip {
+    strip: *const u8,
+    half: usize,
+    out: *mut f32,
+    written: usize,
+}
+
+impl HalfStrip {
+    unsafe fn new<F: Format>(share: &Share<'_>, s: usize, half: usize) -> Self {
+        let units = share.acts.k / columns::unit_weights(F::FORMAT);
         let rows = if s + 1 == share.count {
             share.last
         } else {
             STRIP
         };
-        for half in 0..rows.div_ceil(HALF) {
-            let mut acc = [_mm256_setzero_ps(); R];
-            for i in 0..units {
-                let unit = strip.add(i * unit_bytes);
-                // The first pass brings the strip in; the second finds it in L2.
-                if half == 0 {
-                    prefetch(unit, unit_bytes);
-                }
-                F::unit::<R>(unit, half, i, &x, &mut acc);
-            }
-            let written = (rows - HALF * half).min(HALF);
-            for r in 0..R {
-                let mut lanes = [0f32; HALF];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r]);
-                let to = out.add(r * share.stride + STRIP * s + HALF * half);
-                std::ptr::copy_nonoverlapping(lanes.as_ptr(), to, written);
-            }
+        Self {
+            strip: share.strips.add(s * units * columns::unit_bytes(F::FORMAT)),
+            half,
+            out: share.out.add(STRIP * s + HALF * half),
+            written: rows.saturating_sub(HALF * half).min(HALF),
+        }
+    }
+
+    /// Activation rows `start..start + acc.len()`'s outputs.
+    unsafe fn write(&self, share: &Share<'_>, start: usize, acc: &[__m256]) {
+        for (r, sums) in acc.iter().enumerate() {
+            let mut lanes = [0f32; HALF];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *sums);
+            let to = self.out.add((start + r) * share.stride);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), to, self.written);
         }
     }
 }
 
-/// [`strips`] for activation rows `0..rows` of the share, in tiles of 4, 2 and 1 (a tile's
-/// sums, 16-bit pairs and accumulators fill the 16 registers at 4).
+/// A half strip against the share's activation rows `start..start + R`, each group decoded
+/// where it is used, or (`D`) read from `decoded` (the half strip's units one after another);
+/// every unit advances `stream`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pass<F: Format, const R: usize, const D: bool>(
+    share: &Share<'_>,
+    place: &HalfStrip,
+    start: usize,
+    stream: &mut Stream,
+    decoded: *const __m256i,
+) {
+    let x = Acts::<R>::new(share.acts, F::FORMAT, share.first + start);
+    let units = share.acts.k / columns::unit_weights(F::FORMAT);
+    let unit_bytes = columns::unit_bytes(F::FORMAT);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for i in 0..units {
+        let unit = place.strip.add(i * unit_bytes);
+        stream.advance();
+        let decoded = decoded.wrapping_add(i * F::GROUPS);
+        F::unit::<R, D>(unit, place.half, i, &x, &mut acc, decoded);
+    }
+    place.write(share, start, &acc);
+}
+
+/// Requests for the share's weights at the pace its passes read them: each pass over a unit
+/// (any tile, either half) advances `step` bytes and asks for the lines `simd::PREFETCH` and
+/// `PREFETCH_L2` past, so a strip's passes together ask for one strip. (Asking only in its
+/// first pass left memory idle in the others: 8 rows cost about the sum of reading the
+/// weights and multiplying them.)
+struct Stream {
+    at: *const u8,
+    end: *const u8,
+    step: usize,
+}
+
+impl Stream {
+    fn new(bytes: *const u8, len: usize, step: usize) -> Self {
+        Self {
+            at: bytes,
+            end: bytes.wrapping_add(len),
+            step: step.next_multiple_of(64),
+        }
+    }
+
+    #[inline]
+    unsafe fn advance(&mut self) {
+        if self.at < self.end {
+            prefetch(self.at, self.step);
+            self.at = self.at.wrapping_add(self.step);
+        }
+    }
+}
+
+/// Every tile of `rows` activation rows against a half strip.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn passes<F: Format, const D: bool>(
+    share: &Share<'_>,
+    place: &HalfStrip,
+    rows: usize,
+    stream: &mut Stream,
+    decoded: *const __m256i,
+) {
+    for (start, size) in tile_sizes::<F>(rows) {
+        match size {
+            6 => pass::<F, 6, D>(share, place, start, stream, decoded),
+            4 => pass::<F, 4, D>(share, place, start, stream, decoded),
+            2 => pass::<F, 2, D>(share, place, start, stream, decoded),
+            _ => pass::<F, 1, D>(share, place, start, stream, decoded),
+        }
+    }
+}
+
+/// The tile sizes `rows` activation rows pass in: `F::TILE` (6 or 4), then 4, 2 and 1.
+fn tile_sizes<F: Format>(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        let size = match rows - done {
+            0 => return None,
+            6.. if F::TILE >= 6 => 6,
+            4.. => 4,
+            left @ (2 | 3) => left - left % 2,
+            _ => 1,
+        };
+        done += size;
+        Some((done - size, size))
+    })
+}
+
+/// Activation rows `0..rows` of the share against its strips, a half strip at a time (it stays
+/// in L1 or L2 for every tile of rows). With more rows than one tile the half strip is decoded
+/// once into a buffer for all of them (a Q5_0 group's decode costs several of its products).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
-    let mut done = 0;
-    while done < rows {
-        done += match rows - done {
-            4.. => {
-                strips::<F, 4>(share, done);
-                4
+    let units = share.acts.k / columns::unit_weights(F::FORMAT);
+    let unit_bytes = columns::unit_bytes(F::FORMAT);
+    let once = F::DECODE_ONCE && rows > F::TILE;
+    let mut decoded = vec![_mm256_setzero_si256(); if once { units * F::GROUPS } else { 0 }];
+    let unit_passes = 2 * (tile_sizes::<F>(rows).count() + usize::from(once));
+    let len = share.count * units * unit_bytes;
+    let mut stream = Stream::new(share.strips, len, unit_bytes.div_ceil(unit_passes));
+    for s in 0..share.count {
+        for half in 0..2 {
+            let place = HalfStrip::new::<F>(share, s, half);
+            if place.written == 0 {
+                break;
             }
-            2.. => {
-                strips::<F, 2>(share, done);
-                2
+            if !once {
+                passes::<F, false>(share, &place, rows, &mut stream, std::ptr::null());
+                continue;
             }
-            _ => {
-                strips::<F, 1>(share, done);
-                1
+            for (i, unit_groups) in decoded.chunks_exact_mut(F::GROUPS).enumerate() {
+                let unit = place.strip.add(i * unit_bytes);
+                stream.advance();
+                for part in 0..F::GROUPS / 8 {
+                    for g in 0..8 {
+                        unit_groups[8 * part + g] = F::group(unit, half, part, g);
+                    }
+                }
             }
-        };
+            passes::<F, true>(share, &place, rows, &mut stream, decoded.as_ptr());
+        }
     }
 }
 

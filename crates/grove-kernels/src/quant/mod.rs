@@ -608,6 +608,10 @@ pub struct QuantizedRows {
     zero_q5: Vec<i32>,
     /// `[rows, k / 16]`, the same for Q6_K's 16-weight sub-blocks (zero point 32).
     zero_q6: Vec<i32>,
+    /// AVX2's Q4_K and Q6_K: `sum32` and `sum16` as 16-bit values (at most 32 * 127), so
+    /// two neighbours are one broadcast word for `vpmaddwd` against two scales or mins.
+    sum32_i16: Vec<i16>,
+    sum16_i16: Vec<i16>,
 }
 
 impl QuantizedRows {
@@ -646,17 +650,23 @@ impl QuantizedRows {
             zero_q8: Vec::new(),
             zero_q5: Vec::new(),
             zero_q6: Vec::new(),
+            sum32_i16: Vec::new(),
+            sum16_i16: Vec::new(),
         };
         quantize(x, &mut quantized);
         // What the column kernels read beside the values, each only where a format needs it
         // (AVX2's Q8_0 multiplies signed weights: no zero point).
-        if kernel != Kernel::Scalar {
+        let narrow = |sums: &[i32]| sums.iter().map(|&sum| sum as i16).collect();
+        if kernel == Kernel::Avx2 && formats.contains(&QuantFormat::Q4K) {
+            quantized.sum32_i16 = narrow(&quantized.sum32);
+        }
+        if kernel == Kernel::Avx2 && formats.contains(&QuantFormat::Q6K) {
+            quantized.sum16_i16 = narrow(&quantized.sum16);
+        }
+        if kernel == Kernel::Avx512Vnni {
             let times = |zero: i32, sums: &[i32]| sums.iter().map(|&sum| -zero * sum).collect();
-            if formats.contains(&QuantFormat::Q8_0) && kernel == Kernel::Avx512Vnni {
+            if formats.contains(&QuantFormat::Q8_0) {
                 quantized.zero_q8 = times(128, &quantized.sum32);
-            }
-            if formats.contains(&QuantFormat::Q5_0) {
-                quantized.zero_q5 = times(16, &quantized.sum32);
             }
             if formats.contains(&QuantFormat::Q4K) {
                 let QuantizedRows { scale, sum32, .. } = &quantized;
@@ -668,17 +678,21 @@ impl QuantizedRows {
                 quantized.zero_q6 = times(32, &quantized.sum16);
             }
         }
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_0) {
+            quantized.zero_q5 = (quantized.sum32.iter()).map(|&sum| -16 * sum).collect();
+        }
         quantized
     }
 
     /// Whether what `format`'s column kernel reads beside the values was made.
     fn ready_for(&self, format: QuantFormat) -> bool {
+        let avx2 = self.kernel == Kernel::Avx2;
         match format {
-            QuantFormat::Q8_0 => {
-                self.kernel == Kernel::Avx2 || self.zero_q8.len() == self.sum32.len()
-            }
+            QuantFormat::Q8_0 => avx2 || self.zero_q8.len() == self.sum32.len(),
             QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
+            QuantFormat::Q4K if avx2 => self.sum32_i16.len() == self.sum32.len(),
             QuantFormat::Q4K => self.scaled_sum32.len() == self.sum32.len(),
+            QuantFormat::Q6K if avx2 => self.sum16_i16.len() == self.sum16.len(),
             QuantFormat::Q6K => self.zero_q6.len() == self.sum16.len(),
         }
     }

@@ -30,6 +30,8 @@ pub(super) struct Acts<const R: usize> {
     pub zero: [*const i32; R],
     /// Q4_K: each 32 values' sum times its super-block's scale (the mins' term).
     pub scaled_sum32: [*const f32; R],
+    /// AVX2's Q4_K (Q6_K): each 32 (16) values' sum as 16 bits (`QuantizedRows::sum32_i16`).
+    pub sums: [*const i16; R],
 }
 
 impl<const R: usize> Acts<R> {
@@ -51,6 +53,10 @@ impl<const R: usize> Acts<R> {
             zero: std::array::from_fn(|r| zero.as_ptr().wrapping_add(row(r, k / per))),
             scaled_sum32: std::array::from_fn(|r| {
                 acts.scaled_sum32.as_ptr().wrapping_add(row(r, k / 32))
+            }),
+            sums: std::array::from_fn(|r| match format {
+                QuantFormat::Q6K => acts.sum16_i16.as_ptr().wrapping_add(row(r, k / 16)),
+                _ => acts.sum32_i16.as_ptr().wrapping_add(row(r, k / 32)),
             }),
         }
     }

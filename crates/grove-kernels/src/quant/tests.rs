@@ -333,6 +333,8 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 zero_q8: Vec::new(),
                 zero_q5: Vec::new(),
                 zero_q6: Vec::new(),
+                sum32_i16: Vec::new(),
+                sum16_i16: Vec::new(),
             };
             if vector {
                 super::simd::quantize(&x, &mut rows);
