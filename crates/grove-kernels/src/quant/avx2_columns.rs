@@ -4,13 +4,19 @@
 //!
 //! A 256-bit register holds half of a group's vector: the same four weights of eight rows. Its
 //! product with an activation row's four bytes broadcast is `vpmaddubsw` (unsigned weights
-//! times signed activations, adjacent pairs summed to 16 bits) then `vpmaddwd` by ones (the
-//! pairs summed to 32 bits: one lane per weight row), so as in the VNNI kernel a block's sums
-//! end in the lanes of eight outputs and nothing is reduced horizontally. Where the weights
-//! are small the 16-bit pair sums of several groups are added before widening (`ADD` groups:
-//! no sum can reach the 16-bit limit, see [`Format::ADD`]), which saves most of the widening.
-//! A strip is passed twice, rows 0-7 then rows 8-15: the second pass reads it from L2 (a
-//! strip is at most a few hundred KiB), and each pass keeps one accumulator per activation row.
+//! times signed activations, adjacent pairs summed to 16 bits) then `vpmaddwd` (the pairs
+//! summed to 32 bits: one lane per weight row), so as in the VNNI kernel a block's sums end in
+//! the lanes of eight outputs and nothing is reduced horizontally. Where the weights are small
+//! the 16-bit pair sums of several groups are added before widening (`ADD` groups: no sum can
+//! reach the 16-bit limit, see [`Format::ADD`]). The K-quants widen by their sub-blocks' small
+//! integer scales instead of ones, so a super-block stays in integers and is converted and
+//! scaled once per row, not once per sub-block and row.
+//!
+//! A strip is passed a half (8 rows) at a time, every tile of activation rows against one half
+//! before the next, so the strip is read from memory once and from L1 or L2 after. Where a
+//! group's decode costs several products (Q5_0's fifth bits, Q6_K's top bits) a product of
+//! more rows than a tile decodes each half strip once into a buffer the tiles read. The
+//! weights are requested ahead at the pace the passes read them ([`Stream`]).
 //!
 //! Q8_0's weights fill a byte, so `u * x` pairs could pass the 16-bit limit: they are taken as
 //! signed `q = u - 128` and multiplied as `|q| * (x signed like q)` (`vpsignb`), each pair at
@@ -386,7 +392,7 @@ impl Format for Q6K {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     // u < 64: 2 * 2 * 63 * 127 < 2^15.
     const ADD: usize = 2;
-    const TILE: usize = 4;
+    const TILE: usize = 6;
     const DECODE_ONCE: bool = true;
     const GROUPS: usize = 64;
 
