@@ -35,6 +35,7 @@ pub(super) struct Acts<const R: usize> {
 }
 
 impl<const R: usize> Acts<R> {
+    #[inline]
     pub fn new(acts: &QuantizedRows, format: QuantFormat, start: usize) -> Self {
         let k = acts.k;
         let row = |r: usize, per_row: usize| (start + r) * per_row;
