@@ -1,5 +1,6 @@
-//! Which instruction sets the kernels use: the best this CPU has, or the one `GROVE_KERNEL`
-//! names (to measure a path against another, or to test the portable one on any machine).
+//! Which instruction sets the kernels use: the best this CPU has (short of AMX, which runs
+//! when asked for), or the one `GROVE_KERNEL` names (to measure a path against another, or to
+//! test the portable one on any machine).
 //!
 //! Every SIMD path asks [`level`] (once per process it reads the CPU's features and the
 //! variable), so forcing a level forces it everywhere: quantized and dense products,
@@ -20,6 +21,9 @@ pub enum Level {
     Avx2,
     /// AVX-512 F/BW/DQ with VNNI, F16C and BMI2 (every kernel).
     Avx512,
+    /// AVX-512 and AMX-INT8 tiles: quantized products of several activation rows on tiles,
+    /// everything else as `Avx512`. Runs only when asked for (see [`Level::default_here`]).
+    Amx,
 }
 
 impl Level {
@@ -29,6 +33,7 @@ impl Level {
             Self::Scalar => "scalar",
             Self::Avx2 => "avx2",
             Self::Avx512 => "avx512",
+            Self::Amx => "amx",
         }
     }
 
@@ -45,6 +50,9 @@ impl Level {
                 && has!("bmi2")
                 && has!("fma")
             {
+                if crate::quant::amx_tiles::available() {
+                    return Self::Amx;
+                }
                 return Self::Avx512;
             }
             if has!("avx2") && has!("fma") && has!("f16c") {
@@ -61,13 +69,7 @@ impl Level {
             "scalar" => Self::Scalar,
             "avx2" => Self::Avx2,
             "avx512" => Self::Avx512,
-            "amx" => {
-                return Err(format!(
-                    "{VARIABLE}=amx: this build has no AMX kernels yet (levels: scalar, avx2, \
-                     avx512; this CPU runs up to {})",
-                    supported.name()
-                ))
-            }
+            "amx" => Self::Amx,
             other => {
                 return Err(format!(
                     "{VARIABLE}={other:?} is not a kernel level (scalar, avx2, avx512, amx)"
@@ -84,11 +86,20 @@ impl Level {
         Ok(level)
     }
 
-    /// The level `GROVE_KERNEL` asks for, or the best supported where it is unset.
+    /// The level kernels run at unless `GROVE_KERNEL` says otherwise: the best supported,
+    /// short of AMX. The AMX kernel is tested against a model of the tiles on every machine
+    /// and against the tiles where a CPU has them, but its speed and the row count from which
+    /// it wins have not been measured on an AMX machine yet, so it runs when asked for
+    /// (`GROVE_KERNEL=amx`).
+    pub fn default_here() -> Self {
+        Self::supported().min(Self::Avx512)
+    }
+
+    /// The level `GROVE_KERNEL` asks for, or [`Level::default_here`] where it is unset.
     pub fn from_env() -> Result<Self, String> {
         match std::env::var(VARIABLE) {
             Ok(value) if !value.trim().is_empty() => Self::parse(&value),
-            _ => Ok(Self::supported()),
+            _ => Ok(Self::default_here()),
         }
     }
 }
@@ -116,20 +127,36 @@ mod tests {
         assert_eq!(
             Level::parse(" AVX512 ").map(Level::name),
             match Level::supported() {
-                Level::Avx512 => Ok("avx512"),
+                Level::Avx512 | Level::Amx => Ok("avx512"),
                 best => Err(format!(
                     "GROVE_KERNEL=avx512: this CPU runs up to {}",
                     best.name()
                 )),
             }
         );
-        let amx = Level::parse("amx").unwrap_err();
-        assert!(amx.contains("no AMX kernels"), "{amx}");
+        match Level::supported() {
+            Level::Amx => assert_eq!(Level::parse("amx"), Ok(Level::Amx)),
+            best => assert_eq!(
+                Level::parse("amx"),
+                Err(format!(
+                    "GROVE_KERNEL=amx: this CPU runs up to {}",
+                    best.name()
+                ))
+            ),
+        }
+        assert!(
+            Level::default_here() <= Level::Avx512,
+            "AMX only when asked"
+        );
         let unknown = Level::parse("sse9").unwrap_err();
         assert!(
             unknown.contains("\"sse9\" is not a kernel level"),
             "{unknown}"
         );
-        assert!(Level::Scalar < Level::Avx2 && Level::Avx2 < Level::Avx512);
+        assert!(
+            Level::Scalar < Level::Avx2
+                && Level::Avx2 < Level::Avx512
+                && Level::Avx512 < Level::Amx
+        );
     }
 }

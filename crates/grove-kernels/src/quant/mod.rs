@@ -14,10 +14,15 @@
 //! `weight = s * u - m`; the dot with an activation chunk `x = dx * q` is
 //! `sum_lanes(dx * (s * dot4(u, q) - m * sum4(q)))`.
 
+#[cfg(target_arch = "x86_64")]
+mod amx_columns;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx_tiles;
 mod arena;
 #[cfg(target_arch = "x86_64")]
 mod avx2_columns;
 mod columns;
+mod kernel;
 mod products;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -28,6 +33,7 @@ mod simd_columns;
 use std::borrow::Cow;
 use std::sync::Arc;
 
+pub use kernel::Kernel;
 pub use products::{matmul_gated, matmul_gated_with, matmul_many, matmul_many_with};
 
 use rayon::prelude::*;
@@ -180,7 +186,7 @@ impl Layout {
     /// The layout `kernel` multiplies every format in.
     pub fn for_kernel(kernel: Kernel) -> Self {
         match kernel {
-            Kernel::Avx512Vnni | Kernel::Avx2 => Self::Columns,
+            Kernel::Amx | Kernel::Avx512Vnni | Kernel::Avx2 => Self::Columns,
             Kernel::Scalar => Self::Gguf,
         }
     }
@@ -443,6 +449,11 @@ impl QMatrix {
         if kernel != Kernel::Scalar && self.layout == Layout::Columns {
             debug_assert!(first.is_multiple_of(columns::STRIP));
             let strips = self.strips(first / columns::STRIP, columns::strips(w));
+            if kernel == Kernel::Amx && rows >= amx_columns::MIN_ROWS {
+                // Tiles of 16 rows: the tile holds a block's activations, L1 need not.
+                amx_columns::dot_strips(self.format, strips, w, acts, 0, rows, outputs, w);
+                return;
+            }
             let dot_strips = match kernel {
                 Kernel::Avx2 => avx2_columns::dot_strips,
                 _ => simd_columns::dot_strips,
@@ -480,59 +491,6 @@ pub fn streaming_sum(words: &[u64]) -> u64 {
         return simd::streaming_sum(Kernel::detect(), words);
     }
     words.iter().fold(0, |a, &b| a.wrapping_add(b))
-}
-
-/// Which implementation runs the dot products.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernel {
-    /// Portable Rust, any CPU.
-    Scalar,
-    /// AVX2 with FMA and F16C (`vpmaddubsw`).
-    Avx2,
-    /// AVX-512 F/BW with VNNI.
-    Avx512Vnni,
-}
-
-impl Kernel {
-    /// The fastest kernel allowed here (this CPU's, unless `GROVE_KERNEL` asks for less).
-    pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if crate::cpu::allows(crate::cpu::Level::Avx512) {
-            return Self::Avx512Vnni;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if crate::cpu::allows(crate::cpu::Level::Avx2) {
-            return Self::Avx2;
-        }
-        Self::Scalar
-    }
-
-    /// Whether this CPU has the kernel's instructions (whatever `GROVE_KERNEL` asks for).
-    pub fn runs_here(self) -> bool {
-        let needs = match self {
-            Self::Scalar => crate::cpu::Level::Scalar,
-            Self::Avx2 => crate::cpu::Level::Avx2,
-            Self::Avx512Vnni => crate::cpu::Level::Avx512,
-        };
-        crate::cpu::Level::supported() >= needs
-    }
-
-    /// Every kernel this CPU runs, the reference first (tests compare them all).
-    pub fn available() -> Vec<Self> {
-        [Self::Scalar, Self::Avx2, Self::Avx512Vnni]
-            .into_iter()
-            .filter(|kernel| kernel.runs_here())
-            .collect()
-    }
-
-    /// The name reports print.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Scalar => "scalar",
-            Self::Avx2 => "avx2",
-            Self::Avx512Vnni => "avx512-vnni",
-        }
-    }
 }
 
 /// `row`'s blocks as GGUF stores them (a copy for the column layout).
@@ -618,7 +576,7 @@ impl QuantizedRows {
     /// `x` (`[rows, k]`) quantized for products with matrices of `formats` (all of one
     /// activation block size), with the copies in kernel order those formats' kernels read.
     pub fn new(x: &[f32], rows: usize, k: usize, formats: &[QuantFormat]) -> Self {
-        Self::for_kernel(Kernel::detect(), x, rows, k, formats)
+        Self::for_kernel(Kernel::detect().activations(), x, rows, k, formats)
     }
 
     /// [`QuantizedRows::new`] for `kernel` (one this CPU runs).
@@ -629,6 +587,39 @@ impl QuantizedRows {
         k: usize,
         formats: &[QuantFormat],
     ) -> Self {
+        Self::quantized_by(quantize, kernel, x, rows, k, formats)
+    }
+
+    /// [`QuantizedRows::for_kernel`] through the portable quantizer (the same bits), so that
+    /// tests can make any kernel's activations on any CPU.
+    #[cfg(test)]
+    fn portable_for(
+        kernel: Kernel,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        formats: &[QuantFormat],
+    ) -> Self {
+        Self::quantized_by(quantize_portable, kernel, x, rows, k, formats)
+    }
+
+    /// Rows of the sizes `kernel` and `formats` need, filled by `quantizer`.
+    fn quantized_by(
+        quantizer: fn(&[f32], &mut Self),
+        kernel: Kernel,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        formats: &[QuantFormat],
+    ) -> Self {
+        let mut quantized = Self::unfilled(kernel, rows, k, formats);
+        quantizer(x, &mut quantized);
+        quantized.add_sums_for(formats);
+        quantized
+    }
+
+    /// Zeroed rows of the sizes [`QuantizedRows::quantized_by`] fills.
+    fn unfilled(kernel: Kernel, rows: usize, k: usize, formats: &[QuantFormat]) -> Self {
         let block = formats.first().map_or(32, |f| f.activation_block());
         assert!(
             formats.iter().all(|f| f.activation_block() == block),
@@ -638,7 +629,7 @@ impl QuantizedRows {
             k.is_multiple_of(block) && block.is_multiple_of(32),
             "k = {k} is not a multiple of {block}"
         );
-        let mut quantized = Self {
+        Self {
             kernel,
             k,
             block,
@@ -652,10 +643,14 @@ impl QuantizedRows {
             zero_q6: Vec::new(),
             sum32_i16: Vec::new(),
             sum16_i16: Vec::new(),
-        };
-        quantize(x, &mut quantized);
-        // What the column kernels read beside the values, each only where a format needs it
-        // (AVX2's Q8_0 multiplies signed weights: no zero point).
+        }
+    }
+
+    /// What `self.kernel`'s column kernels of `formats` read beside the values, each only
+    /// where a format needs it (AVX2's Q8_0 multiplies signed weights: no zero point).
+    fn add_sums_for(&mut self, formats: &[QuantFormat]) {
+        let kernel = self.kernel;
+        let quantized = self;
         let narrow = |sums: &[i32]| sums.iter().map(|&sum| sum as i16).collect();
         if kernel == Kernel::Avx2 && formats.contains(&QuantFormat::Q4K) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
@@ -681,7 +676,6 @@ impl QuantizedRows {
         if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_0) {
             quantized.zero_q5 = (quantized.sum32.iter()).map(|&sum| -16 * sum).collect();
         }
-        quantized
     }
 
     /// Whether what `format`'s column kernel reads beside the values was made.

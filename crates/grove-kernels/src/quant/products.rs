@@ -175,7 +175,11 @@ fn quantize_for(
                 .collect();
             formats.dedup();
             quantized.push(QuantizedRows::for_kernel(
-                kernel, x, rows, matrix.k, &formats,
+                kernel.activations(),
+                x,
+                rows,
+                matrix.k,
+                &formats,
             ));
         }
     }

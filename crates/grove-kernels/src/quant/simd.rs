@@ -36,7 +36,7 @@ pub(super) fn quantize(x: &[f32], rows: &mut QuantizedRows) {
     // above.
     unsafe {
         match rows.kernel {
-            Kernel::Avx512Vnni => quantize_avx512(x, rows),
+            Kernel::Avx512Vnni | Kernel::Amx => quantize_avx512(x, rows),
             _ => quantize_avx2(x, rows),
         }
     }
@@ -119,7 +119,7 @@ pub(super) fn streaming_sum(kernel: Kernel, words: &[u64]) -> u64 {
     // SAFETY: the CPU has the kernel's features (asserted); loads stay inside `words`.
     unsafe {
         match kernel {
-            Kernel::Avx512Vnni => streaming_sum_avx512(words),
+            Kernel::Avx512Vnni | Kernel::Amx => streaming_sum_avx512(words),
             _ => streaming_sum_avx2(words),
         }
     }

@@ -5,6 +5,8 @@ use candle_core::Device;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+#[cfg(target_arch = "x86_64")]
+use super::simd_columns::Share;
 use super::*;
 
 const FORMATS: [QuantFormat; 4] = [
@@ -184,6 +186,7 @@ fn simd_kernels(test: &str) -> Vec<Kernel> {
         .collect();
     crate::skip_without("avx2", kernels.contains(&Kernel::Avx2), test);
     crate::skip_without("avx512", kernels.contains(&Kernel::Avx512Vnni), test);
+    crate::skip_without("amx", kernels.contains(&Kernel::Amx), test);
     kernels
 }
 
@@ -382,6 +385,85 @@ fn gated_products_equal_the_products_then_the_gate() {
                     format.name()
                 );
             }
+        }
+    }
+}
+
+/// The AMX kernel's product on the tiles' model (`amx_tiles::Emulated`), on any CPU.
+#[cfg(target_arch = "x86_64")]
+fn emulated_amx(matrix: &QMatrix, x: &[f32], rows: usize) -> Vec<f32> {
+    let (format, (n, k)) = (matrix.format(), matrix.dims());
+    let acts = QuantizedRows::portable_for(Kernel::Amx.activations(), x, rows, k, &[format]);
+    let strips = matrix.strips(0, columns::strips(n));
+    let mut out = vec![f32::NAN; rows * n];
+    let kernel = Kernel::Amx.activations();
+    let share = Share::new(kernel, format, strips, n, &acts, 0, rows, &mut out, n);
+    super::amx_columns::emulated(format, &share, rows);
+    out
+}
+
+/// The AMX kernel, its tiles modelled, against the reference on every format: tiles of 1-16
+/// rows and the 16-row tiles' remainders, a last strip of 5 rows, K-quants of several
+/// super-blocks. Where the CPU has AVX-512 its bits are the VNNI kernel's, and where it has
+/// AMX, the tiles' own.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_kernel_on_modelled_tiles_agrees_with_the_reference() {
+    let hardware: Vec<Kernel> = [Kernel::Avx512Vnni, Kernel::Amx]
+        .into_iter()
+        .filter(|kernel| kernel.runs_here())
+        .collect();
+    eprintln!("AMX kernel on modelled tiles; bit for bit against {hardware:?}");
+    let shapes = (1..=18)
+        .chain([31, 32, 33, 47, 67])
+        .map(|rows| (37, 512, rows))
+        .chain([(48, 1024, 20)]);
+    for (format, (n, k, rows)) in FORMATS
+        .into_iter()
+        .flat_map(|f| shapes.clone().map(move |s| (f, s)))
+    {
+        let matrix = in_layout(&QMatrix::random(format, n, k, 5), Layout::Columns);
+        let x = random_input(rows, k, 100 + rows as u64);
+        let ours = emulated_amx(&matrix, &x, rows);
+        let reference = matrix.matmul_with(Kernel::Scalar, &x, rows);
+        let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in reference.iter().zip(&ours).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * largest,
+                "{} [{n}, {k}] x {rows} rows, output {i}: reference {a}, AMX {b}",
+                format.name()
+            );
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for &kernel in &hardware {
+            assert_eq!(
+                bits(&matrix.matmul_with(kernel, &x, rows)),
+                bits(&ours),
+                "{} [{n}, {k}] x {rows} rows: {kernel:?} and the modelled AMX kernel",
+                format.name()
+            );
+        }
+    }
+}
+
+/// On modelled tiles too, a row's outputs do not depend on the rows in its tile.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_rows_are_the_same_in_any_tile() {
+    let (n, k, rows) = (21, 512, 19);
+    for format in FORMATS {
+        let matrix = in_layout(&QMatrix::random(format, n, k, 3), Layout::Columns);
+        let x = random_input(rows, k, 4);
+        let together = emulated_amx(&matrix, &x, rows);
+        for r in [0, 5, 15, 16, 18] {
+            let alone = emulated_amx(&matrix, &x[r * k..(r + 1) * k], 1);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&together[r * n..(r + 1) * n]),
+                bits(&alone),
+                "{}, row {r} of {rows}",
+                format.name()
+            );
         }
     }
 }
