@@ -12,6 +12,39 @@
 
 use rayon::prelude::*;
 
+/// A stored weight: f32, or a bfloat16 from a bfloat16 checkpoint. A bfloat16 is the high half
+/// of an f32, so widening it is exact: products read half the bytes and give the f32 copy's
+/// bits (decoding is a stream over the weights).
+pub trait Weight: Copy + Default + Send + Sync + 'static {
+    fn value(self) -> f32;
+}
+
+impl Weight for f32 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self
+    }
+}
+
+/// A bfloat16's bits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+impl Weight for Bf16 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        f32::from_bits(u32::from(self.0) << 16)
+    }
+}
+
+/// A strip matrix's weights, as the checkpoint stored them.
+#[derive(Debug, Clone)]
+enum Values {
+    F32(Vec<f32>),
+    Bf16(Vec<Bf16>),
+}
+
 /// Weight rows per strip: one f32 lane of a 512-bit vector each.
 pub const STRIP: usize = 16;
 /// Weight rows per parallel task.
@@ -21,32 +54,52 @@ const PARALLEL_MIN_WORK: usize = 1 << 18;
 /// Activation rows per pass over a strip (the most the registers hold: two sums per row).
 const TILE: usize = 8;
 
-/// An `[n, k]` f32 matrix in column strips.
+/// An `[n, k]` matrix (f32 or bfloat16 weights, f32 arithmetic) in column strips.
 #[derive(Debug, Clone)]
 pub struct DenseStrips {
     n: usize,
     k: usize,
     /// `[strips, k, 16]`; rows past `n` are zeros.
-    values: Vec<f32>,
+    values: Values,
+}
+
+/// The `[n, k]` row-major matrix `weight` in strips.
+fn in_strips<W: Weight>(weight: &[W], n: usize, k: usize) -> Vec<W> {
+    assert_eq!(weight.len(), n * k, "weight is not [n, k]");
+    let mut values = vec![W::default(); n.div_ceil(STRIP) * STRIP * k];
+    values
+        .par_chunks_mut(STRIP * k)
+        .enumerate()
+        .for_each(|(s, strip)| {
+            for p in 0..STRIP.min(n - s * STRIP) {
+                let row = &weight[(s * STRIP + p) * k..][..k];
+                for (i, &w) in row.iter().enumerate() {
+                    strip[i * STRIP + p] = w;
+                }
+            }
+        });
+    values
 }
 
 impl DenseStrips {
-    /// The `[n, k]` row-major matrix `weight` in strips.
+    /// The `[n, k]` row-major f32 matrix `weight` in strips.
     pub fn new(weight: &[f32], n: usize, k: usize) -> Self {
-        assert_eq!(weight.len(), n * k, "weight is not [n, k]");
-        let mut values = vec![0f32; n.div_ceil(STRIP) * STRIP * k];
-        values
-            .par_chunks_mut(STRIP * k)
-            .enumerate()
-            .for_each(|(s, strip)| {
-                for p in 0..STRIP.min(n - s * STRIP) {
-                    let row = &weight[(s * STRIP + p) * k..][..k];
-                    for (i, &w) in row.iter().enumerate() {
-                        strip[i * STRIP + p] = w;
-                    }
-                }
-            });
+        let values = Values::F32(in_strips(weight, n, k));
         Self { n, k, values }
+    }
+
+    /// The `[n, k]` row-major bfloat16 matrix `weight` in strips, kept in bfloat16.
+    pub fn new_bf16(weight: &[Bf16], n: usize, k: usize) -> Self {
+        let values = Values::Bf16(in_strips(weight, n, k));
+        Self { n, k, values }
+    }
+
+    /// Bytes per stored weight: 4, or 2 for bfloat16.
+    pub fn weight_bytes(&self) -> usize {
+        match self.values {
+            Values::F32(_) => 4,
+            Values::Bf16(_) => 2,
+        }
     }
 
     /// `(n, k)`: output rows, inputs per row.
@@ -61,14 +114,27 @@ impl DenseStrips {
             "row {j} of {} rows",
             self.n
         );
-        let strip = &self.values[j / STRIP * STRIP * self.k..][..STRIP * self.k];
-        for (value, column) in out.iter_mut().zip(strip.chunks_exact(STRIP)) {
-            *value = column[j % STRIP];
+        fn read<W: Weight>(values: &[W], j: usize, k: usize, out: &mut [f32]) {
+            let strip = &values[j / STRIP * STRIP * k..][..STRIP * k];
+            for (value, column) in out.iter_mut().zip(strip.chunks_exact(STRIP)) {
+                *value = column[j % STRIP].value();
+            }
+        }
+        match &self.values {
+            Values::F32(values) => read(values, j, self.k, out),
+            Values::Bf16(values) => read(values, j, self.k, out),
         }
     }
 
     /// `x W^T` as `[rows, n]` for `x: [rows, k]`.
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        match &self.values {
+            Values::F32(values) => self.matmul_values(values, x, rows),
+            Values::Bf16(values) => self.matmul_values(values, x, rows),
+        }
+    }
+
+    fn matmul_values<W: Weight>(&self, values: &[W], x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         assert_eq!(x.len(), rows * k, "input is not [rows, k]");
         if rows == 0 || n == 0 {
@@ -81,7 +147,7 @@ impl DenseStrips {
         let task = |(index, block): (usize, &mut [f32])| {
             let first = index * ROWS_PER_TASK;
             let w = block.len() / rows.max(1);
-            let strips = &self.values[first / STRIP * strip_len..][..w.div_ceil(STRIP) * strip_len];
+            let strips = &values[first / STRIP * strip_len..][..w.div_ceil(STRIP) * strip_len];
             product(strips, k, w, x, rows, block);
         };
         if n * k * rows >= PARALLEL_MIN_WORK {
@@ -94,7 +160,7 @@ impl DenseStrips {
 }
 
 /// `out[r * w + j]` = weight row `j` of `strips` (`j < w`) dotted with `x` row `r`.
-fn product(strips: &[f32], k: usize, w: usize, x: &[f32], rows: usize, out: &mut [f32]) {
+fn product<W: Weight>(strips: &[W], k: usize, w: usize, x: &[f32], rows: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::allows(crate::cpu::Level::Avx512) {
         // SAFETY: the level includes the features `product_avx512` is compiled for, found on
@@ -118,14 +184,21 @@ fn product(strips: &[f32], k: usize, w: usize, x: &[f32], rows: usize, out: &mut
 /// The reference: per output, the even inputs' and the odd inputs' fused multiply-adds in
 /// order, then their sum (what the vector kernel does lane by lane).
 #[inline(always)]
-fn product_portable(strips: &[f32], k: usize, w: usize, x: &[f32], rows: usize, out: &mut [f32]) {
+fn product_portable<W: Weight>(
+    strips: &[W],
+    k: usize,
+    w: usize,
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+) {
     for (s, strip) in strips.chunks_exact(STRIP * k).enumerate() {
         for p in 0..STRIP.min(w - s * STRIP) {
             for r in 0..rows {
                 let input = &x[r * k..(r + 1) * k];
                 let (mut even, mut odd) = (0f32, 0f32);
                 for (i, &value) in input.iter().enumerate() {
-                    let weight = strip[i * STRIP + p];
+                    let weight = strip[i * STRIP + p].value();
                     if i % 2 == 0 {
                         even = value.mul_add(weight, even);
                     } else {
@@ -143,8 +216,8 @@ fn product_portable(strips: &[f32], k: usize, w: usize, x: &[f32], rows: usize, 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn product_avx2(
-    strips: &[f32],
+unsafe fn product_avx2<W: Weight>(
+    strips: &[W],
     k: usize,
     w: usize,
     x: &[f32],
@@ -157,8 +230,8 @@ unsafe fn product_avx2(
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn product_avx512(
-    strips: &[f32],
+unsafe fn product_avx512<W: Weight>(
+    strips: &[W],
     k: usize,
     w: usize,
     x: &[f32],
@@ -179,10 +252,10 @@ unsafe fn product_avx512(
             // SAFETY: the strip holds `k` vectors, rows `done..done + tile` of `x` exist and
             // the masked stores stay inside `out` (asserted above).
             match tile {
-                TILE => strip_tile::<TILE>(strip, k, x, done, out, at, width),
-                4 => strip_tile::<4>(strip, k, x, done, out, at, width),
-                2 => strip_tile::<2>(strip, k, x, done, out, at, width),
-                _ => strip_tile::<1>(strip, k, x, done, out, at, width),
+                TILE => strip_tile::<W, TILE>(strip, k, x, done, out, at, width),
+                4 => strip_tile::<W, 4>(strip, k, x, done, out, at, width),
+                2 => strip_tile::<W, 2>(strip, k, x, done, out, at, width),
+                _ => strip_tile::<W, 1>(strip, k, x, done, out, at, width),
             }
         }
         done += tile;
@@ -195,8 +268,8 @@ unsafe fn product_avx512(
 #[allow(unsafe_code)]
 #[inline]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn strip_tile<const R: usize>(
-    strip: &[f32],
+unsafe fn strip_tile<W: Weight, const R: usize>(
+    strip: &[W],
     k: usize,
     x: &[f32],
     first: usize,
@@ -211,8 +284,8 @@ unsafe fn strip_tile<const R: usize>(
     let mut i = 0;
     while i + 1 < k {
         let (w0, w1) = (
-            _mm512_loadu_ps(weights.add(i * STRIP)),
-            _mm512_loadu_ps(weights.add((i + 1) * STRIP)),
+            load16(weights.add(i * STRIP)),
+            load16(weights.add((i + 1) * STRIP)),
         );
         for r in 0..R {
             even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*inputs[r].add(i)), w0, even[r]);
@@ -221,7 +294,7 @@ unsafe fn strip_tile<const R: usize>(
         i += 2;
     }
     if i < k {
-        let w0 = _mm512_loadu_ps(weights.add(i * STRIP));
+        let w0 = load16(weights.add(i * STRIP));
         for r in 0..R {
             even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*inputs[r].add(i)), w0, even[r]);
         }
@@ -233,12 +306,62 @@ unsafe fn strip_tile<const R: usize>(
     }
 }
 
+/// 16 weights at `p` as f32 (a bfloat16 widened: its bits moved to the high half).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn load16<W: Weight>(p: *const W) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    if std::mem::size_of::<W>() == 4 {
+        _mm512_loadu_ps(p.cast())
+    } else {
+        let halves = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(halves))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn wave(n: usize, seed: f32) -> Vec<f32> {
         (0..n).map(|i| ((i as f32 + seed) * 0.713).sin()).collect()
+    }
+
+    fn f32_values(strips: &DenseStrips) -> &[f32] {
+        match &strips.values {
+            Values::F32(values) => values,
+            Values::Bf16(_) => panic!("bfloat16 strips"),
+        }
+    }
+
+    /// Weights kept in bfloat16 give the bits of the same weights widened to f32, in every
+    /// tile (the kernel at this CPU's level and the reference), from half the bytes.
+    #[test]
+    fn bfloat16_strips_give_the_bits_of_their_f32_values() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (n, k) = (37, 33);
+        let halves: Vec<Bf16> = wave(n * k, 4.0)
+            .iter()
+            .map(|v| Bf16((v.to_bits() >> 16) as u16))
+            .collect();
+        let widened: Vec<f32> = halves.iter().map(|h| h.value()).collect();
+        let (narrow, wide) = (
+            DenseStrips::new_bf16(&halves, n, k),
+            DenseStrips::new(&widened, n, k),
+        );
+        assert_eq!((narrow.weight_bytes(), wide.weight_bytes()), (2, 4));
+        let mut row = vec![0f32; k];
+        narrow.row(n - 1, &mut row);
+        assert_eq!(row, widened[(n - 1) * k..]);
+        for rows in [1, 2, 3, 4, 7, 8, 9, 17] {
+            let x = wave(rows * k, rows as f32);
+            assert_eq!(
+                bits(&narrow.matmul(&x, rows)),
+                bits(&wide.matmul(&x, rows)),
+                "{rows} rows"
+            );
+        }
     }
 
     /// Every row count 1..=20 (every tile and remainder), odd `k`, a last strip of 5 rows and
@@ -256,7 +379,7 @@ mod tests {
                 let x = wave(rows * k, rows as f32);
                 let ours = strips.matmul(&x, rows);
                 let mut reference = vec![0f32; rows * n];
-                product_portable(&strips.values, k, n, &x, rows, &mut reference);
+                product_portable(f32_values(&strips), k, n, &x, rows, &mut reference);
                 assert_eq!(bits(&ours), bits(&reference), "[{n}, {k}] x {rows}");
                 for r in 0..rows {
                     let alone = strips.matmul(&x[r * k..(r + 1) * k], 1);
@@ -293,9 +416,9 @@ mod tests {
         // SAFETY: AVX2 and FMA were found on this CPU (`Level::supported`).
         #[allow(unsafe_code)]
         unsafe {
-            product_avx2(&strips.values, k, n, &x, rows, &mut ours)
+            product_avx2(f32_values(&strips), k, n, &x, rows, &mut ours)
         };
-        product_portable(&strips.values, k, n, &x, rows, &mut reference);
+        product_portable(f32_values(&strips), k, n, &x, rows, &mut reference);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&ours), bits(&reference));
     }

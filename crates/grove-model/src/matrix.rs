@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Storage, Tensor};
 use grove_kernels::quant::{self, QMatrix};
-use grove_kernels::strips::DenseStrips;
+use grove_kernels::strips::{Bf16, DenseStrips};
 
 /// A weight matrix `[out, in]`: f32 in column strips (safetensors, or GGUF types without a
 /// kernel), or a GGUF block format kept quantized (`quant`).
@@ -16,11 +16,21 @@ pub enum Matrix {
 }
 
 impl Matrix {
-    /// The f32 matrix `weight` (`[out, in]`), copied into column strips (`grove_kernels::strips`:
-    /// one kernel for any number of rows, so a verify's rows get a decode step's bits).
+    /// The matrix `weight` (`[out, in]`), copied into column strips (`grove_kernels::strips`:
+    /// one kernel for any number of rows, so a verify's rows get a decode step's bits). A
+    /// bfloat16 tensor stays bfloat16 (exactly its f32 values, from half the bytes); any other
+    /// type becomes f32.
     pub fn dense(weight: &Tensor) -> candle_core::Result<Self> {
         let (n, k) = weight.dims2()?;
-        let strips = with_host_values(weight, |values| DenseStrips::new(values, n, k))?;
+        let strips = if weight.dtype() == DType::BF16 {
+            let halves: Vec<Bf16> = (weight.flatten_all()?.to_vec1::<half::bf16>()?)
+                .into_iter()
+                .map(|h| Bf16(h.to_bits()))
+                .collect();
+            DenseStrips::new_bf16(&halves, n, k)
+        } else {
+            with_host_values(weight, |values| DenseStrips::new(values, n, k))?
+        };
         Ok(Self::Dense(Arc::new(strips)))
     }
 

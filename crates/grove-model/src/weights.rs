@@ -103,11 +103,23 @@ impl Weights {
                 return Ok(Matrix::Quantized(std::sync::Arc::new(matrix)));
             }
         }
-        Ok(Matrix::dense(&self.get(name, shape)?)?)
+        // Bfloat16 checkpoints' matrices stay bfloat16 (`Matrix::dense`).
+        Ok(Matrix::dense(&self.get_as_stored(name, shape)?)?)
     }
 
     /// Loads `name` as f32 and checks its shape.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
+        self.get_as_stored(name, shape)?
+            .to_dtype(DType::F32)
+            .map_err(|e| ModelError::Weights {
+                path: self.directory.clone(),
+                message: format!("tensor `{name}`: {e}"),
+            })
+    }
+
+    /// Loads `name` in its file's type (GGUF tensors without a kernel: f32) and checks its
+    /// shape.
+    fn get_as_stored(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
         let error = |message: String| ModelError::Weights {
             path: self.directory.clone(),
             message,
@@ -118,7 +130,6 @@ impl Weights {
         let tensor = match &self.tensors {
             Source::Safetensors(tensors) => tensors
                 .load(name, &self.device)
-                .and_then(|t| t.to_dtype(DType::F32))
                 .map_err(|e| error(format!("tensor `{name}`: {e}")))?,
             Source::Gguf(file) => file.tensor(name, &self.device)?,
         };
