@@ -211,8 +211,9 @@ fn product_portable<W: Weight>(
     }
 }
 
-/// [`product_portable`] compiled for AVX2 and FMA (the multiply-adds become instructions, and
-/// the compiler vectorizes what it can; the same operations, so the same bits).
+/// [`product_portable`] in AVX2 and FMA: a strip's 16 outputs in two vectors of 8, tiles of
+/// 2 activation rows (the 16 registers hold two rows' even and odd sums for both halves, and
+/// the weights), the same fused multiply-adds per lane in the same order, so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx2,fma")]
@@ -224,7 +225,111 @@ unsafe fn product_avx2<W: Weight>(
     rows: usize,
     out: &mut [f32],
 ) {
-    product_portable(strips, k, w, x, rows, out)
+    assert!(strips.len() == w.div_ceil(STRIP) * STRIP * k && x.len() >= rows * k);
+    assert!(out.len() >= rows * w);
+    for_each_tile(
+        strips,
+        k,
+        w,
+        rows,
+        &[2, 1],
+        |tile, strip, done, at, width| {
+            // SAFETY: the strip holds `k` vectors, rows `done..done + tile` of `x` exist and each
+            // row's `width` outputs are inside `out` (asserted above).
+            match tile {
+                2 => strip_tile_avx2::<W, 2>(strip, k, x, done, out, at, width),
+                _ => strip_tile_avx2::<W, 1>(strip, k, x, done, out, at, width),
+            }
+        },
+    );
+}
+
+/// `run(tile, strip, first, at, width)` for every strip and every tile of activation rows
+/// (`first..first + tile`, the largest of `sizes` that fits), row `r`'s outputs of the strip
+/// at `at(r)` (its first `width` real).
+#[cfg(target_arch = "x86_64")]
+fn for_each_tile<W: Weight>(
+    strips: &[W],
+    k: usize,
+    w: usize,
+    rows: usize,
+    sizes: &[usize],
+    mut run: impl FnMut(usize, &[W], usize, &dyn Fn(usize) -> usize, usize),
+) {
+    let mut done = 0;
+    while done < rows {
+        let tile = (sizes.iter().copied())
+            .find(|&t| t <= rows - done)
+            .unwrap_or(1);
+        for (s, strip) in strips.chunks_exact(STRIP * k).enumerate() {
+            let width = STRIP.min(w - s * STRIP);
+            let at = |r: usize| (done + r) * w + s * STRIP;
+            run(tile, strip, done, &at, width);
+        }
+        done += tile;
+    }
+}
+
+/// One strip against activation rows `first..first + R` in AVX2: row `r`'s 16 outputs (the
+/// first `width`) at `out[at(r)..]`.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn strip_tile_avx2<W: Weight, const R: usize>(
+    strip: &[W],
+    k: usize,
+    x: &[f32],
+    first: usize,
+    out: &mut [f32],
+    at: impl Fn(usize) -> usize,
+    width: usize,
+) {
+    use std::arch::x86_64::*;
+    let inputs: [*const f32; R] = std::array::from_fn(|r| x.as_ptr().add((first + r) * k));
+    let zero = [[_mm256_setzero_ps(); 2]; R];
+    let (mut even, mut odd) = (zero, zero);
+    let weights = strip.as_ptr();
+    let add = |sums: &mut [[__m256; 2]; R], i: usize| {
+        let w = [0, 8].map(|h| load8(weights.add(i * STRIP + h)));
+        for r in 0..R {
+            let value = _mm256_set1_ps(*inputs[r].add(i));
+            for h in 0..2 {
+                sums[r][h] = _mm256_fmadd_ps(value, w[h], sums[r][h]);
+            }
+        }
+    };
+    let mut i = 0;
+    while i + 1 < k {
+        add(&mut even, i);
+        add(&mut odd, i + 1);
+        i += 2;
+    }
+    if i < k {
+        add(&mut even, i);
+    }
+    for r in 0..R {
+        let mut sums = [0f32; STRIP];
+        for h in 0..2 {
+            let sum = _mm256_add_ps(even[r][h], odd[r][h]);
+            _mm256_storeu_ps(sums.as_mut_ptr().add(8 * h), sum);
+        }
+        out[at(r)..at(r) + width].copy_from_slice(&sums[..width]);
+    }
+}
+
+/// 8 weights at `p` as f32 (a bfloat16 widened: its bits moved to the high half).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn load8<W: Weight>(p: *const W) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    if std::mem::size_of::<W>() == 4 {
+        _mm256_loadu_ps(p.cast())
+    } else {
+        let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -240,26 +345,23 @@ unsafe fn product_avx512<W: Weight>(
 ) {
     assert!(strips.len() == w.div_ceil(STRIP) * STRIP * k && x.len() >= rows * k);
     assert!(out.len() >= rows * w);
-    let mut done = 0;
-    while done < rows {
-        let tile = [TILE, 4, 2, 1]
-            .into_iter()
-            .find(|&t| t <= rows - done)
-            .unwrap_or(1);
-        for (s, strip) in strips.chunks_exact(STRIP * k).enumerate() {
-            let width = STRIP.min(w - s * STRIP);
-            let at = |r: usize| (done + r) * w + s * STRIP;
-            // SAFETY: the strip holds `k` vectors, rows `done..done + tile` of `x` exist and
-            // the masked stores stay inside `out` (asserted above).
+    for_each_tile(
+        strips,
+        k,
+        w,
+        rows,
+        &[TILE, 4, 2, 1],
+        |tile, strip, done, at, width| {
+            // SAFETY: the strip holds `k` vectors, rows `done..done + tile` of `x` exist and the
+            // masked stores stay inside `out` (asserted above).
             match tile {
                 TILE => strip_tile::<W, TILE>(strip, k, x, done, out, at, width),
                 4 => strip_tile::<W, 4>(strip, k, x, done, out, at, width),
                 2 => strip_tile::<W, 2>(strip, k, x, done, out, at, width),
                 _ => strip_tile::<W, 1>(strip, k, x, done, out, at, width),
             }
-        }
-        done += tile;
-    }
+        },
+    );
 }
 
 /// One strip against activation rows `first..first + R`: row `r`'s 16 outputs (the first
