@@ -26,15 +26,11 @@ impl Weight for f32 {
     }
 }
 
-/// A bfloat16's bits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(transparent)]
-pub struct Bf16(pub u16);
-
-impl Weight for Bf16 {
+/// A bfloat16 widens by its bits alone (not `to_f32`, which quiets NaNs), as the SIMD loads do.
+impl Weight for half::bf16 {
     #[inline(always)]
     fn value(self) -> f32 {
-        f32::from_bits(u32::from(self.0) << 16)
+        f32::from_bits(u32::from(self.to_bits()) << 16)
     }
 }
 
@@ -42,7 +38,7 @@ impl Weight for Bf16 {
 #[derive(Debug, Clone)]
 enum Values {
     F32(Vec<f32>),
-    Bf16(Vec<Bf16>),
+    Bf16(Vec<half::bf16>),
 }
 
 /// Weight rows per strip: one f32 lane of a 512-bit vector each.
@@ -89,7 +85,7 @@ impl DenseStrips {
     }
 
     /// The `[n, k]` row-major bfloat16 matrix `weight` in strips, kept in bfloat16.
-    pub fn new_bf16(weight: &[Bf16], n: usize, k: usize) -> Self {
+    pub fn new_bf16(weight: &[half::bf16], n: usize, k: usize) -> Self {
         let values = Values::Bf16(in_strips(weight, n, k));
         Self { n, k, values }
     }
@@ -443,9 +439,9 @@ mod tests {
     fn bfloat16_strips_give_the_bits_of_their_f32_values() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let (n, k) = (37, 33);
-        let halves: Vec<Bf16> = wave(n * k, 4.0)
+        let halves: Vec<half::bf16> = wave(n * k, 4.0)
             .iter()
-            .map(|v| Bf16((v.to_bits() >> 16) as u16))
+            .map(|v| half::bf16::from_bits((v.to_bits() >> 16) as u16))
             .collect();
         let widened: Vec<f32> = halves.iter().map(|h| h.value()).collect();
         let (narrow, wide) = (

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Storage, Tensor};
 use grove_kernels::quant::{self, QMatrix};
-use grove_kernels::strips::{Bf16, DenseStrips};
+use grove_kernels::strips::DenseStrips;
 
 /// A weight matrix `[out, in]`: f32 in column strips (safetensors, or GGUF types without a
 /// kernel), or a GGUF block format kept quantized (`quant`).
@@ -23,10 +23,7 @@ impl Matrix {
     pub fn dense(weight: &Tensor) -> candle_core::Result<Self> {
         let (n, k) = weight.dims2()?;
         let strips = if weight.dtype() == DType::BF16 {
-            let halves: Vec<Bf16> = (weight.flatten_all()?.to_vec1::<half::bf16>()?)
-                .into_iter()
-                .map(|h| Bf16(h.to_bits()))
-                .collect();
+            let halves = weight.flatten_all()?.to_vec1::<half::bf16>()?;
             DenseStrips::new_bf16(&halves, n, k)
         } else {
             with_host_values(weight, |values| DenseStrips::new(values, n, k))?

@@ -46,12 +46,26 @@ trait Format {
     const FORMAT: QuantFormat;
     /// Group vectors per scaled block (a `B` tile's rows): 8, Q6_K's 16-weight blocks 4.
     const GROUPS: usize = 8;
-    unsafe fn unit<T: Tiles>(tiles: &mut T, x: &Tile<'_>, acc: &mut Acc, unit: *const u8, i: usize);
+    unsafe fn unit<T: Tiles>(
+        tiles: &mut T,
+        x: &Tile<'_>,
+        work: &mut Work,
+        unit: *const u8,
+        i: usize,
+    );
 }
 
 /// Per activation row of a tile, the 16 outputs of the strip being multiplied (or a
 /// super-block's share of them).
 type Acc = [[f32; STRIP]; ROWS];
+
+/// A tile product's buffers, made once per tile of rows: the outputs so far, two blocks'
+/// integer sums as the tiles store them, two blocks' weights spread to bytes.
+struct Work {
+    acc: Acc,
+    sums: [Block; 2],
+    spread: Spread,
+}
 
 /// The activation rows of one tile product.
 struct Tile<'a> {
@@ -69,18 +83,19 @@ impl Tile<'_> {
     }
 }
 
-/// Two blocks' integer sums: blocks whose weights are `B` tiles at `weights` (rows of 64
-/// bytes) and whose activation values start at `offsets` in each row.
+/// Two blocks' integer sums into `out` (each tile row's first `x.rows` rows): blocks whose
+/// weights are `B` tiles at `weights` (rows of 64 bytes) and whose activation values start at
+/// `offsets` in each row.
 #[inline(always)]
 unsafe fn sums<T: Tiles>(
     tiles: &mut T,
     x: &Tile<'_>,
     weights: [*const u8; 2],
     offsets: [usize; 2],
-) -> [Block; 2] {
+    out: &mut [Block; 2],
+) {
     let k = x.acts.k;
     let q = x.acts.q.as_ptr().add(x.first * k).cast::<u8>();
-    let mut out = [Block([[0; STRIP]; ROWS]); 2];
     tiles.zero::<0>();
     tiles.zero::<1>();
     tiles.load::<2>(q.add(offsets[0]), k);
@@ -91,7 +106,6 @@ unsafe fn sums<T: Tiles>(
     tiles.dot::<1, 3, 5>();
     tiles.store::<0>(out[0].0.as_mut_ptr().cast(), ROW_BYTES);
     tiles.store::<1>(out[1].0.as_mut_ptr().cast(), ROW_BYTES);
-    out
 }
 
 /// 16 f16 at `p` as f32.
@@ -159,16 +173,16 @@ unsafe fn scale_block(
 unsafe fn two_blocks<T: Tiles>(
     tiles: &mut T,
     x: &Tile<'_>,
-    acc: &mut Acc,
+    work: &mut Work,
     unit: *const u8,
     i: usize,
     weights: [*const u8; 2],
     zero: &[i32],
 ) {
-    let sums = sums(tiles, x, weights, [64 * i, 64 * i + 32]);
+    sums(tiles, x, weights, [64 * i, 64 * i + 32], &mut work.sums);
     for b in 0..2 {
         let scales = unit.add(at::block_scales(b));
-        scale_block(x, acc, &sums[b], zero, scales, 2 * i + b);
+        scale_block(x, &mut work.acc, &work.sums[b], zero, scales, 2 * i + b);
     }
 }
 
@@ -184,12 +198,12 @@ impl Format for Q8_0 {
     unsafe fn unit<T: Tiles>(
         tiles: &mut T,
         x: &Tile<'_>,
-        acc: &mut Acc,
+        work: &mut Work,
         unit: *const u8,
         i: usize,
     ) {
         let weights = [0, 1].map(|b| unit.add(at::q8_block(b)));
-        two_blocks(tiles, x, acc, unit, i, weights, &x.acts.zero_q8);
+        two_blocks(tiles, x, work, unit, i, weights, &x.acts.zero_q8);
     }
 }
 
@@ -200,14 +214,13 @@ impl Format for Q5_0 {
     unsafe fn unit<T: Tiles>(
         tiles: &mut T,
         x: &Tile<'_>,
-        acc: &mut Acc,
+        work: &mut Work,
         unit: *const u8,
         i: usize,
     ) {
-        let mut spread = Spread([[0; 8 * VECTOR]; 2]);
         for b in 0..2 {
             let quants = unit.add(at::q5_block(b));
-            let out = &mut spread.0[b];
+            let out = &mut work.spread.0[b];
             spread_nibbles(quants, out);
             // Group g's fifth bits: bit `byte` of its mask word.
             for g in 0..8 {
@@ -220,8 +233,8 @@ impl Format for Q5_0 {
                 }
             }
         }
-        let weights = [0, 1].map(|b| spread.0[b].as_ptr());
-        two_blocks(tiles, x, acc, unit, i, weights, &x.acts.zero_q5);
+        let weights = [0, 1].map(|b| work.spread.0[b].as_ptr());
+        two_blocks(tiles, x, work, unit, i, weights, &x.acts.zero_q5);
     }
 }
 
@@ -232,7 +245,7 @@ impl Format for Q4K {
     unsafe fn unit<T: Tiles>(
         tiles: &mut T,
         x: &Tile<'_>,
-        acc: &mut Acc,
+        work: &mut Work,
         unit: *const u8,
         i: usize,
     ) {
@@ -240,14 +253,14 @@ impl Format for Q4K {
         let per_row = x.acts.k / 32;
         // The super-block's scaled sums, before its activation scale.
         let mut block: Acc = [[0.0; STRIP]; ROWS];
-        let mut spread = Spread([[0; 8 * VECTOR]; 2]);
+        let Work { acc, sums, spread } = work;
         for pair in 0..4 {
             let j = [2 * pair, 2 * pair + 1];
             for h in 0..2 {
                 spread_nibbles(unit.add(at::q4k_quants(j[h])), &mut spread.0[h]);
             }
             let weights = [0, 1].map(|h| spread.0[h].as_ptr());
-            let sums = sums(tiles, x, weights, j.map(|j| 256 * i + 32 * j));
+            self::sums(tiles, x, weights, j.map(|j| 256 * i + 32 * j), sums);
             for h in 0..2 {
                 let scales = byte_scales::<false>(unit.add(at::q4k_scales(j[h])), &d);
                 let mins = byte_scales::<false>(unit.add(at::q4k_mins(j[h])), &dmin);
@@ -285,14 +298,14 @@ impl Format for Q6K {
     unsafe fn unit<T: Tiles>(
         tiles: &mut T,
         x: &Tile<'_>,
-        acc: &mut Acc,
+        work: &mut Work,
         unit: *const u8,
         i: usize,
     ) {
         let d = halves(unit.add(at::D));
         let per_row = x.acts.k / 16;
         let mut block: Acc = [[0.0; STRIP]; ROWS];
-        let mut spread = Spread([[0; 8 * VECTOR]; 2]);
+        let Work { acc, sums, spread } = work;
         for j in 0..8 {
             let quants = unit.add(at::q6k_quants(j));
             let out = &mut spread.0[0];
@@ -308,7 +321,7 @@ impl Format for Q6K {
             // Sub-blocks 2j and 2j + 1 (16 weights, zero point 32): groups 0-3 and 4-7.
             let weights = [out.as_ptr(), out.as_ptr().add(4 * VECTOR)];
             let subs = [2 * j, 2 * j + 1];
-            let sums = sums(tiles, x, weights, subs.map(|sub| 256 * i + 16 * sub));
+            self::sums(tiles, x, weights, subs.map(|sub| 256 * i + 16 * sub), sums);
             for h in 0..2 {
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(subs[h])), &d);
                 for m in 0..x.rows {
@@ -346,11 +359,16 @@ unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize
             rows: tile_rows,
         };
         let out = share.out.add(start * share.stride);
+        let mut work = Work {
+            acc: [[0.0; STRIP]; ROWS],
+            sums: [Block([[0; STRIP]; ROWS]); 2],
+            spread: Spread([[0; 8 * VECTOR]; 2]),
+        };
         for s in 0..share.count {
             let strip = share.strips.add(s * units * unit_bytes);
-            let mut acc: Acc = [[0.0; STRIP]; ROWS];
+            work.acc = [[0.0; STRIP]; ROWS];
             for i in 0..units {
-                F::unit(tiles, &x, &mut acc, strip.add(i * unit_bytes), i);
+                F::unit(tiles, &x, &mut work, strip.add(i * unit_bytes), i);
             }
             let width = if s + 1 == share.count {
                 share.last
@@ -359,7 +377,7 @@ unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize
             };
             for m in 0..tile_rows {
                 let to = out.add(m * share.stride + STRIP * s);
-                std::ptr::copy_nonoverlapping(acc[m].as_ptr(), to, width);
+                std::ptr::copy_nonoverlapping(work.acc[m].as_ptr(), to, width);
             }
         }
     }
