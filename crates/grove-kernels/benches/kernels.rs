@@ -3,7 +3,8 @@
 //! (3072 x 1024) for 1, 4, 8 and 16 rows; and the quantized kernels
 //! against candle's quantized matmul on a Qwen2.5-0.5B MLP weight (4864 x 896) in each GGUF
 //! format. `cargo bench -p grove-kernels`; `QN` / `QK` set the quantized shape (a head:
-//! `QN=151936 QK=896`).
+//! `QN=151936 QK=896`). And attention for a tree's rows over a long context (Qwen2.5-0.5B's
+//! heads and Qwen2.5-1.5B's, 4096 tokens of context, 1, 16 and 64 rows).
 
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -77,5 +78,39 @@ fn quantized_matmul(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, small_row_matmul, quantized_matmul);
+/// One layer's attention for `rows` tree rows over 4096 context slots: row `r` sees the context
+/// and the path `4096..=4096 + r` (a chain, the deepest tree of that many rows).
+fn tree_attention(c: &mut Criterion) {
+    use grove_kernels::attention::{attend, HeadLayout};
+    let context = 4096;
+    let layouts = [("qwen2.5-0.5b", 14, 64), ("qwen2.5-1.5b", 12, 128)];
+    for (name, num_heads, head_dim) in layouts {
+        let layout = HeadLayout {
+            num_heads,
+            num_kv_heads: 2,
+            head_dim,
+        };
+        let kv_width = 2 * head_dim;
+        let slots = context + 64;
+        let random = |n: usize| -> Vec<f32> {
+            let t = Tensor::randn(0f32, 1.0, n, &Device::Cpu).unwrap();
+            t.to_vec1().unwrap()
+        };
+        let (keys, values) = (random(slots * kv_width), random(slots * kv_width));
+        let mut group = c.benchmark_group(format!("attention_{name}_context{context}"));
+        group.sample_size(10);
+        for rows in [1usize, 16, 64] {
+            let key_slots: Vec<Vec<usize>> =
+                (0..rows).map(|r| (0..=context + r).collect()).collect();
+            let queries = random(rows * num_heads * head_dim);
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            group.bench_with_input(BenchmarkId::new("rows", rows), &rows, |b, _| {
+                b.iter(|| attend(&key_slots, layout, scale, &queries, &keys, &values))
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, small_row_matmul, quantized_matmul, tree_attention);
 criterion_main!(benches);

@@ -4,6 +4,7 @@
 //! bidirectional, tree ancestors, a sliding window) is the model's business (`KeyPlan` in
 //! grove-model); this module only needs the lists.
 
+mod lanes;
 mod pieces;
 
 use std::cell::RefCell;
@@ -452,10 +453,13 @@ mod tests {
         // context and its ancestors (slots 900..). Then causal prompt rows across a piece
         // boundary, and a short row between them.
         let context: Vec<usize> = (0..900).map(|i| (i * 7) % 900).collect();
+        // Then a chain of 12 more rows: 17 tree rows of 3 query heads per KV head share
+        // each context piece, more than one pass of the piece kernel at any lane count.
         let tree_paths: [&[usize]; 5] =
             [&[900], &[900, 901], &[900, 902], &[900, 901, 903], &[904]];
-        let mut key_slots: Vec<Vec<usize>> = tree_paths
-            .iter()
+        let chain = (1..=12).map(|len| (905..905 + len).collect::<Vec<usize>>());
+        let mut key_slots: Vec<Vec<usize>> = (tree_paths.iter().map(|path| path.to_vec()))
+            .chain(chain)
             .map(|path| context.iter().chain(path.iter()).copied().collect())
             .collect();
         key_slots.push((0..40).collect());

@@ -5,17 +5,14 @@
 //! rows over their shared context, a prompt's rows over the full pieces before them. The
 //! piece's keys and values are then read once for all those rows' query heads instead of once
 //! per row (64 tree rows over 4096 tokens of context read each layer's keys and values 64
-//! times). Each query's arithmetic is the same whoever shares its piece (`scaled_dots_many`
-//! and `weighted_sums` work query by query, element by element), and a row is cut by its own
-//! ordered keys only, so a token decoded alone, verified in a tree or batched gets the same
+//! times). Each query's arithmetic is the same whoever shares its piece (`lanes.rs` gives
+//! each query a vector lane of its own), and a row is cut by its own ordered keys only, so a token decoded alone, verified in a tree or batched gets the same
 //! bits.
-
-use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use super::{weighted_sums, HeadLayout, Inputs, KEY_PIECE};
-use crate::dense::scaled_dots_many;
+use super::lanes::{piece_in_lanes, PieceKeys};
+use super::{HeadLayout, Inputs, KEY_PIECE};
 use crate::threads::for_each_chunk_mut;
 
 /// One piece's keys and the long rows that see exactly them, in row order.
@@ -27,10 +24,10 @@ struct Job {
 /// A job's softmax for one KV head before normalization, per (row of the job, query head of
 /// the KV head's group), in that order: the largest score, the sum of `exp(score - largest)`
 /// and the values weighted by those terms.
-struct Piece {
-    max: Vec<f32>,
-    sum: Vec<f32>,
-    out: Vec<f32>,
+pub(super) struct Piece {
+    pub max: Vec<f32>,
+    pub sum: Vec<f32>,
+    pub out: Vec<f32>,
 }
 
 /// Piece `p` of a row's ordered key slots.
@@ -154,7 +151,7 @@ impl Inputs<'_> {
             #[allow(unsafe_code)]
             return unsafe { self.piece_avx2(job, kv_head) };
         }
-        self.piece_portable(job, kv_head)
+        self.piece_portable::<8>(job, kv_head)
     }
 
     /// The same loops in 256-bit vectors, with FMA for the fused multiply-adds (the portable
@@ -163,27 +160,27 @@ impl Inputs<'_> {
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn piece_avx2(&self, job: &Job, kv_head: usize) -> Piece {
-        self.piece_portable(job, kv_head)
+        self.piece_portable::<8>(job, kv_head)
     }
 
-    /// The same loops in 512-bit vectors (element-wise, so the same bits as the portable
-    /// build, which only has SSE2).
+    /// The same loops in 512-bit vectors, sixteen queries a block (lane by lane, so the same
+    /// bits as the portable build, which only has SSE2).
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,fma")]
     unsafe fn piece_avx512(&self, job: &Job, kv_head: usize) -> Piece {
-        self.piece_portable(job, kv_head)
+        self.piece_portable::<16>(job, kv_head)
     }
 
+    /// `L` lanes per block of queries: 8 for 256-bit vectors, 16 for 512-bit ones (the bits
+    /// are the same at either).
     #[inline(always)]
-    fn piece_portable(&self, job: &Job, kv_head: usize) -> Piece {
+    fn piece_portable<const L: usize>(&self, job: &Job, kv_head: usize) -> Piece {
         let (layout, head_dim) = (self.layout, self.layout.head_dim);
         let group = layout.group();
         let (kv_width, row_width) = (layout.num_kv_heads * head_dim, layout.num_heads * head_dim);
         let kv_offset = kv_head * head_dim;
         let slots = piece_slots(&self.key_slots[job.rows[0]], job.piece);
-        let n = slots.len();
-        let key = |i: usize| &self.keys[slots[i] * kv_width + kv_offset..][..head_dim];
         let queries: Vec<&[f32]> = (job.rows.iter())
             .flat_map(|&row| {
                 let heads = kv_head * group..(kv_head + 1) * group;
@@ -191,123 +188,18 @@ impl Inputs<'_> {
                     .map(move |head| &self.queries[row * row_width + head * head_dim..][..head_dim])
             })
             .collect();
-        thread_local! {
-            /// A job's scores, `[its query heads, keys]`: kept, since a fresh vector of a few
-            /// hundred KiB per job is a fresh mapping (page faults, and its unmapping's TLB
-            /// shootdowns on the other cores).
-            static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-        }
-        SCORES.with_borrow_mut(|scores| {
-            scores.clear();
-            scores.resize(queries.len() * n, 0.0);
-            scaled_dots_many(&queries, key, self.scale, scores);
-            let mut max = vec![f32::NEG_INFINITY; queries.len()];
-            let mut sum = vec![0f32; queries.len()];
-            for (q, scores) in scores.chunks_exact_mut(n).enumerate() {
-                max[q] = largest(scores);
-                sum[q] = exp_and_sum(scores, max[q]);
-            }
-            let mut out = vec![0f32; queries.len() * head_dim];
-            let value = |i: usize| &self.values[slots[i] * kv_width + kv_offset..][..head_dim];
-            weighted_sums::<true>(&mut out, head_dim, scores, value);
-            Piece { max, sum, out }
-        })
+        let keys = PieceKeys {
+            n: slots.len(),
+            key: |i: usize| &self.keys[slots[i] * kv_width + kv_offset..][..head_dim],
+            value: |i: usize| &self.values[slots[i] * kv_width + kv_offset..][..head_dim],
+        };
+        piece_in_lanes::<L>(&queries, head_dim, self.scale, &keys)
     }
-}
-
-/// Lanes of the piece loops below: written as 16 independent sums (and maxima) so that the
-/// compiler makes them vector instructions on every build, the same operations in the same
-/// order on each (a single running sum was a chain of dependent adds, one per key and query
-/// head: the longest part of a long row's softmax).
-const LANES: usize = 16;
-
-/// The largest of `scores` (not empty).
-#[inline(always)]
-fn largest(scores: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = scores.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (lane, &score) in lanes.iter_mut().zip(chunk) {
-            *lane = lane.max(score);
-        }
-    }
-    for (lane, &score) in lanes.iter_mut().zip(chunks.remainder()) {
-        *lane = lane.max(score);
-    }
-    lanes.into_iter().fold(f32::NEG_INFINITY, f32::max)
-}
-
-/// `scores[i] = e^(scores[i] - max)` for scores at most `max`, and their sum (16 partial sums
-/// added in lane order).
-#[inline(always)]
-fn exp_and_sum(scores: &mut [f32], max: f32) -> f32 {
-    let mut lanes = [0f32; LANES];
-    let mut chunks = scores.chunks_exact_mut(LANES);
-    for chunk in &mut chunks {
-        for (lane, score) in lanes.iter_mut().zip(chunk) {
-            *score = exp_nonpositive(*score - max);
-            *lane += *score;
-        }
-    }
-    for (lane, score) in lanes.iter_mut().zip(chunks.into_remainder()) {
-        *score = exp_nonpositive(*score - max);
-        *lane += *score;
-    }
-    lanes.into_iter().sum()
-}
-
-/// `e^x` for `x <= 0` within 2 ulp, in plain f32 arithmetic that vectorizes (libm's `expf`
-/// is a call per value). Cody and Waite's reduction `x = k ln 2 + r` and Cephes' degree-6
-/// polynomial for `e^r` (Moshier, Cephes Math Library, `expf.c`); `x` below -87 counts as
-/// -87 (`e^-87` is 6e-39 of the row's largest term, which is 1).
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a call.
-    const ROUND: f32 = 12_582_912.0;
-    const LN2_HIGH: f32 = 0.693_359_4;
-    const LN2_LOW: f32 = -2.121_944_4e-4;
-    let x = x.max(-87.0);
-    let k = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
-    let r = (x - k * LN2_HIGH) - k * LN2_LOW;
-    let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
-    let y = p * (r * r) + r + 1.0;
-    // 2^k as the bits of its exponent (k >= -126: a normal float).
-    y * f32::from_bits(((k as i32 + 127) as u32) << 23)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exp_is_within_two_ulp_of_the_exact_value() {
-        let mut worst = 0f64;
-        for i in 0..=200_000 {
-            let x = -87.0 * i as f32 / 200_000.0;
-            let exact = (x as f64).exp();
-            let ours = exp_nonpositive(x) as f64;
-            let ulp = f64::from(f32::EPSILON) * exact;
-            worst = worst.max((ours - exact).abs() / ulp);
-        }
-        assert!(worst <= 2.0, "worst error {worst} ulp");
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert!(exp_nonpositive(f32::NEG_INFINITY) < 1e-37);
-        let mut scores = vec![-1.0f32, 0.0, -2.0, -0.5];
-        scores.extend((0..40).map(|i| -(i as f32) / 8.0));
-        assert_eq!(largest(&scores), 0.0);
-        let sum = exp_and_sum(&mut scores, 0.0) as f64;
-        let exact: f64 = [-1.0f64, 0.0, -2.0, -0.5]
-            .into_iter()
-            .chain((0..40).map(|i| -(i as f64) / 8.0))
-            .map(f64::exp)
-            .sum();
-        assert!((sum - exact).abs() < 1e-5 * exact, "{sum} vs {exact}");
-    }
 
     #[test]
     fn rows_that_see_the_same_keys_share_a_piece() {
@@ -380,7 +272,7 @@ mod tests {
             for kv_head in 0..2 {
                 let (a, b) = (
                     inputs.piece(&job, kv_head),
-                    inputs.piece_portable(&job, kv_head),
+                    inputs.piece_portable::<8>(&job, kv_head),
                 );
                 assert_eq!(bits(&a.max), bits(&b.max));
                 assert_eq!(
