@@ -4,7 +4,8 @@
 //! Qwen2.5-0.5B, a 64-row tree's 448) are transposed into blocks of `L`, one query per lane.
 //! A score is then `L` queries' multiply-adds against one broadcast key element, chained over
 //! the head dimension; the softmax runs down each lane; the values' weighted sums take `L`
-//! queries' weights against one broadcast value element. Nothing is reduced across lanes (the
+//! queries' weights against one broadcast value element (a single pass, a decode row, runs
+//! them along the head dimension instead). Nothing is reduced across lanes (the
 //! dot-per-key form spent more on transposing its lane sums than on its multiply-adds), each
 //! key and value element is loaded once for a pair of query blocks, and a pair's scores stay
 //! in L1 from the dots to the sums.
@@ -99,9 +100,10 @@ const TILE: usize = 6;
 struct Scratch {
     /// Per pass, `[dim][block of the pass][lane]`: the queries transposed.
     queries: Vec<f32>,
-    /// `[tile][dim][key of the tile]`: the keys transposed by tiles, zero past the last key.
+    /// `[tile][dim][key of the tile]`: the keys transposed by tiles (past the last key,
+    /// whatever an earlier piece left: only scores that are dropped read it).
     keys: Vec<f32>,
-    /// `[tile of dims][key][dim of the tile]`, zero past the last dimension.
+    /// `[tile of dims][key][dim of the tile]` (past the last dimension, the same).
     values: Vec<f32>,
     /// `[key][block of the pass][lane]`: a pass's scores, then their exponentials.
     scores: Vec<f32>,
