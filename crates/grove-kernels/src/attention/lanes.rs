@@ -107,8 +107,7 @@ struct Scratch {
     values: Vec<f32>,
     /// `[key][block of the pass][lane]`: a pass's scores, then their exponentials.
     scores: Vec<f32>,
-    /// `[block][dim][lane]` (more than one pass) or `[query][key]` (one): the weighted sums,
-    /// or the terms they weigh the values by.
+    /// `[block][dim][lane]`: the weighted sums (more than one pass).
     sums: Vec<f32>,
 }
 
@@ -152,13 +151,12 @@ pub(super) fn piece_in_lanes<'a, const L: usize>(
         } else {
             scores_down::<L, 1>(&s.queries, &source, n, scale, down);
         }
-        let weights = sized(&mut s.sums, count * n);
-        for (i, terms) in scores.chunks_exact(blocks * L).enumerate() {
-            for (q, &term) in terms[..count].iter().enumerate() {
-                weights[q * n + i] = term;
-            }
-        }
-        super::weighted_sums::<true>(&mut out, d, weights, &keys.value);
+        let layout = super::WeightLayout {
+            n,
+            query: 1,
+            key: blocks * L,
+        };
+        super::weighted_sums_laid::<true>(&mut out, d, scores, layout, &keys.value);
     } else {
         pack_keys(&mut s.keys, keys, d);
         pack_values(&mut s.values, keys, d);

@@ -166,29 +166,61 @@ fn weighted_sums<'a, const FUSED: bool>(
     if queries == 0 {
         return;
     }
-    assert_eq!(outs.len(), queries * width, "outputs are not [q, width]");
     assert!(
         weights.len().is_multiple_of(queries),
         "weights are not [q, n]"
     );
     let n = weights.len() / queries;
+    let layout = WeightLayout {
+        n,
+        query: n,
+        key: 1,
+    };
+    weighted_sums_laid::<FUSED>(outs, width, weights, layout, value);
+}
+
+/// Where query `j`'s weight of value `i` lies: `weights[j * query + i * key]`, `i < n`.
+#[derive(Clone, Copy)]
+struct WeightLayout {
+    n: usize,
+    query: usize,
+    key: usize,
+}
+
+/// [`weighted_sums`] with the weights laid out as `layout` says (the piece kernel's terms
+/// are `[key][query]`).
+fn weighted_sums_laid<'a, const FUSED: bool>(
+    outs: &mut [f32],
+    width: usize,
+    weights: &[f32],
+    layout: WeightLayout,
+    value: impl Fn(usize) -> &'a [f32],
+) {
+    let queries = outs.len().checked_div(width).unwrap_or(0);
+    if queries == 0 {
+        return;
+    }
+    assert_eq!(outs.len(), queries * width, "outputs are not [q, width]");
+    let WeightLayout { n, query, key } = layout;
+    if n > 0 {
+        let last = (queries - 1) * query + (n - 1) * key;
+        assert!(last < weights.len(), "weights past their slice");
+    }
     // SAFETY (both): the level includes the features the function is compiled for, found on
     // this CPU.
     #[cfg(target_arch = "x86_64")]
     if width.is_multiple_of(16) && crate::cpu::allows(crate::cpu::Level::Avx512) {
         #[allow(unsafe_code)]
-        return unsafe { all_queries_avx512::<FUSED>(outs, width, weights, n, &value) };
+        return unsafe { all_queries_avx512::<FUSED>(outs, width, weights, layout, &value) };
     }
     #[cfg(target_arch = "x86_64")]
     if width.is_multiple_of(8) && crate::cpu::allows(crate::cpu::Level::Avx2) {
         #[allow(unsafe_code)]
-        return unsafe { all_queries_avx2::<FUSED>(outs, width, weights, n, &value) };
+        return unsafe { all_queries_avx2::<FUSED>(outs, width, weights, layout, &value) };
     }
-    for (out, weights) in outs
-        .chunks_exact_mut(width)
-        .zip(weights.chunks_exact(n.max(1)))
-    {
-        weighted_sum_portable::<FUSED>(out, &weights[..n], (0..n).map(&value));
+    for (j, out) in outs.chunks_exact_mut(width).enumerate() {
+        let weights = (0..n).map(|i| weights[j * query + i * key]);
+        weighted_sum_portable::<FUSED>(out, weights, (0..n).map(&value));
     }
 }
 
@@ -208,17 +240,18 @@ macro_rules! weighted_sums_in {
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
-            n: usize,
+            layout: WeightLayout,
             value: &impl Fn(usize) -> &'a [f32],
         ) {
             let queries = outs.len() / width;
             let mut first = 0;
             while first < queries {
-                let (outs, weights) = (&mut outs[first * width..], &weights[first * n..]);
+                let (outs, weights) =
+                    (&mut outs[first * width..], &weights[first * layout.query..]);
                 first += match queries - first {
-                    1 => $sums::<1, FUSED>(outs, width, weights, n, value),
-                    2 | 3 => $sums::<2, FUSED>(outs, width, weights, n, value),
-                    _ => $sums::<4, FUSED>(outs, width, weights, n, value),
+                    1 => $sums::<1, FUSED>(outs, width, weights, layout, value),
+                    2 | 3 => $sums::<2, FUSED>(outs, width, weights, layout, value),
+                    _ => $sums::<4, FUSED>(outs, width, weights, layout, value),
                 };
             }
         }
@@ -229,7 +262,7 @@ macro_rules! weighted_sums_in {
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
-            n: usize,
+            layout: WeightLayout,
             value: &impl Fn(usize) -> &'a [f32],
         ) -> usize {
             /// Vectors of each output per pass over the values.
@@ -237,12 +270,12 @@ macro_rules! weighted_sums_in {
             let vectors = width / $lanes;
             let full = vectors / TILE * TILE;
             for first in (0..full).step_by(TILE) {
-                $tile::<Q, TILE, FUSED>(outs, width, weights, n, value, first);
+                $tile::<Q, TILE, FUSED>(outs, width, weights, layout, value, first);
             }
             match vectors - full {
-                1 => $tile::<Q, 1, FUSED>(outs, width, weights, n, value, full),
-                2 => $tile::<Q, 2, FUSED>(outs, width, weights, n, value, full),
-                3 => $tile::<Q, 3, FUSED>(outs, width, weights, n, value, full),
+                1 => $tile::<Q, 1, FUSED>(outs, width, weights, layout, value, full),
+                2 => $tile::<Q, 2, FUSED>(outs, width, weights, layout, value, full),
+                3 => $tile::<Q, 3, FUSED>(outs, width, weights, layout, value, full),
                 _ => {}
             }
             Q
@@ -255,15 +288,17 @@ macro_rules! weighted_sums_in {
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
-            n: usize,
+            layout: WeightLayout,
             value: &impl Fn(usize) -> &'a [f32],
             first: usize,
         ) {
             use std::arch::x86_64::*;
+            let WeightLayout { n, query, key } = layout;
             assert!($lanes * (first + N) <= width, "tile past the output");
+            assert!(outs.len() >= Q * width, "fewer than Q outputs");
             assert!(
-                outs.len() >= Q * width && weights.len() >= Q * n,
-                "fewer than Q outputs"
+                n == 0 || (Q - 1) * query + (n - 1) * key < weights.len(),
+                "fewer than Q queries' weights"
             );
             let at = |j: usize, t: usize| j * width + $lanes * (first + t);
             // SAFETY (the loads and stores): `at(j, t) + $lanes <= outs.len()` for `j < Q`,
@@ -278,7 +313,7 @@ macro_rules! weighted_sums_in {
                     $load(value.as_ptr().add($lanes * (first + t)))
                 });
                 for (j, acc) in acc.iter_mut().enumerate() {
-                    let weight = $set1(weights[j * n + i]);
+                    let weight = $set1(weights[j * query + i * key]);
                     for (acc, v) in acc.iter_mut().zip(v) {
                         *acc = if FUSED {
                             $fmadd(weight, v, *acc)
@@ -331,10 +366,10 @@ weighted_sums_in!(
 #[inline(always)]
 fn weighted_sum_portable<'a, const FUSED: bool>(
     out: &mut [f32],
-    weights: &[f32],
+    weights: impl Iterator<Item = f32>,
     values: impl Iterator<Item = &'a [f32]>,
 ) {
-    for (&weight, value) in weights.iter().zip(values) {
+    for (weight, value) in weights.zip(values) {
         for (o, v) in out.iter_mut().zip(value) {
             *o = if FUSED {
                 weight.mul_add(*v, *o)
@@ -543,7 +578,11 @@ mod tests {
                 let mut ours = start.clone();
                 weighted_sums::<FUSED>(&mut ours, width, &weights, value);
                 let mut portable = start.clone();
-                weighted_sum_portable::<FUSED>(&mut portable, &weights, (0..count).map(value));
+                weighted_sum_portable::<FUSED>(
+                    &mut portable,
+                    weights.iter().copied(),
+                    (0..count).map(value),
+                );
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&ours),
@@ -559,7 +598,12 @@ mod tests {
                     #[allow(unsafe_code)]
                     // SAFETY: this CPU has AVX2 and FMA (`Level::supported`).
                     unsafe {
-                        all_queries_avx2::<FUSED>(&mut avx2, width, &weights, count, &value)
+                        let layout = WeightLayout {
+                            n: count,
+                            query: count,
+                            key: 1,
+                        };
+                        all_queries_avx2::<FUSED>(&mut avx2, width, &weights, layout, &value)
                     };
                     assert_eq!(bits(&avx2), bits(&portable), "AVX2, {width} {count}");
                 }
@@ -576,7 +620,7 @@ mod tests {
                         let weights = &weights[j * count..(j + 1) * count];
                         weighted_sum_portable::<FUSED>(
                             &mut portable,
-                            weights,
+                            weights.iter().copied(),
                             (0..count).map(value),
                         );
                         assert_eq!(bits(ours), bits(&portable), "{width} {count} {queries} {j}");
