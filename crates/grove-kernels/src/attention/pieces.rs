@@ -6,8 +6,8 @@
 //! piece's keys and values are then read once for all those rows' query heads instead of once
 //! per row (64 tree rows over 4096 tokens of context read each layer's keys and values 64
 //! times). Each query's arithmetic is the same whoever shares its piece (`lanes.rs` gives
-//! each query a vector lane of its own), and a row is cut by its own ordered keys only, so a token decoded alone, verified in a tree or batched gets the same
-//! bits.
+//! each query a vector lane of its own), and a row is cut by its own ordered keys only, so a
+//! token decoded alone, verified in a tree or batched gets the same bits.
 
 use rayon::prelude::*;
 
