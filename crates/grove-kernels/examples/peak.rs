@@ -1,7 +1,10 @@
 //! The instruction peaks the kernels are measured against: 512-bit `vpdpbusd` (with its
 //! activation bytes broadcast from memory, as `quant/simd_columns.rs` issues it) and 512-bit
 //! `vfmadd231ps`, each over 12 independent sums (more than latency x throughput), on one core
-//! and on every core at once. `cargo run --release -p grove-kernels --example peak`.
+//! and on every core at once; then what a kernel's other instructions cost the `vpdpbusd`s
+//! beside them (8 broadcast-fed `vpdpbusd`s and two of another instruction per loop, one core):
+//! an instruction that shares their ports, or a load past the load ports' pace, lowers their
+//! rate. `cargo run --release -p grove-kernels --example peak`.
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
@@ -53,6 +56,83 @@ fn run(kind: &str, iterations: u64) -> f64 {
     12.0 * iterations as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
+/// `vpdpbusd`s per second (G) on this core in a loop of 8 of them, each with its activation
+/// bytes broadcast from memory as the kernels issue them, and the two instructions `$a`, `$b`
+/// (which write zmm8/zmm9 from zmm16/zmm17 or memory at `{m}`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! beside {
+    ($a:literal, $b:literal) => {{
+        use std::arch::asm;
+        let memory = [1i32; 64];
+        let iterations: u64 = 50_000_000;
+        let start = std::time::Instant::now();
+        // SAFETY: only called where the CPU has AVX-512 VNNI (checked in `main`); the loop
+        // reads `memory` (256 bytes) and touches only the registers it names.
+        unsafe {
+            asm!(
+                "vmovdqu32 zmm16, [{m}]",
+                "vmovdqu32 zmm17, [{m} + 64]",
+                "2:",
+                "vpdpbusd zmm0, zmm16, dword ptr [{m}]{{1to16}}",
+                "vpdpbusd zmm1, zmm16, dword ptr [{m} + 4]{{1to16}}",
+                "vpdpbusd zmm2, zmm16, dword ptr [{m} + 8]{{1to16}}",
+                "vpdpbusd zmm3, zmm16, dword ptr [{m} + 12]{{1to16}}",
+                "vpdpbusd zmm4, zmm16, dword ptr [{m} + 16]{{1to16}}",
+                "vpdpbusd zmm5, zmm16, dword ptr [{m} + 20]{{1to16}}",
+                "vpdpbusd zmm6, zmm16, dword ptr [{m} + 24]{{1to16}}",
+                "vpdpbusd zmm7, zmm16, dword ptr [{m} + 28]{{1to16}}",
+                $a,
+                $b,
+                "dec {n}",
+                "jnz 2b",
+                m = in(reg) memory.as_ptr(),
+                n = inout(reg) iterations => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm16") _, out("zmm17") _,
+                options(nostack, readonly),
+            )
+        };
+        8.0 * iterations as f64 / start.elapsed().as_secs_f64() / 1e9
+    }};
+}
+
+/// [`beside!`] for each kind of instruction the kernels issue between their `vpdpbusd`s.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn mixes() {
+    let rates = [
+        ("nothing", beside!("nop", "nop")),
+        (
+            "vfmadd231ps",
+            beside!(
+                "vfmadd231ps zmm8, zmm16, zmm17",
+                "vfmadd231ps zmm9, zmm16, zmm17"
+            ),
+        ),
+        (
+            "vcvtdq2ps",
+            beside!("vcvtdq2ps zmm8, zmm16", "vcvtdq2ps zmm9, zmm17"),
+        ),
+        (
+            "vpandq",
+            beside!("vpandq zmm8, zmm16, zmm17", "vpandq zmm9, zmm16, zmm17"),
+        ),
+        (
+            "vpmulld",
+            beside!("vpmulld zmm8, zmm16, zmm17", "vpmulld zmm9, zmm16, zmm17"),
+        ),
+        (
+            "64-byte load",
+            beside!("vmovdqu64 zmm8, [{m} + 128]", "vmovdqu64 zmm9, [{m} + 192]"),
+        ),
+    ];
+    println!("vpdpbusd G/s on one core, 8 of them beside two of:");
+    for (other, rate) in rates {
+        println!("  {other:12} {rate:.2}");
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn main() {
     if grove_kernels::cpu::Level::supported() < grove_kernels::cpu::Level::Avx512 {
@@ -75,6 +155,7 @@ fn main() {
             each.join(", ")
         );
     }
+    mixes();
 }
 
 #[cfg(not(target_arch = "x86_64"))]
