@@ -31,7 +31,7 @@
 use std::arch::x86_64::*;
 
 use super::columns::{at, STRIP, VECTOR};
-use super::simd::prefetch;
+use super::simd::Stream;
 use super::simd_columns::{Acts, Share};
 use super::{columns, Kernel, QuantFormat, QuantizedRows};
 
@@ -509,35 +509,6 @@ unsafe fn pass<F: Format, const R: usize, const D: bool>(
         F::unit::<R, D>(unit, place.half, i, &x, &mut acc, decoded);
     }
     place.write(share, start, &acc);
-}
-
-/// Requests for the share's weights at the pace its passes read them: each pass over a unit
-/// (any tile, either half) advances `step` bytes and asks for the lines `simd::PREFETCH` and
-/// `PREFETCH_L2` past, so a strip's passes together ask for one strip. (Asking only in its
-/// first pass left memory idle in the others: 8 rows cost about the sum of reading the
-/// weights and multiplying them.)
-struct Stream {
-    at: *const u8,
-    end: *const u8,
-    step: usize,
-}
-
-impl Stream {
-    fn new(bytes: *const u8, len: usize, step: usize) -> Self {
-        Self {
-            at: bytes,
-            end: bytes.wrapping_add(len),
-            step: step.next_multiple_of(64),
-        }
-    }
-
-    #[inline]
-    unsafe fn advance(&mut self) {
-        if self.at < self.end {
-            prefetch(self.at, self.step);
-            self.at = self.at.wrapping_add(self.step);
-        }
-    }
 }
 
 /// Every tile of `rows` activation rows against a half strip.

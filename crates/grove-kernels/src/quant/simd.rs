@@ -131,7 +131,7 @@ unsafe fn streaming_sum_avx2(words: &[u64]) -> u64 {
     let tail: u64 = lines.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
     let mut acc = _mm256_setzero_si256();
     for line in lines {
-        prefetch(line.as_ptr().cast(), 64);
+        prefetch(line.as_ptr().cast());
         let p = line.as_ptr().cast::<__m256i>();
         let pair = _mm256_add_epi64(_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
         acc = _mm256_add_epi64(acc, pair);
@@ -147,26 +147,60 @@ unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
     let tail: u64 = lines.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
     let mut acc = _mm512_setzero_si512();
     for line in lines {
-        prefetch(line.as_ptr().cast(), 64);
+        prefetch(line.as_ptr().cast());
         acc = _mm512_add_epi64(acc, _mm512_loadu_si512(line.as_ptr().cast()));
     }
     (_mm512_reduce_add_epi64(acc) as u64).wrapping_add(tail)
 }
 
-/// Asks for the cache lines [`PREFETCH`] bytes past `bytes..bytes + len` (the weights a
-/// few blocks on). Plain SSE (every x86-64): the AVX2 and AVX-512 kernels both call it.
-#[inline]
-pub(super) unsafe fn prefetch(bytes: *const u8, len: usize) {
-    prefetch_at::<_MM_HINT_T0>(bytes.wrapping_add(PREFETCH), len);
-    prefetch_at::<_MM_HINT_T1>(bytes.wrapping_add(PREFETCH_L2), len);
+/// Requests for a share's weights at the pace the kernel reads them. Each `advance` moves
+/// `step` bytes on and asks for the lines starting in that stretch, [`PREFETCH`] and
+/// [`PREFETCH_L2`] bytes ahead ([`prefetch`]): the kernels advance once per pass over a unit
+/// (AVX2, by any tile of rows and either half strip) or once per block or sub-block of it
+/// (AVX-512), with `step` the unit's bytes over those calls, so a strip's passes together ask
+/// for one strip, spread through its multiplies. (Asking only in the first pass over a strip
+/// left memory idle in the others: 8 rows cost about the sum of reading the weights and
+/// multiplying them. Asking for a whole unit's 37-53 lines at once, before its multiplies,
+/// made Qwen2.5-Coder-1.5B's 8-row verify 20-25% slower on a Zen 5 than asking for them a
+/// sub-block at a time: docs/benchmarks.md, session 24.)
+pub(super) struct Stream {
+    at: usize,
+    end: usize,
+    step: usize,
 }
 
-/// Asks for the cache lines of `bytes..bytes + len` (into the caches `HINT` names).
-#[inline]
-pub(super) unsafe fn prefetch_at<const HINT: i32>(bytes: *const u8, len: usize) {
-    let mut at = 0;
-    while at < len {
-        _mm_prefetch::<HINT>(bytes.wrapping_add(at).cast());
-        at += 64;
+impl Stream {
+    /// A stream over `len` bytes at `bytes`, `step` bytes an advance.
+    pub fn new(bytes: *const u8, len: usize, step: usize) -> Self {
+        let at = bytes as usize;
+        Self {
+            at,
+            end: at + len,
+            step,
+        }
     }
+
+    /// Asks for the lines of the next `step` bytes (none past the end: the lines after it
+    /// are the next share's, often another thread's).
+    #[inline]
+    pub unsafe fn advance(&mut self) {
+        if self.at < self.end {
+            let next = self.at + self.step;
+            let mut line = self.at.next_multiple_of(64);
+            while line < next {
+                prefetch(line as *const u8);
+                line += 64;
+            }
+            self.at = next;
+        }
+    }
+}
+
+/// Asks for the cache line [`PREFETCH`] bytes past `line` into L1 and the one
+/// [`PREFETCH_L2`] past into L2 (the weights a few blocks on). Plain SSE (every x86-64): the
+/// AVX2 and AVX-512 kernels and memory tests all call it. Never faults, wherever it points.
+#[inline]
+pub(super) unsafe fn prefetch(line: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(PREFETCH).cast());
+    _mm_prefetch::<_MM_HINT_T1>(line.wrapping_add(PREFETCH_L2).cast());
 }

@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::columns::{self, at, STRIP, VECTOR};
-use super::simd::prefetch;
+use super::simd::Stream;
 use super::{Kernel, QuantFormat, QuantizedRows};
 
 /// Raw pointers into `R` activation rows, so the inner loops do no slicing.
@@ -140,7 +140,16 @@ unsafe fn nibble_groups(p: *const u8) -> [__m512i; 8] {
 /// into the rows' 16 outputs.
 trait Format {
     const FORMAT: QuantFormat;
-    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]);
+    /// How many times `unit` advances the stream: once per block, or per Q4_K/Q6_K 32
+    /// weights, so the requests for the weights ahead come between the multiplies.
+    const PACES: usize;
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    );
 }
 
 struct Q8_0;
@@ -168,11 +177,19 @@ unsafe fn scale_block<const R: usize>(
 
 impl Format for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
+    const PACES: usize = 2;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]) {
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
         for b in 0..2 {
+            stream.advance();
             let block = 2 * i + b;
             // Stored as q + 128: the sums start at -128 times the activations' sum.
             let start = zero_start::<R>(x, block);
@@ -187,12 +204,20 @@ impl Format for Q8_0 {
 
 impl Format for Q5_0 {
     const FORMAT: QuantFormat = QuantFormat::Q5_0;
+    const PACES: usize = 2;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]) {
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
         let sixteen = _mm512_set1_epi8(16);
         for b in 0..2 {
+            stream.advance();
             let block = 2 * i + b;
             let start = zero_start::<R>(x, block);
             let quants = unit.add(at::q5_block(b));
@@ -210,14 +235,22 @@ impl Format for Q5_0 {
 
 impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
+    const PACES: usize = 8;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]) {
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
         let (d, dmin) = (halves(unit.add(at::D)), halves(unit.add(at::DMIN)));
         // The super-block's scaled sums, before its activation scale.
         let mut block = [_mm512_setzero_ps(); R];
         for j in 0..8 {
+            stream.advance();
             let scales = byte_scales::<false>(unit.add(at::q4k_scales(j)), d);
             let mins = byte_scales::<false>(unit.add(at::q4k_mins(j)), dmin);
             let u = nibble_groups(unit.add(at::q4k_quants(j)));
@@ -237,14 +270,22 @@ impl Format for Q4K {
 
 impl Format for Q6K {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
+    const PACES: usize = 8;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(unit: *const u8, i: usize, x: &Acts<R>, acc: &mut [__m512; R]) {
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
         let d = halves(unit.add(at::D));
         let tops_mask = _mm512_set1_epi8(0x30);
         let mut block = [_mm512_setzero_ps(); R];
         for j in 0..8 {
+            stream.advance();
             let quants = unit.add(at::q6k_quants(j));
             let low = nibble_groups(quants);
             let tops: [__m512i; 2] = std::array::from_fn(|h| {
@@ -292,57 +333,74 @@ pub(super) struct Share<'a> {
     pub stride: usize,
 }
 
-/// The share's strips against its activation rows `start..start + R`.
+/// Strip `s` of the share against its activation rows `start..start + R`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn strips<F: Format, const R: usize>(share: &Share<'_>, start: usize) {
+unsafe fn strip<F: Format, const R: usize>(
+    share: &Share<'_>,
+    s: usize,
+    start: usize,
+    stream: &mut Stream,
+) {
     let x = Acts::<R>::new(share.acts, F::FORMAT, share.first + start);
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let unit_bytes = columns::unit_bytes(F::FORMAT);
-    let out = share.out.add(start * share.stride);
-    for s in 0..share.count {
-        let strip = share.strips.add(s * units * unit_bytes);
-        let mut acc = [_mm512_setzero_ps(); R];
-        for i in 0..units {
-            let unit = strip.add(i * unit_bytes);
-            prefetch(unit, unit_bytes);
-            F::unit::<R>(unit, i, &x, &mut acc);
-        }
-        let rows = if s + 1 == share.count {
-            share.last
-        } else {
-            STRIP
-        };
-        let mask = ((1u32 << rows) - 1) as __mmask16;
-        for r in 0..R {
-            _mm512_mask_storeu_ps(out.add(r * share.stride + STRIP * s), mask, acc[r]);
-        }
+    let strip = share.strips.add(s * units * unit_bytes);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for i in 0..units {
+        F::unit::<R>(strip.add(i * unit_bytes), i, &x, &mut acc, stream);
+    }
+    let rows = if s + 1 == share.count {
+        share.last
+    } else {
+        STRIP
+    };
+    let mask = ((1u32 << rows) - 1) as __mmask16;
+    let out = share.out.add(start * share.stride + STRIP * s);
+    for r in 0..R {
+        _mm512_mask_storeu_ps(out.add(r * share.stride), mask, acc[r]);
     }
 }
 
-/// [`strips`] for activation rows `0..rows` of the share, in tiles of 8, 4, 2 and 1.
+/// The tiles `rows` activation rows pass in: 8 at a time, then 4, 2 and 1.
+fn tile_sizes(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        let size = match rows - done {
+            0 => return None,
+            8.. => 8,
+            4.. => 4,
+            2.. => 2,
+            _ => 1,
+        };
+        done += size;
+        Some((done - size, size))
+    })
+}
+
+/// Activation rows `0..rows` of the share against its strips, a strip at a time: every tile
+/// of the rows (7 rows: 4, 2 and 1) passes over a strip while it is in L1, and the weights
+/// ahead are requested at the pace of all those passes ([`Stream`]), so memory keeps
+/// streaming while the later tiles multiply.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
-    let mut done = 0;
-    while done < rows {
-        done += match rows - done {
-            8.. => {
-                strips::<F, 8>(share, done);
-                8
+    let units = share.acts.k / columns::unit_weights(F::FORMAT);
+    let unit_bytes = columns::unit_bytes(F::FORMAT);
+    let len = share.count * units * unit_bytes;
+    let mut stream = Stream::new(
+        share.strips,
+        len,
+        unit_bytes.div_ceil(tile_sizes(rows).count() * F::PACES),
+    );
+    for s in 0..share.count {
+        for (start, size) in tile_sizes(rows) {
+            match size {
+                8 => strip::<F, 8>(share, s, start, &mut stream),
+                4 => strip::<F, 4>(share, s, start, &mut stream),
+                2 => strip::<F, 2>(share, s, start, &mut stream),
+                _ => strip::<F, 1>(share, s, start, &mut stream),
             }
-            4.. => {
-                strips::<F, 4>(share, done);
-                4
-            }
-            2.. => {
-                strips::<F, 2>(share, done);
-                2
-            }
-            _ => {
-                strips::<F, 1>(share, done);
-                1
-            }
-        };
+        }
     }
 }
 
