@@ -238,11 +238,13 @@ impl std::fmt::Debug for QMatrix {
 }
 
 /// Activation rows go through the kernel in blocks of this many (one kernel tile), so a
-/// block's quantized activations stay in L1 while a task's weight rows pass over them. Blocks
+/// block's quantized activations stay in L1 while a task's weight rows pass over them (the
+/// AVX-512 kernel takes all the rows and goes through its blocks itself, to ask for the next
+/// task's weights while the later blocks multiply). Blocks
 /// of 64 rows streamed them from L2 for every weight row: Qwen2.5-Coder-1.5B's 64-row verify
 /// took 1550 ms against 1318 with blocks of 8. Blocks of 16 and 64 through the AVX-512
 /// kernel's strip-at-a-time passes measured so again on a Zen 5 (16 rows: 62 -> 73 ms).
-const ACT_ROWS_PER_BLOCK: usize = 8;
+pub(super) const ACT_ROWS_PER_BLOCK: usize = 8;
 /// Weight rows per parallel task.
 const WEIGHT_ROWS_PER_TASK: usize = 32;
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -455,14 +457,14 @@ impl QMatrix {
                 amx_columns::dot_strips(self.format, strips, w, acts, 0, rows, outputs, w);
                 return;
             }
-            let dot_strips = match kernel {
-                Kernel::Avx2 => avx2_columns::dot_strips,
-                _ => simd_columns::dot_strips,
-            };
+            if kernel != Kernel::Avx2 {
+                simd_columns::dot_strips(self.format, strips, w, acts, 0, rows, outputs, w);
+                return;
+            }
             for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
                 let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
                 let out = &mut outputs[block_start * w..];
-                dot_strips(
+                avx2_columns::dot_strips(
                     self.format,
                     strips,
                     w,

@@ -167,6 +167,9 @@ pub(super) struct Stream {
     at: usize,
     end: usize,
     step: usize,
+    /// Whether the lines are asked for ahead of `at`, into L1 and L2 (the weights about to
+    /// be read), or at `at` into L2 only (the next task's, while this one's are in cache).
+    ahead: bool,
 }
 
 impl Stream {
@@ -177,6 +180,15 @@ impl Stream {
             at,
             end: at + len,
             step,
+            ahead: true,
+        }
+    }
+
+    /// A stream asking for the lines of `len` bytes at `bytes` into L2 only.
+    pub fn into_l2(bytes: *const u8, len: usize, step: usize) -> Self {
+        Self {
+            ahead: false,
+            ..Self::new(bytes, len, step)
         }
     }
 
@@ -188,7 +200,11 @@ impl Stream {
             let next = self.at + self.step;
             let mut line = self.at.next_multiple_of(64);
             while line < next {
-                prefetch(line as *const u8);
+                if self.ahead {
+                    prefetch(line as *const u8);
+                } else {
+                    _mm_prefetch::<_MM_HINT_T1>(line as *const i8);
+                }
                 line += 64;
             }
             self.at = next;

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
-use super::{Kernel, QuantFormat, QuantizedRows};
+use super::{Kernel, QuantFormat, QuantizedRows, ACT_ROWS_PER_BLOCK};
 
 /// Raw pointers into `R` activation rows, so the inner loops do no slicing.
 pub(super) struct Acts<const R: usize> {
@@ -378,27 +378,41 @@ fn tile_sizes(rows: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
-/// Activation rows `0..rows` of the share against its strips, a strip at a time: every tile
-/// of the rows (7 rows: 4, 2 and 1) passes over a strip while it is in L1, and the weights
-/// ahead are requested at the pace of all those passes ([`Stream`]), so memory keeps
-/// streaming while the later tiles multiply.
+/// Activation rows `0..rows` of the share against its strips, in blocks of
+/// [`ACT_ROWS_PER_BLOCK`] rows. Within a block a strip at a time: every tile of the block's
+/// rows (7 rows: 4, 2 and 1) passes over a strip while it is in L1, and the weights ahead are
+/// requested at the pace of all those passes ([`Stream`]). The blocks after the first find
+/// the share's weights in cache, and ask for the next share's into L2 instead, each for its
+/// part, so memory keeps streaming while they multiply.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let unit_bytes = columns::unit_bytes(F::FORMAT);
     let len = share.count * units * unit_bytes;
-    let mut stream = Stream::new(
-        share.strips,
-        len,
-        unit_bytes.div_ceil(tile_sizes(rows).count() * F::PACES),
-    );
-    for s in 0..share.count {
-        for (start, size) in tile_sizes(rows) {
-            match size {
-                8 => strip::<F, 8>(share, s, start, &mut stream),
-                4 => strip::<F, 4>(share, s, start, &mut stream),
-                2 => strip::<F, 2>(share, s, start, &mut stream),
-                _ => strip::<F, 1>(share, s, start, &mut stream),
+    let blocks = rows.div_ceil(ACT_ROWS_PER_BLOCK);
+    for block in 0..blocks {
+        let first = block * ACT_ROWS_PER_BLOCK;
+        let block_rows = ACT_ROWS_PER_BLOCK.min(rows - first);
+        let tiles = tile_sizes(block_rows).count();
+        let mut stream = if block == 0 {
+            Stream::new(share.strips, len, unit_bytes.div_ceil(tiles * F::PACES))
+        } else {
+            // Past the share's end: the next share's weights, which this thread multiplies
+            // next unless the other threads took them.
+            let part = len.div_ceil(blocks - 1);
+            let from = share.strips.wrapping_add(len + (block - 1) * part);
+            let advances = share.count * units * tiles * F::PACES;
+            Stream::into_l2(from, part, part.div_ceil(advances))
+        };
+        for s in 0..share.count {
+            for (start, size) in tile_sizes(block_rows) {
+                let start = first + start;
+                match size {
+                    8 => strip::<F, 8>(share, s, start, &mut stream),
+                    4 => strip::<F, 4>(share, s, start, &mut stream),
+                    2 => strip::<F, 2>(share, s, start, &mut stream),
+                    _ => strip::<F, 1>(share, s, start, &mut stream),
+                }
             }
         }
     }
