@@ -242,8 +242,9 @@ impl std::fmt::Debug for QMatrix {
 /// AVX-512 kernel takes all the rows and goes through its blocks itself, to ask for the next
 /// task's weights while the later blocks multiply). Blocks
 /// of 64 rows streamed them from L2 for every weight row: Qwen2.5-Coder-1.5B's 64-row verify
-/// took 1550 ms against 1318 with blocks of 8. Blocks of 16 and 64 through the AVX-512
-/// kernel's strip-at-a-time passes measured so again on a Zen 5 (16 rows: 62 -> 73 ms).
+/// took 1550 ms against 1318 with blocks of 8. Blocks of 16 and 64 under the AVX-512
+/// kernel's strip-at-a-time passes were slower again on a Zen 5 (docs/benchmarks.md,
+/// session 24).
 pub(super) const ACT_ROWS_PER_BLOCK: usize = 8;
 /// Weight rows per parallel task.
 const WEIGHT_ROWS_PER_TASK: usize = 32;

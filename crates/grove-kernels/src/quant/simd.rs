@@ -161,8 +161,8 @@ unsafe fn streaming_sum_avx512(words: &[u64]) -> u64 {
 /// for one strip, spread through its multiplies. (Asking only in the first pass over a strip
 /// left memory idle in the others: 8 rows cost about the sum of reading the weights and
 /// multiplying them. Asking for a whole unit's 37-53 lines at once, before its multiplies,
-/// made Qwen2.5-Coder-1.5B's 8-row verify 20-25% slower on a Zen 5 than asking for them a
-/// sub-block at a time: docs/benchmarks.md, session 24.)
+/// made a verify of 1 to 32 rows slower on a Zen 5 than asking for them a sub-block at a
+/// time: docs/benchmarks.md, session 24.)
 pub(super) struct Stream {
     at: usize,
     end: usize,
