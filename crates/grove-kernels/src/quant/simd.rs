@@ -192,8 +192,9 @@ impl Stream {
         }
     }
 
-    /// Asks for the lines of the next `step` bytes (none past the end: the lines after it
-    /// are the next share's, often another thread's).
+    /// Asks for the lines of the next `step` bytes. `at` stops at the end, so requests ahead
+    /// reach at most [`PREFETCH_L2`] past it: into the next share, which the thread that took
+    /// this one usually multiplies next (`threads::for_each_task` deals contiguous shares).
     #[inline]
     pub unsafe fn advance(&mut self) {
         if self.at < self.end {
