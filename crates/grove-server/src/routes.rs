@@ -79,6 +79,7 @@ pub(crate) fn router(state: AppState) -> Router {
         // Also answers OPTIONS: grove sends no CORS headers (browsers go through a proxy).
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .layer(axum::middleware::from_fn(access_log))
         .with_state(state)
 }
@@ -99,6 +100,35 @@ async fn access_log(request: axum::extract::Request, next: axum::middleware::Nex
     response
 }
 
+/// A request whose `content-length` is over [`MAX_BODY_BYTES`] is answered 413 after its
+/// body is read and dropped (up to [`MAX_DRAINED_BYTES`]). Refused unread, hyper closed the
+/// connection while the client was still sending, and the client saw a broken pipe instead
+/// of the 413 naming the limit (seen with a 5 MiB prompt on a fast machine).
+async fn refuse_declared_oversize(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_none_or(|bytes| bytes <= MAX_BODY_BYTES as u64) {
+        return next.run(request).await;
+    }
+    let mut chunks = request.into_body().into_data_stream();
+    let mut drained = 0;
+    while drained <= MAX_DRAINED_BYTES {
+        match chunks.next().await {
+            Some(Ok(chunk)) => drained += chunk.len(),
+            _ => break,
+        }
+    }
+    ApiError::BodyTooLarge {
+        limit: MAX_BODY_BYTES,
+    }
+    .into_response()
+}
+
 /// Which OpenAI endpoint a response is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
@@ -108,6 +138,9 @@ enum Endpoint {
 
 /// Request bodies above this are refused with 413 (a 32k-token prompt is ~128 KiB of text).
 pub(crate) const MAX_BODY_BYTES: usize = 4 << 20;
+/// The most of an oversized body read (and dropped) before the 413: past it the connection
+/// is closed, so a client cannot keep a worker reading forever.
+const MAX_DRAINED_BYTES: usize = 64 << 20;
 
 /// The body, or why it could not be read: too large (413), or cut short, badly chunked or
 /// its connection broken (400: nothing says it was large).
