@@ -249,8 +249,7 @@ impl Format for Q4K {
         unit: *const u8,
         i: usize,
     ) {
-        let (d, dmin) = (halves(unit.add(at::D)), halves(unit.add(at::DMIN)));
-        let per_row = x.acts.k / 32;
+        let d = halves(unit.add(at::D));
         // The super-block's scaled sums, before its activation scale.
         let mut block: Acc = [[0.0; STRIP]; ROWS];
         let Work { acc, sums, spread } = work;
@@ -263,18 +262,43 @@ impl Format for Q4K {
             self::sums(tiles, x, weights, j.map(|j| 256 * i + 32 * j), sums);
             for h in 0..2 {
                 let scales = byte_scales::<false>(unit.add(at::q4k_scales(j[h])), &d);
-                let mins = byte_scales::<false>(unit.add(at::q4k_mins(j[h])), &dmin);
                 for m in 0..x.rows {
-                    let x_sum = x.at(&x.acts.scaled_sum32, per_row, m, 8 * i + j[h]);
                     for n in 0..STRIP {
                         let sum = sums[h].0[m][n] as f32;
                         block[m][n] = sum.mul_add(scales[n], block[m][n]);
-                        acc[m][n] = (-mins[n]).mul_add(x_sum, acc[m][n]);
                     }
                 }
             }
         }
+        let dmin = halves(unit.add(at::DMIN));
+        let mins = |j: usize, n: usize| i32::from(*unit.add(at::q4k_mins(j) + n));
+        subtract_offsets(x, &mut block, &x.acts.sum32_i16, i, 8, mins, &dmin);
         finish_super_block(x, acc, &block, i);
+    }
+}
+
+/// A K-quant super-block's mins' (Q4_K) or zero point's (Q6_K) term taken from `block`, in
+/// integers once per super-block as the VNNI kernel's (`paired_sums`): per activation row
+/// and weight row `n`, the `subs` sub-blocks' activation sums (`sums`) times `byte(sub, n)`,
+/// then times `scale[n]`.
+#[inline(always)]
+fn subtract_offsets(
+    x: &Tile<'_>,
+    block: &mut Acc,
+    sums: &[i16],
+    i: usize,
+    subs: usize,
+    byte: impl Fn(usize, usize) -> i32,
+    scale: &[f32; STRIP],
+) {
+    let per_row = x.acts.k / 256 * subs;
+    for m in 0..x.rows {
+        for n in 0..STRIP {
+            let total: i32 = (0..subs)
+                .map(|sub| byte(sub, n) * i32::from(x.at(sums, per_row, m, subs * i + sub)))
+                .sum();
+            block[m][n] = (-(total as f32)).mul_add(scale[n], block[m][n]);
+        }
     }
 }
 
@@ -303,7 +327,6 @@ impl Format for Q6K {
         i: usize,
     ) {
         let d = halves(unit.add(at::D));
-        let per_row = x.acts.k / 16;
         let mut block: Acc = [[0.0; STRIP]; ROWS];
         let Work { acc, sums, spread } = work;
         for j in 0..8 {
@@ -318,21 +341,24 @@ impl Format for Q6K {
                     out[VECTOR * g + byte] |= ((tops[VECTOR * (g / 4) + byte] >> shift) & 3) << 4;
                 }
             }
-            // Sub-blocks 2j and 2j + 1 (16 weights, zero point 32): groups 0-3 and 4-7.
+            // Sub-blocks 2j and 2j + 1 (16 weights): groups 0-3 and 4-7.
             let weights = [out.as_ptr(), out.as_ptr().add(4 * VECTOR)];
             let subs = [2 * j, 2 * j + 1];
             self::sums(tiles, x, weights, subs.map(|sub| 256 * i + 16 * sub), sums);
             for h in 0..2 {
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(subs[h])), &d);
                 for m in 0..x.rows {
-                    let start = x.at(&x.acts.zero_q6, per_row, m, 16 * i + subs[h]);
                     for n in 0..STRIP {
-                        let sum = start.wrapping_add(sums[h].0[m][n]) as f32;
+                        let sum = sums[h].0[m][n] as f32;
                         block[m][n] = sum.mul_add(scales[n], block[m][n]);
                     }
                 }
             }
         }
+        // The zero point 32 with `d`.
+        let d32 = d.map(|d| d * 32.0);
+        let scales = |sub: usize, n: usize| i32::from(*unit.add(at::q6k_scales(sub) + n) as i8);
+        subtract_offsets(x, &mut block, &x.acts.sum16_i16, i, 16, scales, &d32);
         finish_super_block(x, acc, &block, i);
     }
 }

@@ -559,19 +559,15 @@ pub struct QuantizedRows {
     sum16: Vec<i32>,
     /// `[rows, k / 32]`: sums of 32 consecutive values.
     sum32: Vec<i32>,
-    /// `[rows, k / 32]` for Q4_K where a column kernel runs (else empty): each 32-value sum times its
-    /// block's scale, the activations' side of the mins' term.
-    scaled_sum32: Vec<f32>,
     /// `[rows, k / 32]` for Q8_0 on AVX-512 CPUs (else empty): where the column kernel's
     /// integer sums of a block start, minus the zero point (128) times the block's values' sum
     /// (a broadcast load, no arithmetic, per block and row).
     zero_q8: Vec<i32>,
     /// The same for Q5_0 (zero point 16).
     zero_q5: Vec<i32>,
-    /// `[rows, k / 16]`, the same for Q6_K's 16-weight sub-blocks (zero point 32).
-    zero_q6: Vec<i32>,
-    /// AVX2's Q4_K and Q6_K: `sum32` and `sum16` as 16-bit values (at most 32 * 127), so
-    /// two neighbours are one broadcast word for `vpmaddwd` against two scales or mins.
+    /// Q4_K and Q6_K: `sum32` and `sum16` as 16-bit values (at most 32 * 127), so two
+    /// neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
+    /// scales.
     sum32_i16: Vec<i16>,
     sum16_i16: Vec<i16>,
 }
@@ -641,10 +637,8 @@ impl QuantizedRows {
             scale: vec![0f32; rows * k / block],
             sum16: vec![0i32; rows * k / 16],
             sum32: vec![0i32; rows * k / 32],
-            scaled_sum32: Vec::new(),
             zero_q8: Vec::new(),
             zero_q5: Vec::new(),
-            zero_q6: Vec::new(),
             sum32_i16: Vec::new(),
             sum16_i16: Vec::new(),
         }
@@ -656,25 +650,16 @@ impl QuantizedRows {
         let kernel = self.kernel;
         let quantized = self;
         let narrow = |sums: &[i32]| sums.iter().map(|&sum| sum as i16).collect();
-        if kernel == Kernel::Avx2 && formats.contains(&QuantFormat::Q4K) {
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q4K) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
         }
-        if kernel == Kernel::Avx2 && formats.contains(&QuantFormat::Q6K) {
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q6K) {
             quantized.sum16_i16 = narrow(&quantized.sum16);
         }
         if kernel == Kernel::Avx512Vnni {
             let times = |zero: i32, sums: &[i32]| sums.iter().map(|&sum| -zero * sum).collect();
             if formats.contains(&QuantFormat::Q8_0) {
                 quantized.zero_q8 = times(128, &quantized.sum32);
-            }
-            if formats.contains(&QuantFormat::Q4K) {
-                let QuantizedRows { scale, sum32, .. } = &quantized;
-                quantized.scaled_sum32 = (sum32.iter().enumerate())
-                    .map(|(i, &sum)| scale[i / 8] * sum as f32)
-                    .collect();
-            }
-            if formats.contains(&QuantFormat::Q6K) {
-                quantized.zero_q6 = times(32, &quantized.sum16);
             }
         }
         if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_0) {
@@ -688,10 +673,8 @@ impl QuantizedRows {
         match format {
             QuantFormat::Q8_0 => avx2 || self.zero_q8.len() == self.sum32.len(),
             QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
-            QuantFormat::Q4K if avx2 => self.sum32_i16.len() == self.sum32.len(),
-            QuantFormat::Q4K => self.scaled_sum32.len() == self.sum32.len(),
-            QuantFormat::Q6K if avx2 => self.sum16_i16.len() == self.sum16.len(),
-            QuantFormat::Q6K => self.zero_q6.len() == self.sum16.len(),
+            QuantFormat::Q4K => self.sum32_i16.len() == self.sum32.len(),
+            QuantFormat::Q6K => self.sum16_i16.len() == self.sum16.len(),
         }
     }
 

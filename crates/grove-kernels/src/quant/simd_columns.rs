@@ -25,12 +25,11 @@ pub(super) struct Acts<const R: usize> {
     pub q: [*const i8; R],
     /// One per block (32 or 256 values).
     pub scale: [*const f32; R],
-    /// Where a block's (Q6_K: a sub-block's) integer sums start: minus the zero point times
-    /// the activations' sum (`QuantizedRows::zero_q8`; never read by AVX2's Q8_0).
+    /// Q8_0, Q5_0: where a block's integer sums start, minus the zero point times the
+    /// activations' sum (`QuantizedRows::zero_q8`; never read by AVX2's Q8_0).
     pub zero: [*const i32; R],
-    /// Q4_K: each 32 values' sum times its super-block's scale (the mins' term).
-    pub scaled_sum32: [*const f32; R],
-    /// AVX2's Q4_K (Q6_K): each 32 (16) values' sum as 16 bits (`QuantizedRows::sum32_i16`).
+    /// Q4_K (Q6_K): each 32 (16) values' sum as 16 bits (`QuantizedRows::sum32_i16`), for
+    /// the mins' (zero point's) term.
     pub sums: [*const i16; R],
 }
 
@@ -42,9 +41,10 @@ impl<const R: usize> Acts<R> {
         let (zero, per): (&[i32], usize) = match format {
             QuantFormat::Q8_0 => (&acts.zero_q8, 32),
             QuantFormat::Q5_0 => (&acts.zero_q5, 32),
-            // Q4_K has mins instead (`scaled_sum32`): its pointers are never read.
+            // The K-quants' mins and zero points are added once per super-block (`sums`):
+            // these pointers are never read.
             QuantFormat::Q4K => (&[], 32),
-            QuantFormat::Q6K => (&acts.zero_q6, 16),
+            QuantFormat::Q6K => (&[], 16),
         };
         Self {
             q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(row(r, k))),
@@ -52,9 +52,6 @@ impl<const R: usize> Acts<R> {
                 acts.scale.as_ptr().wrapping_add(row(r, k / acts.block))
             }),
             zero: std::array::from_fn(|r| zero.as_ptr().wrapping_add(row(r, k / per))),
-            scaled_sum32: std::array::from_fn(|r| {
-                acts.scaled_sum32.as_ptr().wrapping_add(row(r, k / 32))
-            }),
             sums: std::array::from_fn(|r| match format {
                 QuantFormat::Q6K => acts.sum16_i16.as_ptr().wrapping_add(row(r, k / 16)),
                 _ => acts.sum32_i16.as_ptr().wrapping_add(row(r, k / 32)),
@@ -233,10 +230,76 @@ impl Format for Q5_0 {
     }
 }
 
+/// Two neighbouring sub-blocks' bytes of the 16 rows (16 at `p`, then 16), as `vpdpwssd`
+/// multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s two bytes
+/// (Q4_K's mins, unsigned; Q6_K's scales, `SIGNED`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn paired_bytes<const SIGNED: bool>(p: *const u8) -> __m512i {
+    /// Word `2p` from word `p` (the first sub-block's), `2p + 1` from `16 + p`.
+    static INTERLEAVE: [i16; 32] = {
+        let mut index = [0i16; 32];
+        let mut p = 0;
+        while p < 16 {
+            index[2 * p] = p as i16;
+            index[2 * p + 1] = 16 + p as i16;
+            p += 1;
+        }
+        index
+    };
+    let bytes = _mm256_loadu_si256(p.cast());
+    let words = if SIGNED {
+        _mm512_cvtepi8_epi16(bytes)
+    } else {
+        _mm512_cvtepu8_epi16(bytes)
+    };
+    _mm512_permutexvar_epi16(_mm512_loadu_si512(INTERLEAVE.as_ptr().cast()), words)
+}
+
+/// Each row's `T` pairs of sub-block sums from `x.sums[r] + from` against the 16 rows'
+/// `pairs`: the integer sums of a super-block's mins' (zero point's) term.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn paired_sums<const R: usize, const T: usize>(
+    pairs: &[__m512i; T],
+    x: &Acts<R>,
+    from: usize,
+) -> [__m512i; R] {
+    std::array::from_fn(|r| {
+        let mut sums = _mm512_setzero_si512();
+        for t in 0..T {
+            sums = dpwssd_broadcast(sums, pairs[t], x.sums[r].add(from + 2 * t));
+        }
+        sums
+    })
+}
+
+/// `sums` plus, in each lane, the lane's two 16-bit values of `pairs` times the two at `p`
+/// (`vpdpwssd` with its operand broadcast from memory). Written out: LLVM turns the
+/// intrinsic into `vpmaddwd` and `vpaddd` wherever the CPU model (here a plain x86-64 with
+/// features enabled) is not known to have a fast `vpdpwssd`, two instructions for one.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
+    let mut sums = sums;
+    std::arch::asm!(
+        "vpdpwssd {sums}, {pairs}, dword ptr [{p}]{{1to16}}",
+        sums = inout(zmm_reg) sums,
+        pairs = in(zmm_reg) pairs,
+        p = in(reg) p,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    sums
+}
+
 impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
     const PACES: usize = 8;
 
+    /// The mins' term once per super-block, in integers: each row's eight 32-value sums
+    /// (16 bits, two to a broadcast word) against the 16 rows' 6-bit mins, four `vpdpwssd`s
+    /// (at most 8 * 63 * 32 * 127 < 2^24: exact as f32), then one conversion and one
+    /// multiply-add by `dmin`, before the activation scale.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize>(
@@ -246,23 +309,25 @@ impl Format for Q4K {
         acc: &mut [__m512; R],
         stream: &mut Stream,
     ) {
-        let (d, dmin) = (halves(unit.add(at::D)), halves(unit.add(at::DMIN)));
+        let d = halves(unit.add(at::D));
         // The super-block's scaled sums, before its activation scale.
         let mut block = [_mm512_setzero_ps(); R];
         for j in 0..8 {
             stream.advance();
             let scales = byte_scales::<false>(unit.add(at::q4k_scales(j)), d);
-            let mins = byte_scales::<false>(unit.add(at::q4k_mins(j)), dmin);
             let u = nibble_groups(unit.add(at::q4k_quants(j)));
             let zero = [_mm512_setzero_si512(); R];
             let sums = dots::<R, 8>(zero, x, 256 * i + 32 * j, |g| u[g]);
             for r in 0..R {
                 block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
-                let x_sum = _mm512_set1_ps(*x.scaled_sum32[r].add(8 * i + j));
-                acc[r] = _mm512_fnmadd_ps(mins, x_sum, acc[r]);
             }
         }
+        let mins: [__m512i; 4] =
+            std::array::from_fn(|t| paired_bytes::<false>(unit.add(at::q4k_mins(2 * t))));
+        let min_sums = paired_sums::<R, 4>(&mins, x, 8 * i);
+        let dmin = halves(unit.add(at::DMIN));
         for r in 0..R {
+            block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), dmin, block[r]);
             acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
         }
     }
@@ -272,6 +337,9 @@ impl Format for Q6K {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     const PACES: usize = 8;
 
+    /// The weights' zero point (32) once per super-block, in integers as Q4_K's mins: each
+    /// row's sixteen 16-value sums against the 16 rows' signed scales, eight `vpdpwssd`s (at
+    /// most 16 * 128 * 16 * 127 < 2^24: exact as f32), times `32 d`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize>(
@@ -304,17 +372,23 @@ impl Format for Q6K {
                 _mm512_ternarylogic_epi32::<0xF8>(low[g], moved, tops_mask)
             };
             for half in 0..2 {
-                // Sub-block 2j + half: 16 weights, zero point 32.
+                // Sub-block 2j + half: 16 weights.
                 let sub = 2 * j + half;
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub)), d);
-                let start = zero_start::<R>(x, 16 * i + sub);
-                let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u(4 * half + g));
+                let zero = [_mm512_setzero_si512(); R];
+                let sums = dots::<R, 4>(zero, x, 256 * i + 16 * sub, |g| u(4 * half + g));
                 for r in 0..R {
                     block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
                 }
             }
         }
+        let scales: [__m512i; 8] =
+            std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::q6k_scales(2 * t))));
+        let zero_sums = paired_sums::<R, 8>(&scales, x, 16 * i);
+        // The zero point 32 with `d`: a power of two, exact.
+        let d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0));
         for r in 0..R {
+            block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(zero_sums[r]), d32, block[r]);
             acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
         }
     }

@@ -336,10 +336,8 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 scale: vec![0f32; n / block],
                 sum16: vec![0i32; n / 16],
                 sum32: vec![0i32; n / 32],
-                scaled_sum32: Vec::new(),
                 zero_q8: Vec::new(),
                 zero_q5: Vec::new(),
-                zero_q6: Vec::new(),
                 sum32_i16: Vec::new(),
                 sum16_i16: Vec::new(),
             };
