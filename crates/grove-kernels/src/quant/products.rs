@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use super::{Kernel, QMatrix, QuantFormat, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
-use crate::threads::{assemble, for_each_chunk_mut};
+use crate::threads::{for_each_columns_mut, Columns};
 
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
 /// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
@@ -31,17 +31,15 @@ pub fn matmul_many_with(
     );
     check_inputs(kernel, x, rows, k);
     let quantized = quantize_for(kernel, matrices, x, rows);
-    // Each task writes one contiguous block, `[rows, w]` for its `w` weight rows, into
-    // outputs that nothing writes before it: zeroing a head's 600 KB of logits up front, in
-    // memory the weights' stream had pushed out of the caches, and listing its 4748 tasks made
-    // its product's preparation 70-90 us (now 4; Qwen2.5-0.5B, all products: 0.5 -> 0.26 ms a
-    // step).
+    // Each task writes its weight rows' columns of every row into outputs that nothing
+    // writes before it: zeroing a head's 600 KB of logits up front, in memory the weights'
+    // stream had pushed out of the caches, and listing its 4748 tasks made its product's
+    // preparation 70-90 us (now 4; Qwen2.5-0.5B, all products: 0.5 -> 0.26 ms a step).
     let mut outputs: Vec<Vec<f32>> = matrices
         .iter()
         .map(|m| Vec::with_capacity(m.n * rows))
         .collect();
-    let task_len = WEIGHT_ROWS_PER_TASK * rows;
-    let mut blocks: Vec<&mut [MaybeUninit<f32>]> = outputs
+    let mut values: Vec<&mut [MaybeUninit<f32>]> = outputs
         .iter_mut()
         .zip(matrices)
         .map(|(output, matrix)| &mut output.spare_capacity_mut()[..matrix.n * rows])
@@ -50,33 +48,39 @@ pub fn matmul_many_with(
         .iter()
         .map(|matrix| acts_for(&quantized, matrix))
         .collect();
-    let run = |m: usize, index: usize, chunk: &mut [_]| {
+    let run = |m: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
         let first = index * WEIGHT_ROWS_PER_TASK;
-        matrices[m].task(kernel, acts[m], rows, first, zeroed(chunk));
+        if rows == 1 {
+            matrices[m].task(kernel, acts[m], rows, first, zeroed(columns.row(0)));
+            return;
+        }
+        // The task's `[rows, w]` products, in cache until they go to their rows.
+        BLOCK.with_borrow_mut(|block| {
+            block.clear();
+            block.resize(columns.width() * rows, 0.0);
+            matrices[m].task(kernel, acts[m], rows, first, block);
+            for (r, products) in block.chunks_exact(columns.width()).enumerate() {
+                put(columns.row(r), products);
+            }
+        });
     };
     let size: usize = matrices.iter().map(|m| m.n * k * rows).sum();
-    if size >= PARALLEL_MIN_WORK {
-        for_each_chunk_mut(&mut blocks, task_len, run);
-    } else {
-        for (m, output) in blocks.iter_mut().enumerate() {
-            for (index, chunk) in output.chunks_mut(task_len).enumerate() {
-                run(m, index, chunk);
-            }
-        }
-    }
+    let parallel = size >= PARALLEL_MIN_WORK;
+    for_each_columns_mut(&mut values, rows, WEIGHT_ROWS_PER_TASK, parallel, run);
     for (output, matrix) in outputs.iter_mut().zip(matrices) {
-        // SAFETY: the tasks above initialized all of `..n * rows` (each its own chunk, first
-        // to zero); a task that panicked never gets here.
+        // SAFETY: the tasks above initialized all of `..n * rows` (each its own columns of
+        // every row); a task that panicked never gets here.
         #[allow(unsafe_code)]
         unsafe {
             output.set_len(matrix.n * rows)
         };
     }
     outputs
-        .into_iter()
-        .zip(matrices)
-        .map(|(output, matrix)| assemble(output, matrix.n, rows, WEIGHT_ROWS_PER_TASK))
-        .collect()
+}
+
+thread_local! {
+    /// A task's products of several rows, before they go to their rows of the output.
+    static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `gate(x W_g^T, x W_u^T)` (both `[n, k]`) as `[rows, n]`: `gate` maps a block of the two
@@ -112,41 +116,37 @@ pub fn matmul_gated_with(
         acts_for(&quantized, up_matrix),
     );
     let mut output: Vec<f32> = Vec::with_capacity(n * rows);
-    let task_len = WEIGHT_ROWS_PER_TASK * rows;
     thread_local! {
-        /// A task's two products, before they are gated into its block of the output.
+        /// A task's two products, before they are gated into its columns of the output.
         static PRODUCTS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
     }
-    let run = |_: usize, index: usize, chunk: &mut [_]| {
+    let run = |_: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
         let first = index * WEIGHT_ROWS_PER_TASK;
-        let len = chunk.len();
+        let w = columns.width();
         PRODUCTS.with_borrow_mut(|(gates, ups)| {
             for (products, matrix, acts) in [
                 (&mut *gates, gate_matrix, gate_acts),
                 (&mut *ups, up_matrix, up_acts),
             ] {
                 products.clear();
-                products.resize(len, 0.0);
+                products.resize(w * rows, 0.0);
                 matrix.task(kernel, acts, rows, first, products);
             }
-            gate(gates, ups, zeroed(chunk));
+            for (r, (gates, ups)) in gates.chunks_exact(w).zip(ups.chunks_exact(w)).enumerate() {
+                gate(gates, ups, zeroed(columns.row(r)));
+            }
         });
     };
     let values = &mut output.spare_capacity_mut()[..n * rows];
-    if 2 * n * k * rows >= PARALLEL_MIN_WORK {
-        for_each_chunk_mut(&mut [values], task_len, run);
-    } else {
-        for (index, chunk) in values.chunks_mut(task_len).enumerate() {
-            run(0, index, chunk);
-        }
-    }
-    // SAFETY: every chunk of `..n * rows` was initialized by its task (zeroed, then gated); a
+    let parallel = 2 * n * k * rows >= PARALLEL_MIN_WORK;
+    for_each_columns_mut(&mut [values], rows, WEIGHT_ROWS_PER_TASK, parallel, run);
+    // SAFETY: every task's columns of `..n * rows` were initialized (zeroed, then gated); a
     // task that panicked never gets here.
     #[allow(unsafe_code)]
     unsafe {
         output.set_len(n * rows)
     };
-    assemble(output, n, rows, WEIGHT_ROWS_PER_TASK)
+    output
 }
 
 /// Panics unless `x` is `[rows, k]` and `kernel` runs on this CPU (the SIMD kernels are only
@@ -193,6 +193,18 @@ fn acts_for<'a>(quantized: &'a [QuantizedRows], matrix: &QMatrix) -> &'a Quantiz
         .iter()
         .find(|acts| acts.block == block)
         .expect("quantized for every matrix")
+}
+
+/// `values` written into `out`.
+fn put(out: &mut [MaybeUninit<f32>], values: &[f32]) {
+    assert_eq!(
+        out.len(),
+        values.len(),
+        "a row's columns and its products differ"
+    );
+    for (out, &value) in out.iter_mut().zip(values) {
+        out.write(value);
+    }
 }
 
 /// `values` set to zero, as the floats they now are.
