@@ -12,6 +12,8 @@
 
 use rayon::prelude::*;
 
+use crate::threads::{for_each_columns_mut, Columns};
+
 /// A stored weight: f32, or a bfloat16 from a bfloat16 checkpoint. A bfloat16 is the high half
 /// of an f32, so widening it is exact: products read half the bytes and give the f32 copy's
 /// bits (decoding is a stream over the weights).
@@ -136,23 +138,36 @@ impl DenseStrips {
         if rows == 0 || n == 0 {
             return Vec::new();
         }
-        // Each task writes `[rows, w]` for its `w` weight rows into a block of its own.
-        let task_len = ROWS_PER_TASK * rows;
-        let mut blocks = vec![0f32; n * rows];
+        // Each task writes its `w` weight rows' columns of every row (as the quantized
+        // products do: `threads::for_each_columns_mut`).
+        let mut output = vec![0f32; n * rows];
         let strip_len = STRIP * k;
-        let task = |(index, block): (usize, &mut [f32])| {
+        let task = |_: usize, index: usize, mut columns: Columns<'_, f32>| {
             let first = index * ROWS_PER_TASK;
-            let w = block.len() / rows.max(1);
+            let w = columns.width();
             let strips = &values[first / STRIP * strip_len..][..w.div_ceil(STRIP) * strip_len];
-            product(strips, k, w, x, rows, block);
+            if rows == 1 {
+                product(strips, k, w, x, rows, columns.row(0));
+                return;
+            }
+            BLOCK.with_borrow_mut(|block| {
+                block.clear();
+                block.resize(w * rows, 0.0);
+                product(strips, k, w, x, rows, block);
+                for (r, products) in block.chunks_exact(w).enumerate() {
+                    columns.row(r).copy_from_slice(products);
+                }
+            });
         };
-        if n * k * rows >= PARALLEL_MIN_WORK {
-            blocks.par_chunks_mut(task_len).enumerate().for_each(task);
-        } else {
-            blocks.chunks_mut(task_len).enumerate().for_each(task);
-        }
-        crate::threads::assemble(blocks, n, rows, ROWS_PER_TASK)
+        let parallel = n * k * rows >= PARALLEL_MIN_WORK;
+        for_each_columns_mut(&mut [&mut output], rows, ROWS_PER_TASK, parallel, task);
+        output
     }
+}
+
+thread_local! {
+    /// A task's products of several rows, before they go to their rows of the output.
+    static BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `out[r * w + j]` = weight row `j` of `strips` (`j < w`) dotted with `x` row `r`.

@@ -14,8 +14,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use rayon::prelude::*;
-
 thread_local! {
     /// How many `with_threads_awake` bodies are running on this thread (nested calls count).
     static BODIES: Cell<usize> = const { Cell::new(0) };
@@ -500,30 +498,6 @@ impl Share {
             }
         }
     }
-}
-
-/// The blocks that tasks of `task_rows` weight rows wrote (`[rows, w]` each, in task order) as
-/// one `[rows, n]` matrix: a copy of `task_rows`-value runs, parallel over output rows for large
-/// products (a copy moves a value where a product does `k` multiply-adds: from 16k values).
-pub(crate) fn assemble(blocks: Vec<f32>, n: usize, rows: usize, task_rows: usize) -> Vec<f32> {
-    if rows == 1 {
-        // One row: the blocks are already in order.
-        return blocks;
-    }
-    let mut output = vec![0f32; rows * n];
-    let fill = |(i, out): (usize, &mut [f32])| {
-        for (task, run) in out.chunks_mut(task_rows).enumerate() {
-            let block = task * task_rows * rows;
-            let w = run.len();
-            run.copy_from_slice(&blocks[block + i * w..block + (i + 1) * w]);
-        }
-    };
-    if rows * n >= 1 << 14 {
-        output.par_chunks_mut(n).enumerate().for_each(fill);
-    } else {
-        output.chunks_mut(n).enumerate().for_each(fill);
-    }
-    output
 }
 
 #[cfg(test)]
