@@ -10,6 +10,8 @@
 //! row's outputs are the same bits alone, in a verify's tile or in a prompt: a speculative
 //! verify computes exactly what decoding computes.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use crate::threads::{for_each_columns_mut, Columns};
@@ -140,34 +142,25 @@ impl DenseStrips {
         }
         // Each task writes its `w` weight rows' columns of every row (as the quantized
         // products do: `threads::for_each_columns_mut`).
-        let mut output = vec![0f32; n * rows];
+        let mut output: Vec<f32> = Vec::with_capacity(n * rows);
         let strip_len = STRIP * k;
-        let task = |_: usize, index: usize, mut columns: Columns<'_, f32>| {
+        let task = |_: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
             let first = index * ROWS_PER_TASK;
             let w = columns.width();
             let strips = &values[first / STRIP * strip_len..][..w.div_ceil(STRIP) * strip_len];
-            if rows == 1 {
-                product(strips, k, w, x, rows, columns.row(0));
-                return;
-            }
-            BLOCK.with_borrow_mut(|block| {
-                block.clear();
-                block.resize(w * rows, 0.0);
-                product(strips, k, w, x, rows, block);
-                for (r, products) in block.chunks_exact(w).enumerate() {
-                    columns.row(r).copy_from_slice(products);
-                }
-            });
+            columns.fill(|out| product(strips, k, w, x, rows, out));
         };
         let parallel = n * k * rows >= PARALLEL_MIN_WORK;
-        for_each_columns_mut(&mut [&mut output], rows, ROWS_PER_TASK, parallel, task);
+        let values = &mut output.spare_capacity_mut()[..n * rows];
+        for_each_columns_mut(&mut [values], rows, ROWS_PER_TASK, parallel, task);
+        // SAFETY: every task filled its columns of every row of `..n * rows`; a task that
+        // panicked never gets here.
+        #[allow(unsafe_code)]
+        unsafe {
+            output.set_len(n * rows)
+        };
         output
     }
-}
-
-thread_local! {
-    /// A task's products of several rows, before they go to their rows of the output.
-    static BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `out[r * w + j]` = weight row `j` of `strips` (`j < w`) dotted with `x` row `r`.

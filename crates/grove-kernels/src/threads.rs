@@ -9,7 +9,8 @@
 //! for the same reason.
 
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::mem::MaybeUninit;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -366,6 +367,43 @@ impl<T> Columns<'_, T> {
         unsafe {
             std::slice::from_raw_parts_mut(self.base.add(r * self.n + self.first), self.width)
         }
+    }
+}
+
+impl Columns<'_, MaybeUninit<f32>> {
+    /// The columns filled by `compute`, which writes the task's `[rows, width]` products into
+    /// the zeroed slice it is given: one row's columns in place, more rows through a
+    /// thread-local block (in cache) whose rows then go to their columns.
+    pub fn fill(&mut self, compute: impl FnOnce(&mut [f32])) {
+        if self.rows == 1 {
+            compute(zeroed(self.row(0)));
+            return;
+        }
+        thread_local! {
+            static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+        }
+        BLOCK.with_borrow_mut(|block| {
+            block.clear();
+            block.resize(self.width * self.rows, 0.0);
+            compute(block);
+            for (r, products) in block.chunks_exact(self.width).enumerate() {
+                for (out, &value) in self.row(r).iter_mut().zip(products) {
+                    out.write(value);
+                }
+            }
+        });
+    }
+}
+
+/// `values` set to zero, as the floats they now are.
+pub(crate) fn zeroed(values: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    for value in values.iter_mut() {
+        value.write(0.0);
+    }
+    // SAFETY: every value was just initialized, and `MaybeUninit<f32>` has the layout of f32.
+    #[allow(unsafe_code)]
+    unsafe {
+        &mut *(std::ptr::from_mut(values) as *mut [f32])
     }
 }
 

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use super::{Kernel, QMatrix, QuantFormat, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
-use crate::threads::{for_each_columns_mut, Columns};
+use crate::threads::{for_each_columns_mut, zeroed, Columns};
 
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
 /// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
@@ -50,19 +50,7 @@ pub fn matmul_many_with(
         .collect();
     let run = |m: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
         let first = index * WEIGHT_ROWS_PER_TASK;
-        if rows == 1 {
-            matrices[m].task(kernel, acts[m], rows, first, zeroed(columns.row(0)));
-            return;
-        }
-        // The task's `[rows, w]` products, in cache until they go to their rows.
-        BLOCK.with_borrow_mut(|block| {
-            block.clear();
-            block.resize(columns.width() * rows, 0.0);
-            matrices[m].task(kernel, acts[m], rows, first, block);
-            for (r, products) in block.chunks_exact(columns.width()).enumerate() {
-                put(columns.row(r), products);
-            }
-        });
+        columns.fill(|products| matrices[m].task(kernel, acts[m], rows, first, products));
     };
     let size: usize = matrices.iter().map(|m| m.n * k * rows).sum();
     let parallel = size >= PARALLEL_MIN_WORK;
@@ -76,11 +64,6 @@ pub fn matmul_many_with(
         };
     }
     outputs
-}
-
-thread_local! {
-    /// A task's products of several rows, before they go to their rows of the output.
-    static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `gate(x W_g^T, x W_u^T)` (both `[n, k]`) as `[rows, n]`: `gate` maps a block of the two
@@ -193,28 +176,4 @@ fn acts_for<'a>(quantized: &'a [QuantizedRows], matrix: &QMatrix) -> &'a Quantiz
         .iter()
         .find(|acts| acts.block == block)
         .expect("quantized for every matrix")
-}
-
-/// `values` written into `out`.
-fn put(out: &mut [MaybeUninit<f32>], values: &[f32]) {
-    assert_eq!(
-        out.len(),
-        values.len(),
-        "a row's columns and its products differ"
-    );
-    for (out, &value) in out.iter_mut().zip(values) {
-        out.write(value);
-    }
-}
-
-/// `values` set to zero, as the floats they now are.
-fn zeroed(values: &mut [MaybeUninit<f32>]) -> &mut [f32] {
-    for value in values.iter_mut() {
-        value.write(0.0);
-    }
-    // SAFETY: every value was just initialized, and `MaybeUninit<f32>` has the layout of f32.
-    #[allow(unsafe_code)]
-    unsafe {
-        &mut *(std::ptr::from_mut(values) as *mut [f32])
-    }
 }
