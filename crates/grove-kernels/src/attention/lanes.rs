@@ -100,8 +100,8 @@ const TILE: usize = 6;
 struct Scratch {
     /// Per pass, `[dim][block of the pass][lane]`: the queries transposed.
     queries: Vec<f32>,
-    /// `[tile][dim][key of the tile]`: the keys transposed by tiles (past the last key,
-    /// whatever an earlier piece left: only scores that are dropped read it).
+    /// `[tile][dim][key of the tile]`: the keys transposed by tiles (past the last key, the
+    /// last tile's first key again: only scores that are dropped read it).
     keys: Vec<f32>,
     /// `[tile of dims][key][dim of the tile]` (past the last dimension, the same).
     values: Vec<f32>,
@@ -231,11 +231,17 @@ fn pack_keys<'a>(
 ) {
     let to = sized(to, keys.n.div_ceil(TILE) * d * TILE);
     for (i, tile) in (0..keys.n).step_by(TILE).zip(to.chunks_exact_mut(d * TILE)) {
-        for k in 0..TILE.min(keys.n - i) {
-            let key = (keys.key)(i + k);
+        // Past the last key, the first key again (its scores are dropped).
+        let rows: [&[f32]; TILE] = std::array::from_fn(|k| {
+            let key = (keys.key)(if i + k < keys.n { i + k } else { i });
             assert_eq!(key.len(), d, "a key is not head_dim long");
-            for (to, &x) in tile.chunks_exact_mut(TILE).zip(key) {
-                to[k] = x;
+            key
+        });
+        // Dimension by dimension: the tile written front to back (key by key, each store
+        // went to another place in it, and the stores waited).
+        for (e, to) in tile.chunks_exact_mut(TILE).enumerate() {
+            for (to, row) in to.iter_mut().zip(rows) {
+                *to = row[e];
             }
         }
     }
@@ -249,14 +255,21 @@ fn pack_values<'a>(
 ) {
     let n = keys.n;
     let to = sized(to, d.div_ceil(TILE) * n * TILE);
-    for i in 0..n {
-        let value = (keys.value)(i);
-        assert_eq!(value.len(), d, "a value is not head_dim long");
-        for (tile, part) in to.chunks_exact_mut(n * TILE).zip(value.chunks(TILE)) {
-            let to = &mut tile[i * TILE..][..TILE];
-            match <&[f32; TILE]>::try_from(part) {
+    let rows: Vec<&[f32]> = (0..n).map(|i| (keys.value)(i)).collect();
+    assert!(
+        rows.iter().all(|v| v.len() == d),
+        "a value is not head_dim long"
+    );
+    // A tile of dimensions at a time, key after key: each tile written front to back (key by
+    // key, the stores went to every tile in turn).
+    for (first, tile) in (0..d).step_by(TILE).zip(to.chunks_exact_mut(n * TILE)) {
+        for (to, value) in tile.chunks_exact_mut(TILE).zip(&rows) {
+            match <&[f32; TILE]>::try_from(value.get(first..first + TILE).unwrap_or(&[])) {
                 Ok(part) => to.copy_from_slice(part),
-                Err(_) => to.iter_mut().zip(part).for_each(|(to, &x)| *to = x),
+                Err(_) => to
+                    .iter_mut()
+                    .zip(&value[first..])
+                    .for_each(|(to, &x)| *to = x),
             }
         }
     }
