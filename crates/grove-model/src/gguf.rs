@@ -289,6 +289,7 @@ impl GgufFile {
             GgmlDType::Q5_0 => QuantFormat::Q5_0,
             GgmlDType::Q4K => QuantFormat::Q4K,
             GgmlDType::Q6K => QuantFormat::Q6K,
+            GgmlDType::Q5K => QuantFormat::Q5K,
             _ => return Ok(None),
         };
         let Some(row_bytes) = format.row_bytes(k) else {

@@ -418,6 +418,7 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
         QuantFormat::Q5_0 => run::<Q5_0, T>(tiles, share, rows),
         QuantFormat::Q4K => run::<Q4K, T>(tiles, share, rows),
         QuantFormat::Q6K => run::<Q6K, T>(tiles, share, rows),
+        QuantFormat::Q5K => unreachable!("Q5_K goes to the AVX2 kernel (QMatrix::task)"),
     }
 }
 

@@ -185,6 +185,18 @@ unsafe fn bits_to_bytes(bits: u32, value: __m256i) -> __m256i {
     _mm256_and_si256(set, value)
 }
 
+/// Group `g` of the 32 five-bit weights at `quants` (4 nibble vectors, then the groups'
+/// fifth bits: Q5_0's block, Q5_K's sub-block), half `half`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn five_bit_group(quants: *const u8, half: usize, g: usize) -> __m256i {
+    // Bit p of group g's word is the fifth bit of the vector's byte p: this half's are the
+    // word's 32 bits at 4 * half bytes.
+    let bits = quants.add(at::Q5_BITS + 4 * half).cast::<u32>();
+    let fifth = bits_to_bytes(bits.add(2 * g).read_unaligned(), _mm256_set1_epi8(16));
+    _mm256_or_si256(nibble_group(quants.add(HALF_VECTOR * half), g), fifth)
+}
+
 /// One format's unit (`columns::unit_bytes`) of half a strip (its rows `8h..8h + 8`, the
 /// unit's vectors already offset to that half) against `R` activation rows, added into the
 /// rows' 8 outputs. The unit's weights are [`Format::GROUPS`] half vectors, each decoded
@@ -237,6 +249,7 @@ unsafe fn weights<F: Format, const D: bool>(
 struct Q8_0;
 struct Q5_0;
 struct Q4K;
+struct Q5K;
 struct Q6K;
 
 /// The two 32-weight blocks of a Q8_0 or Q5_0 unit: `sums(b, block)` gives block `b`'s
@@ -309,12 +322,7 @@ impl Format for Q5_0 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(unit: *const u8, half: usize, b: usize, g: usize) -> __m256i {
-        let quants = unit.add(at::q5_block(b));
-        // Bit p of group g's word is the fifth bit of the vector's byte p: this half's are
-        // the word's 32 bits at 4 * half bytes.
-        let bits = quants.add(at::Q5_BITS + 4 * half).cast::<u32>();
-        let fifth = bits_to_bytes(bits.add(2 * g).read_unaligned(), _mm256_set1_epi8(16));
-        _mm256_or_si256(nibble_group(quants.add(HALF_VECTOR * half), g), fifth)
+        five_bit_group(unit.add(at::q5_block(b)), half, g)
     }
 
     #[inline]
@@ -350,10 +358,8 @@ impl Format for Q4K {
         nibble_group(unit.add(at::q4k_quants(j) + HALF_VECTOR * half), g)
     }
 
-    /// In integers up to the super-block: each sub-block's 16-bit sums widened by its 6-bit
-    /// scales (`vpmaddwd`), the mins' term as two sub-blocks' mins against their activation
-    /// sums; then one conversion and scaling per row (at most 8 * 2 * 8 * 15 * 127 * 63 and
-    /// 8 * 63 * 32 * 127: far inside 32 bits).
+    /// See [`with_mins`] (`u < 16`: at most 8 * 2 * 8 * 15 * 127 * 63 and 8 * 63 * 32 * 127,
+    /// far inside 32 bits).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unit<const R: usize, const D: bool>(
@@ -364,27 +370,74 @@ impl Format for Q4K {
         acc: &mut [__m256; R],
         decoded: *const __m256i,
     ) {
-        let mut sums = [_mm256_setzero_si256(); R];
-        for j in 0..8 {
-            let scales = doubled::<false>(unit.add(at::q4k_scales(j) + HALF * half));
-            sums = dots::<R, 8, { Self::ADD }, false>(sums, x, 256 * i + 32 * j, scales, |g| {
-                weights::<Self, D>(unit, half, decoded, j, g)
-            });
-        }
-        let mins: [__m256i; 4] = std::array::from_fn(|t| {
-            let at = |j: usize| unit.add(at::q4k_mins(j) + HALF * half);
-            paired::<false>(at(2 * t), at(2 * t + 1))
+        with_mins::<Self, R, D, { Self::ADD }>(unit, half, i, x, acc, decoded);
+    }
+}
+
+impl Format for Q5K {
+    const FORMAT: QuantFormat = QuantFormat::Q5K;
+    // u < 32: 4 * 2 * 31 * 127 < 2^15.
+    const ADD: usize = 4;
+    const TILE: usize = 4;
+    // The fifth bits cost several products a group, as Q5_0's.
+    const DECODE_ONCE: bool = true;
+    const GROUPS: usize = 64;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
+        five_bit_group(unit.add(at::q5k_quants(j)), half, g)
+    }
+
+    /// See [`with_mins`] (`u < 32`: at most 8 * 2 * 2 * 4 * 2 * 31 * 127 * 63 and 8 * 63 *
+    /// 32 * 127, inside 32 bits).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
+        unit: *const u8,
+        half: usize,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m256; R],
+        decoded: *const __m256i,
+    ) {
+        with_mins::<Self, R, D, { Self::ADD }>(unit, half, i, x, acc, decoded);
+    }
+}
+
+/// A Q4_K or Q5_K super-block, in integers up to its end: each sub-block's 16-bit sums
+/// widened by its 6-bit scales (`vpmaddwd`), the mins' term as two sub-blocks' mins against
+/// their activation sums; then one conversion and scaling per row. `ADD` is `F::ADD`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn with_mins<F: Format, const R: usize, const D: bool, const ADD: usize>(
+    unit: *const u8,
+    half: usize,
+    i: usize,
+    x: &Acts<R>,
+    acc: &mut [__m256; R],
+    decoded: *const __m256i,
+) {
+    let mut sums = [_mm256_setzero_si256(); R];
+    for j in 0..8 {
+        let scales = doubled::<false>(unit.add(at::q4k_scales(j) + HALF * half));
+        sums = dots::<R, 8, ADD, false>(sums, x, 256 * i + 32 * j, scales, |g| {
+            weights::<F, D>(unit, half, decoded, j, g)
         });
-        let rows = 2 * HALF * half;
-        let d = halves(unit.add(at::D + rows));
-        let dmin = halves(unit.add(at::DMIN + rows));
-        for r in 0..R {
-            let x_scale = _mm256_set1_ps(*x.scale[r].add(i));
-            let min_sums = _mm256_cvtepi32_ps(paired_sums(x, r, 8 * i, &mins));
-            let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[r]), d);
-            let value = _mm256_fnmadd_ps(min_sums, dmin, scaled);
-            acc[r] = _mm256_fmadd_ps(value, x_scale, acc[r]);
-        }
+    }
+    let mins: [__m256i; 4] = std::array::from_fn(|t| {
+        let at = |j: usize| unit.add(at::q4k_mins(j) + HALF * half);
+        paired::<false>(at(2 * t), at(2 * t + 1))
+    });
+    let rows = 2 * HALF * half;
+    let d = halves(unit.add(at::D + rows));
+    let dmin = halves(unit.add(at::DMIN + rows));
+    for r in 0..R {
+        let x_scale = _mm256_set1_ps(*x.scale[r].add(i));
+        let min_sums = _mm256_cvtepi32_ps(paired_sums(x, r, 8 * i, &mins));
+        let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[r]), d);
+        let value = _mm256_fnmadd_ps(min_sums, dmin, scaled);
+        acc[r] = _mm256_fmadd_ps(value, x_scale, acc[r]);
     }
 }
 
@@ -617,6 +670,7 @@ pub(super) fn dot_strips(
             QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
             QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
             QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
+            QuantFormat::Q5K => tiles::<Q5K>(&share, rows),
         }
     }
 }

@@ -23,13 +23,16 @@
 //!                per byte of group g's vector: a mask register)
 //! Q4_K (2368 B): d (16 f16) | dmin (16 f16) | 8 x 16 scales | 8 x 16 mins (a byte each) |
 //!                per sub-block of 32: 4 nibble vectors as Q5_0's
+//! Q5_K (2880 B): Q4_K's header | per sub-block of 32: 4 nibble vectors and 8 x 8 bytes of
+//!                fifth bits, as a Q5_0 block's
 //! Q6_K (3392 B): d (16 f16) | 32 bytes unused | 16 x 16 scales (i8) | per 32 weights: 4
 //!                nibble vectors as above, 2 vectors of top bits (bits 2s, 2s + 1 of vector
 //!                h's byte are group 4h + s's)
 //! ```
 //!
 //! Rows past `n` in the last strip are zeros (zero scales: zero outputs, never written out).
-//! Q4_K's 12 packed bytes of scales and mins become 16 bytes (2.8% more bytes than GGUF; the
+//! The K-quants' 12 packed bytes of scales and mins become 16 bytes (2.8% more bytes than GGUF
+//! for Q4_K, 2.3% for Q5_K; the
 //! kernels load a sub-block's 16 scales as one vector instead of unpacking 16 rows' bit
 //! fields); the other formats keep GGUF's size (Q6_K's unused 32 bytes align its payloads).
 
@@ -46,7 +49,7 @@ pub const VECTOR: usize = STRIP * GROUP;
 pub const fn unit_weights(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q8_0 | QuantFormat::Q5_0 => 64,
-        QuantFormat::Q4K | QuantFormat::Q6K => 256,
+        QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => 256,
     }
 }
 
@@ -57,6 +60,7 @@ pub const fn unit_bytes(format: QuantFormat) -> usize {
         QuantFormat::Q5_0 => 704,
         QuantFormat::Q4K => 2368,
         QuantFormat::Q6K => 3392,
+        QuantFormat::Q5K => 2880,
     }
 }
 
@@ -75,10 +79,10 @@ pub mod at {
         64 + 320 * b
     }
     pub const Q5_BITS: usize = 256;
-    /// K-quants: the 16 rows' `d` (f16); Q4_K's `dmin` follow at 32.
+    /// K-quants: the 16 rows' `d` (f16); Q4_K's and Q5_K's `dmin` follow at 32.
     pub const D: usize = 0;
     pub const DMIN: usize = 32;
-    /// Q4_K: sub-block `j`'s 16 scales, 16 mins.
+    /// Q4_K and Q5_K: sub-block `j`'s 16 scales, 16 mins.
     pub const fn q4k_scales(j: usize) -> usize {
         64 + 16 * j
     }
@@ -88,6 +92,10 @@ pub mod at {
     /// Q4_K: sub-block `j`'s 4 nibble vectors.
     pub const fn q4k_quants(j: usize) -> usize {
         320 + 256 * j
+    }
+    /// Q5_K: sub-block `j`'s 4 nibble vectors; its fifth bits follow at `+ Q5_BITS`.
+    pub const fn q5k_quants(j: usize) -> usize {
+        320 + 320 * j
     }
     /// Q6_K: sub-block `i`'s (16 weights) 16 scales.
     pub const fn q6k_scales(i: usize) -> usize {
@@ -114,9 +122,9 @@ pub fn strips(n: usize) -> usize {
 #[derive(Clone, Copy)]
 struct Unit {
     u: [u8; 256],
-    /// f16 bits: Q8_0/Q5_0 the two blocks' scales, Q4_K `d` and `dmin`, Q6_K `d`.
+    /// f16 bits: Q8_0/Q5_0 the two blocks' scales, Q4_K/Q5_K `d` and `dmin`, Q6_K `d`.
     d: [u16; 2],
-    /// Q4_K: scales 0-7 and mins 0-7 (6 bits each); Q6_K: the 16 scales (i8 bits).
+    /// Q4_K/Q5_K: scales 0-7 and mins 0-7 (6 bits each); Q6_K: the 16 scales (i8 bits).
     sc: [u8; 16],
 }
 
@@ -157,16 +165,26 @@ fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
                 }
             }
         }
-        QuantFormat::Q4K => {
+        QuantFormat::Q4K | QuantFormat::Q5K => {
             unit.d = [f16_bits(bytes, 0), f16_bits(bytes, 2)];
             for j in 0..8 {
                 let (scale, min) = super::scalar::q4k_scale_min(&bytes[4..16], j);
                 (unit.sc[j], unit.sc[8 + j]) = (scale, min);
             }
+            let five = format == QuantFormat::Q5K;
+            let nibbles = if five { 48 } else { 16 };
             for c in 0..4 {
-                for (i, &q) in bytes[16 + 32 * c..16 + 32 * c + 32].iter().enumerate() {
+                for (i, &q) in bytes[nibbles + 32 * c..][..32].iter().enumerate() {
                     unit.u[64 * c + i] = q & 0x0F;
                     unit.u[64 * c + 32 + i] = q >> 4;
+                }
+            }
+            if five {
+                // Bit s of byte i: weight i of sub-block s.
+                for (i, &bits) in bytes[16..48].iter().enumerate() {
+                    for s in 0..8 {
+                        unit.u[32 * s + i] |= ((bits >> s) & 1) << 4;
+                    }
                 }
             }
         }
@@ -212,7 +230,7 @@ fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
                 }
             }
         }
-        QuantFormat::Q4K => {
+        QuantFormat::Q4K | QuantFormat::Q5K => {
             bytes[..2].copy_from_slice(&unit.d[0].to_le_bytes());
             bytes[2..4].copy_from_slice(&unit.d[1].to_le_bytes());
             let (scales, mins) = unit.sc.split_at(8);
@@ -222,9 +240,17 @@ fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
                 packed[j + 4] = mins[j] | (mins[j + 4] >> 4) << 6;
                 packed[j + 8] = (scales[j + 4] & 0x0F) | (mins[j + 4] & 0x0F) << 4;
             }
+            let five = format == QuantFormat::Q5K;
+            let nibbles = if five { 48 } else { 16 };
             for c in 0..4 {
                 for i in 0..32 {
-                    bytes[16 + 32 * c + i] = unit.u[64 * c + i] | unit.u[64 * c + 32 + i] << 4;
+                    let (low, high) = (unit.u[64 * c + i], unit.u[64 * c + 32 + i]);
+                    bytes[nibbles + 32 * c + i] = (low & 0x0F) | (high & 0x0F) << 4;
+                }
+            }
+            if five {
+                for i in 0..32 {
+                    bytes[16 + i] = (0..8).fold(0, |bits, s| bits | (unit.u[32 * s + i] >> 4) << s);
                 }
             }
         }
@@ -272,6 +298,32 @@ fn read_nibbles(vectors: &[u8], p: usize, u: &mut [u8]) {
     }
 }
 
+/// Writes 32 five-bit weights of the 16 rows (`rows[p].u[from..from + 32]`) as Q5_0's block
+/// payload: 4 nibble vectors, then each group's fifth bits (bit `4p + i`: row `p`'s weight
+/// `i` of the group) in 8 bytes.
+fn write_five_bits(rows: &[Unit; STRIP], from: usize, out: &mut [u8]) {
+    write_nibbles(rows, from, out);
+    for g in 0..8 {
+        let mask = (0..VECTOR).fold(0u64, |mask, byte| {
+            let u = rows[byte / GROUP].u[from + GROUP * g + byte % GROUP];
+            mask | u64::from(u >> 4) << byte
+        });
+        out[at::Q5_BITS + 8 * g..][..8].copy_from_slice(&mask.to_le_bytes());
+    }
+}
+
+/// Reads row `p`'s 32 five-bit weights (into `u`) from a payload [`write_five_bits`] wrote.
+fn read_five_bits(payload: &[u8], p: usize, u: &mut [u8]) {
+    read_nibbles(payload, p, u);
+    for g in 0..8 {
+        let at = at::Q5_BITS + 8 * g;
+        let mask = u64::from_le_bytes(payload[at..at + 8].try_into().expect("8 bytes"));
+        for i in 0..GROUP {
+            u[GROUP * g + i] |= (((mask >> (GROUP * p + i)) & 1) as u8) << 4;
+        }
+    }
+}
+
 /// Writes one unit of a strip (`out`, [`unit_bytes`]) from the 16 rows' decoded units.
 fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
     let halves = |out: &mut [u8], at: usize, value: &dyn Fn(&Unit) -> u16| {
@@ -294,18 +346,10 @@ fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
                     }
                     continue;
                 }
-                let block = &mut out[at::q5_block(b)..];
-                write_nibbles(rows, 32 * b, block);
-                for g in 0..8 {
-                    let mask = (0..VECTOR).fold(0u64, |mask, byte| {
-                        let u = rows[byte / GROUP].u[32 * b + GROUP * g + byte % GROUP];
-                        mask | u64::from(u >> 4) << byte
-                    });
-                    block[at::Q5_BITS + 8 * g..][..8].copy_from_slice(&mask.to_le_bytes());
-                }
+                write_five_bits(rows, 32 * b, &mut out[at::q5_block(b)..]);
             }
         }
-        QuantFormat::Q4K => {
+        QuantFormat::Q4K | QuantFormat::Q5K => {
             halves(out, at::D, &|row| row.d[0]);
             halves(out, at::DMIN, &|row| row.d[1]);
             for j in 0..8 {
@@ -313,7 +357,11 @@ fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
                     out[at::q4k_scales(j) + p] = row.sc[j];
                     out[at::q4k_mins(j) + p] = row.sc[8 + j];
                 }
-                write_nibbles(rows, 32 * j, &mut out[at::q4k_quants(j)..]);
+                if format == QuantFormat::Q5K {
+                    write_five_bits(rows, 32 * j, &mut out[at::q5k_quants(j)..]);
+                } else {
+                    write_nibbles(rows, 32 * j, &mut out[at::q4k_quants(j)..]);
+                }
             }
         }
         QuantFormat::Q6K => {
@@ -359,22 +407,20 @@ fn read_unit(format: QuantFormat, unit: &[u8], p: usize) -> Unit {
                     }
                     continue;
                 }
-                read_nibbles(&unit[at::q5_block(b)..], p, u);
-                for g in 0..8 {
-                    let at = at::q5_block(b) + at::Q5_BITS + 8 * g;
-                    let mask = u64::from_le_bytes(unit[at..at + 8].try_into().expect("8 bytes"));
-                    for i in 0..GROUP {
-                        u[GROUP * g + i] |= (((mask >> (GROUP * p + i)) & 1) as u8) << 4;
-                    }
-                }
+                read_five_bits(&unit[at::q5_block(b)..], p, u);
             }
         }
-        QuantFormat::Q4K => {
+        QuantFormat::Q4K | QuantFormat::Q5K => {
             row.d = [half(at::D), half(at::DMIN)];
             for j in 0..8 {
                 row.sc[j] = unit[at::q4k_scales(j) + p];
                 row.sc[8 + j] = unit[at::q4k_mins(j) + p];
-                read_nibbles(&unit[at::q4k_quants(j)..], p, &mut row.u[32 * j..]);
+                let u = &mut row.u[32 * j..32 * j + 32];
+                if format == QuantFormat::Q5K {
+                    read_five_bits(&unit[at::q5k_quants(j)..], p, u);
+                } else {
+                    read_nibbles(&unit[at::q4k_quants(j)..], p, u);
+                }
             }
         }
         QuantFormat::Q6K => {
@@ -440,6 +486,8 @@ mod tests {
         assert_eq!(at::q5_block(2), unit_bytes(QuantFormat::Q5_0));
         assert_eq!(at::q4k_quants(8), unit_bytes(QuantFormat::Q4K));
         assert_eq!(at::q6k_quants(8), unit_bytes(QuantFormat::Q6K));
+        assert_eq!(at::q5k_quants(8), unit_bytes(QuantFormat::Q5K));
+        assert_eq!(at::q5_block(1) - at::q5_block(0), at::Q5_BITS + 64);
         assert_eq!(at::q6k_scales(16), at::q6k_quants(0));
         assert_eq!(at::q4k_mins(8), at::q4k_quants(0));
         // Every group vector starts on a cache line where the unit does.
@@ -447,6 +495,7 @@ mod tests {
             QuantFormat::Q8_0,
             QuantFormat::Q5_0,
             QuantFormat::Q4K,
+            QuantFormat::Q5K,
             QuantFormat::Q6K,
         ] {
             assert_eq!(unit_bytes(format) % 64, 0, "{}", format.name());

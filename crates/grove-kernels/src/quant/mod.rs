@@ -1,5 +1,5 @@
-//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q4_K and Q6_K matrices multiplied
-//! without dequantizing them to f32 first.
+//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q4_K, Q5_K and Q6_K matrices
+//! multiplied without dequantizing them to f32 first.
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
@@ -56,6 +56,9 @@ pub enum QuantFormat {
     Q4K,
     /// 256 weights: 256 x (4 low + 2 high bits), 16 x i8 scales, f16 scale; `w = d*s*(q - 32)`.
     Q6K,
+    /// 256 weights: Q4_K's header, 256 fifth bits, 256 x 4 bits; `w = d * sc * q - dmin * m`
+    /// with `q < 32` (most tensors of the popular Q5_K_M and Q5_K_S files).
+    Q5K,
 }
 
 impl QuantFormat {
@@ -66,6 +69,7 @@ impl QuantFormat {
             6 => Some(Self::Q5_0),
             12 => Some(Self::Q4K),
             14 => Some(Self::Q6K),
+            13 => Some(Self::Q5K),
             _ => None,
         }
     }
@@ -76,6 +80,7 @@ impl QuantFormat {
             Self::Q5_0 => "Q5_0",
             Self::Q4K => "Q4_K",
             Self::Q6K => "Q6_K",
+            Self::Q5K => "Q5_K",
         }
     }
 
@@ -83,7 +88,7 @@ impl QuantFormat {
     pub fn block_weights(self) -> usize {
         match self {
             Self::Q8_0 | Self::Q5_0 => 32,
-            Self::Q4K | Self::Q6K => 256,
+            Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
     }
 
@@ -99,6 +104,7 @@ impl QuantFormat {
             Self::Q5_0 => 22,
             Self::Q4K => 144,
             Self::Q6K => 210,
+            Self::Q5K => 176,
         }
     }
 
@@ -351,7 +357,7 @@ impl QMatrix {
         let mut bytes: Vec<u8> = (0..blocks * size).map(|_| rng.random()).collect();
         let scale_fields: &[usize] = match format {
             QuantFormat::Q8_0 | QuantFormat::Q5_0 => &[0],
-            QuantFormat::Q4K => &[0, 2],
+            QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
         };
         for block in bytes.chunks_exact_mut(size) {
@@ -444,10 +450,14 @@ impl QMatrix {
         let w = outputs.len() / rows;
         // A matrix kept in a layout this kernel does not read (a lookup table multiplied
         // anyway) goes through the reference kernel.
-        let kernel = if self.layout == Layout::for_kernel(kernel) {
-            kernel
-        } else {
+        let kernel = if self.layout != Layout::for_kernel(kernel) {
             Kernel::Scalar
+        } else if self.format == QuantFormat::Q5K && kernel != Kernel::Scalar {
+            // Q5_K has no AVX-512 or AMX kernel yet: the AVX2 one, which every such CPU
+            // runs, reads the same layout and the AVX-512 quantizer's activations.
+            Kernel::Avx2
+        } else {
+            kernel
         };
         #[cfg(target_arch = "x86_64")]
         if kernel != Kernel::Scalar && self.layout == Layout::Columns {
@@ -565,7 +575,7 @@ pub struct QuantizedRows {
     zero_q8: Vec<i32>,
     /// The same for Q5_0 (zero point 16).
     zero_q5: Vec<i32>,
-    /// Q4_K and Q6_K: `sum32` and `sum16` as 16-bit values (at most 32 * 127), so two
+    /// Q4_K and Q5_K (Q6_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so two
     /// neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
     /// scales.
     sum32_i16: Vec<i16>,
@@ -650,7 +660,8 @@ impl QuantizedRows {
         let kernel = self.kernel;
         let quantized = self;
         let narrow = |sums: &[i32]| sums.iter().map(|&sum| sum as i16).collect();
-        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q4K) {
+        let mins = [QuantFormat::Q4K, QuantFormat::Q5K];
+        if kernel != Kernel::Scalar && mins.iter().any(|format| formats.contains(format)) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
         }
         if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q6K) {
@@ -667,13 +678,20 @@ impl QuantizedRows {
         }
     }
 
+    /// Whether `kernel` may read these rows: the kernel they were made for, or AVX2 reading
+    /// AVX-512 VNNI's (the same values and scales; what AVX2's kernels read beside them,
+    /// [`QuantizedRows::ready_for`] checks per format).
+    fn serves(&self, kernel: Kernel) -> bool {
+        self.kernel == kernel || (kernel == Kernel::Avx2 && self.kernel == Kernel::Avx512Vnni)
+    }
+
     /// Whether what `format`'s column kernel reads beside the values was made.
     fn ready_for(&self, format: QuantFormat) -> bool {
         let avx2 = self.kernel == Kernel::Avx2;
         match format {
             QuantFormat::Q8_0 => avx2 || self.zero_q8.len() == self.sum32.len(),
             QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
-            QuantFormat::Q4K => self.sum32_i16.len() == self.sum32.len(),
+            QuantFormat::Q4K | QuantFormat::Q5K => self.sum32_i16.len() == self.sum32.len(),
             QuantFormat::Q6K => self.sum16_i16.len() == self.sum16.len(),
         }
     }

@@ -1,6 +1,6 @@
 //! Portable decoders and dot products: the reference for the SIMD kernels and the fallback on
-//! CPUs without AVX-512 VNNI. Block layouts follow ggml's `block_q8_0`, `block_q5_0`,
-//! `block_q4_K` and `block_q6_K` (little-endian).
+//! CPUs without AVX2. Block layouts follow ggml's `block_q8_0`, `block_q5_0`, `block_q4_K`,
+//! `block_q5_K` and `block_q6_K` (little-endian).
 
 use half::f16;
 
@@ -56,14 +56,23 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
                 }
             }
         }
-        QuantFormat::Q4K => {
-            let block = &row[(c / 4) * 144..(c / 4 + 1) * 144];
+        QuantFormat::Q4K | QuantFormat::Q5K => {
+            let size = format.block_bytes();
+            let block = &row[(c / 4) * size..(c / 4 + 1) * size];
             let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
             let j = c % 4;
-            let quants = &block[16 + 32 * j..16 + 32 * j + 32];
+            // Q5_K: 32 bytes of fifth bits (bit s of byte i: weight i of sub-block s) before
+            // the nibbles.
+            let nibbles = if format == QuantFormat::Q5K { 48 } else { 16 };
+            let quants = &block[nibbles + 32 * j..nibbles + 32 * j + 32];
             for (i, &q) in quants.iter().enumerate() {
                 chunk.u[i] = q & 0x0F;
                 chunk.u[i + 32] = q >> 4;
+                if format == QuantFormat::Q5K {
+                    let fifth = block[16 + i] >> (2 * j);
+                    chunk.u[i] |= (fifth & 1) << 4;
+                    chunk.u[i + 32] |= (fifth & 2) << 3;
+                }
             }
             for half in 0..2 {
                 let (scale, min) = q4k_scale_min(&block[4..16], 2 * j + half);

@@ -43,7 +43,7 @@ impl<const R: usize> Acts<R> {
             QuantFormat::Q5_0 => (&acts.zero_q5, 32),
             // The K-quants' mins and zero points are added once per super-block (`sums`):
             // these pointers are never read.
-            QuantFormat::Q4K => (&[], 32),
+            QuantFormat::Q4K | QuantFormat::Q5K => (&[], 32),
             QuantFormat::Q6K => (&[], 16),
         };
         Self {
@@ -513,7 +513,7 @@ impl<'a> Share<'a> {
         assert!(rows > 0 && outputs > 0 && (first + rows) * acts.k <= acts.q.len());
         assert!(out.len() >= (rows - 1) * stride + outputs && stride >= outputs);
         assert!(
-            acts.kernel == kernel
+            acts.serves(kernel)
                 && acts.block == format.activation_block()
                 && acts.ready_for(format),
             "activations not quantized for {}",
@@ -565,6 +565,7 @@ pub(super) fn dot_strips(
             QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
             QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
             QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
+            QuantFormat::Q5K => unreachable!("Q5_K goes to the AVX2 kernel (QMatrix::task)"),
         }
     }
 }
