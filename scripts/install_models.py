@@ -10,7 +10,7 @@ so a second run downloads nothing.
 
 With no model names it installs the two small ones (0.5B and Gemma 3 270M).
 
-No package carries a file of the Q5_K quantizations (Q5_K_M, Q5_K_S), so the `-q5_k_m` names
+No package carries a file of the Q5_K or Q4_0 quantizations, so the `-q5_k_m` and `-q4_0` names
 are made here from a packaged model by llama.cpp's own quantizer (llama-cpp-python's
 `llama_model_quantize`, requantizing: `bash scripts/install_llama_cpp.sh` first). The weights
 are the source's rounded again, so they only stand for the real file's layout: the tensor
@@ -44,17 +44,24 @@ MODELS = {
 }
 # Made from an installed model by llama.cpp's quantizer: its ftype (llama.h's LLAMA_FTYPE_*).
 DERIVED = {
-    # Q5_K where a row is whole super-blocks (the 1.5B: every matrix), else llama.cpp's
-    # fallback for Q5_K (Q5_1) and Q6_K (Q8_0).
+    # Q5_K_M: Q5_K (and Q6_K for half the layers' attention values and MLP down projections)
+    # where a row is whole super-blocks (the 1.5B: every matrix), else llama.cpp's fallback
+    # for Q5_K (Q5_1) and Q6_K (Q8_0).
     "qwen2.5-coder-1.5b-q5_k_m": {
         "file": "qwen2.5-coder-1.5b-q5_k_m.gguf",
         "from": "qwen2.5-coder-1.5b",
         "ftype": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
     },
-    "gemma3-270m-q5_k_m": {
-        "file": "gemma-3-270m-q5_k_m.gguf",
-        "from": "gemma3-270m",
+    # The 0.5B's rows of 896 are not whole super-blocks: Q5_1 for most matrices.
+    "qwen2.5-coder-0.5b-q5_k_m": {
+        "file": "qwen2.5-coder-0.5b-instruct-q5_k_m.gguf",
+        "from": "qwen2.5-coder-0.5b",
         "ftype": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+    },
+    "qwen2.5-coder-0.5b-q4_0": {
+        "file": "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
+        "from": "qwen2.5-coder-0.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_Q4_0",
     },
 }
 DEFAULT = ["qwen2.5-coder-0.5b", "gemma3-270m"]

@@ -336,3 +336,23 @@ fn gemma3_270m_agrees_with_llama_cpp() -> Result<()> {
 fn qwen2_5_coder_1_5b_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b.gguf")
 }
+
+/// Q5_K_M as llama.cpp's quantizer writes it (`install_models.py qwen2.5-coder-0.5b-q5_k_m`)
+/// for a model whose rows are mostly not whole super-blocks: Q5_1 for most matrices, Q5_K and
+/// Q6_K for the MLP's down projections.
+#[test]
+fn qwen2_5_coder_0_5b_q5_k_m_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-q5_k_m.gguf")
+}
+
+/// Q4_0 (`install_models.py qwen2.5-coder-0.5b-q4_0`): every matrix but the Q8_0 head.
+#[test]
+fn qwen2_5_coder_0_5b_q4_0_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-q4_0.gguf")
+}
+
+/// Q5_K_M with every matrix in Q5_K or Q6_K (`install_models.py qwen2.5-coder-1.5b-q5_k_m`).
+#[test]
+fn qwen2_5_coder_1_5b_q5_k_m_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b-q5_k_m.gguf")
+}

@@ -47,6 +47,8 @@ fn quantized_matmul(c: &mut Criterion) {
     let formats = [
         (QuantFormat::Q8_0, GgmlDType::Q8_0),
         (QuantFormat::Q5_0, GgmlDType::Q5_0),
+        (QuantFormat::Q5_1, GgmlDType::Q5_1),
+        (QuantFormat::Q4_0, GgmlDType::Q4_0),
         // K-quants need k % 256 == 0: 4864 x 1024 instead.
         (QuantFormat::Q4K, GgmlDType::Q4K),
         (QuantFormat::Q5K, GgmlDType::Q5K),

@@ -287,6 +287,8 @@ impl GgufFile {
         let format = match info.ggml_dtype {
             GgmlDType::Q8_0 => QuantFormat::Q8_0,
             GgmlDType::Q5_0 => QuantFormat::Q5_0,
+            GgmlDType::Q5_1 => QuantFormat::Q5_1,
+            GgmlDType::Q4_0 => QuantFormat::Q4_0,
             GgmlDType::Q4K => QuantFormat::Q4K,
             GgmlDType::Q6K => QuantFormat::Q6K,
             GgmlDType::Q5K => QuantFormat::Q5K,

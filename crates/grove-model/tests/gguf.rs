@@ -187,7 +187,10 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
     for dtype in [
         GgmlDType::Q8_0,
         GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
+        GgmlDType::Q4_0,
         GgmlDType::Q4K,
+        GgmlDType::Q5K,
         GgmlDType::Q6K,
     ] {
         let file = dir.path().join(format!("model-{dtype:?}.gguf"));

@@ -34,7 +34,8 @@ pub fn model(name: &str) -> Option<PathBuf> {
         return Some(path);
     }
     assert!(
-        // CI installs these two; the 1.5B may be absent anywhere.
+        // CI installs the 0.5B (with its Q5_K_M and Q4_0) and Gemma; the 1.5B may be absent
+        // anywhere.
         !required() || !(name.starts_with("qwen2.5-coder-0.5b") || name.starts_with("gemma")),
         "GROVE_REQUIRE_LLAMA_CPP=1 but {} is missing (python3 scripts/install_models.py)",
         path.display()

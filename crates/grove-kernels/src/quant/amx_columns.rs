@@ -418,7 +418,12 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
         QuantFormat::Q5_0 => run::<Q5_0, T>(tiles, share, rows),
         QuantFormat::Q4K => run::<Q4K, T>(tiles, share, rows),
         QuantFormat::Q6K => run::<Q6K, T>(tiles, share, rows),
-        QuantFormat::Q5K => unreachable!("Q5_K goes to the AVX2 kernel (QMatrix::task)"),
+        QuantFormat::Q5_1 | QuantFormat::Q4_0 | QuantFormat::Q5K => {
+            unreachable!(
+                "{} goes to the AVX2 kernel (Kernel::for_format)",
+                format.name()
+            )
+        }
     }
 }
 

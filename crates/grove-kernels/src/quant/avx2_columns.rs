@@ -248,6 +248,8 @@ unsafe fn weights<F: Format, const D: bool>(
 
 struct Q8_0;
 struct Q5_0;
+struct Q5_1;
+struct Q4_0;
 struct Q4K;
 struct Q5K;
 struct Q6K;
@@ -276,6 +278,37 @@ unsafe fn block_pair<const R: usize>(
     }
 }
 
+/// A unit of two 32-weight blocks of format `F` (`ADD` is `F::ADD`; `SIGNED` as in [`dots`]),
+/// each block's sums starting at zero or (`ZERO_POINT`) at its zero point's term.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn two_blocks<
+    F: Format,
+    const R: usize,
+    const D: bool,
+    const ADD: usize,
+    const SIGNED: bool,
+    const ZERO_POINT: bool,
+>(
+    unit: *const u8,
+    half: usize,
+    i: usize,
+    x: &Acts<R>,
+    acc: &mut [__m256; R],
+    decoded: *const __m256i,
+) {
+    block_pair(unit, half, i, x, acc, |b, block| {
+        let start = if ZERO_POINT {
+            zero_start::<R>(x, block)
+        } else {
+            [_mm256_setzero_si256(); R]
+        };
+        dots::<R, 8, ADD, SIGNED>(start, x, 32 * block, ones(), |g| {
+            weights::<F, D>(unit, half, decoded, b, g)
+        })
+    });
+}
+
 impl Format for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
     // Signed, `|q| <= 128`: one group's pairs, 2 * 128 * 127, is all 16 bits hold.
@@ -302,12 +335,7 @@ impl Format for Q8_0 {
         acc: &mut [__m256; R],
         decoded: *const __m256i,
     ) {
-        block_pair(unit, half, i, x, acc, |b, block| {
-            let zero = [_mm256_setzero_si256(); R];
-            dots::<R, 8, { Self::ADD }, true>(zero, x, 32 * block, ones(), |g| {
-                weights::<Self, D>(unit, half, decoded, b, g)
-            })
-        });
+        two_blocks::<Self, R, D, { Self::ADD }, true, false>(unit, half, i, x, acc, decoded);
     }
 }
 
@@ -335,12 +363,71 @@ impl Format for Q5_0 {
         acc: &mut [__m256; R],
         decoded: *const __m256i,
     ) {
-        block_pair(unit, half, i, x, acc, |b, block| {
-            let start = zero_start::<R>(x, block);
-            dots::<R, 8, { Self::ADD }, false>(start, x, 32 * block, ones(), |g| {
-                weights::<Self, D>(unit, half, decoded, b, g)
-            })
-        });
+        two_blocks::<Self, R, D, { Self::ADD }, false, true>(unit, half, i, x, acc, decoded);
+    }
+}
+
+impl Format for Q5_1 {
+    const FORMAT: QuantFormat = QuantFormat::Q5_1;
+    // u < 32: 4 * 2 * 31 * 127 < 2^15.
+    const ADD: usize = 4;
+    const TILE: usize = 4;
+    const DECODE_ONCE: bool = true;
+    const GROUPS: usize = 16;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(unit: *const u8, half: usize, b: usize, g: usize) -> __m256i {
+        five_bit_group(unit.add(at::q5_1_block(b)), half, g)
+    }
+
+    /// Q5_0's sums from zero, then each block's min times the activations' scaled sum.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
+        unit: *const u8,
+        half: usize,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m256; R],
+        decoded: *const __m256i,
+    ) {
+        two_blocks::<Self, R, D, { Self::ADD }, false, false>(unit, half, i, x, acc, decoded);
+        for b in 0..2 {
+            let min = halves(unit.add(at::block_mins(b) + 2 * HALF * half));
+            for r in 0..R {
+                let sum = _mm256_set1_ps(*x.scaled_sums[r].add(2 * i + b));
+                acc[r] = _mm256_fmadd_ps(min, sum, acc[r]);
+            }
+        }
+    }
+}
+
+impl Format for Q4_0 {
+    const FORMAT: QuantFormat = QuantFormat::Q4_0;
+    // u < 16: 8 * 2 * 15 * 127 < 2^15.
+    const ADD: usize = 8;
+    const TILE: usize = 4;
+    const DECODE_ONCE: bool = false;
+    const GROUPS: usize = 16;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(unit: *const u8, half: usize, b: usize, g: usize) -> __m256i {
+        nibble_group(unit.add(at::q4_block(b) + HALF_VECTOR * half), g)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
+        unit: *const u8,
+        half: usize,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m256; R],
+        decoded: *const __m256i,
+    ) {
+        two_blocks::<Self, R, D, { Self::ADD }, false, true>(unit, half, i, x, acc, decoded);
     }
 }
 
@@ -668,6 +755,8 @@ pub(super) fn dot_strips(
         match format {
             QuantFormat::Q8_0 => tiles::<Q8_0>(&share, rows),
             QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
+            QuantFormat::Q5_1 => tiles::<Q5_1>(&share, rows),
+            QuantFormat::Q4_0 => tiles::<Q4_0>(&share, rows),
             QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
             QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
             QuantFormat::Q5K => tiles::<Q5K>(&share, rows),

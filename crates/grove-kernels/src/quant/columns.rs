@@ -21,6 +21,8 @@
 //! Q5_0 (704 B):  scales (the same)               | per block: 4 nibble vectors (low nibbles
 //!                groups 0-3, high nibbles groups 4-7), 8 x 8 bytes of fifth bits (one bit
 //!                per byte of group g's vector: a mask register)
+//! Q5_1 (768 B):  scales | mins (the same)        | per block: Q5_0's
+//! Q4_0 (576 B):  scales                          | per block: 4 nibble vectors
 //! Q4_K (2368 B): d (16 f16) | dmin (16 f16) | 8 x 16 scales | 8 x 16 mins (a byte each) |
 //!                per sub-block of 32: 4 nibble vectors as Q5_0's
 //! Q5_K (2880 B): Q4_K's header | per sub-block of 32: 4 nibble vectors and 8 x 8 bytes of
@@ -48,7 +50,7 @@ pub const VECTOR: usize = STRIP * GROUP;
 /// Weights per unit.
 pub const fn unit_weights(format: QuantFormat) -> usize {
     match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 => 64,
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => 64,
         QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => 256,
     }
 }
@@ -58,6 +60,8 @@ pub const fn unit_bytes(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q8_0 => 1088,
         QuantFormat::Q5_0 => 704,
+        QuantFormat::Q5_1 => 768,
+        QuantFormat::Q4_0 => 576,
         QuantFormat::Q4K => 2368,
         QuantFormat::Q6K => 3392,
         QuantFormat::Q5K => 2880,
@@ -79,6 +83,18 @@ pub mod at {
         64 + 320 * b
     }
     pub const Q5_BITS: usize = 256;
+    /// Q5_1: block `b`'s 16 f16 mins.
+    pub const fn block_mins(b: usize) -> usize {
+        64 + 32 * b
+    }
+    /// Q5_1: block `b`'s payload, as Q5_0's.
+    pub const fn q5_1_block(b: usize) -> usize {
+        128 + 320 * b
+    }
+    /// Q4_0: block `b`'s nibble vectors.
+    pub const fn q4_block(b: usize) -> usize {
+        64 + 256 * b
+    }
     /// K-quants: the 16 rows' `d` (f16); Q4_K's and Q5_K's `dmin` follow at 32.
     pub const D: usize = 0;
     pub const DMIN: usize = 32;
@@ -122,8 +138,9 @@ pub fn strips(n: usize) -> usize {
 #[derive(Clone, Copy)]
 struct Unit {
     u: [u8; 256],
-    /// f16 bits: Q8_0/Q5_0 the two blocks' scales, Q4_K/Q5_K `d` and `dmin`, Q6_K `d`.
-    d: [u16; 2],
+    /// f16 bits: the 32-weight formats' two blocks' scales (Q5_1: then their mins), Q4_K/Q5_K
+    /// `d` and `dmin`, Q6_K `d`.
+    d: [u16; 4],
     /// Q4_K/Q5_K: scales 0-7 and mins 0-7 (6 bits each); Q6_K: the 16 scales (i8 bits).
     sc: [u8; 16],
 }
@@ -131,7 +148,7 @@ struct Unit {
 impl Unit {
     const ZERO: Self = Self {
         u: [0; 256],
-        d: [0; 2],
+        d: [0; 4],
         sc: [0; 16],
     };
 }
@@ -146,27 +163,17 @@ fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
     let bytes = &row[i * size..(i + 1) * size];
     let mut unit = Unit::ZERO;
     match format {
-        QuantFormat::Q8_0 => {
-            for (b, block) in bytes.chunks_exact(34).enumerate() {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
+            for (b, block) in bytes.chunks_exact(format.block_bytes()).enumerate() {
                 unit.d[b] = f16_bits(block, 0);
-                for (u, &q) in unit.u[32 * b..32 * b + 32].iter_mut().zip(&block[2..]) {
-                    *u = q ^ 0x80;
+                if format == QuantFormat::Q5_1 {
+                    unit.d[2 + b] = f16_bits(block, 2);
                 }
-            }
-        }
-        QuantFormat::Q5_0 => {
-            for (b, block) in bytes.chunks_exact(22).enumerate() {
-                unit.d[b] = f16_bits(block, 0);
-                let high = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-                let u = &mut unit.u[32 * b..32 * b + 32];
-                for (j, &q) in block[6..22].iter().enumerate() {
-                    u[j] = (q & 0x0F) | (((high >> j) & 1) as u8) << 4;
-                    u[j + 16] = (q >> 4) | (((high >> (j + 16)) & 1) as u8) << 4;
-                }
+                super::scalar::decode_block(format, block, &mut unit.u[32 * b..32 * b + 32]);
             }
         }
         QuantFormat::Q4K | QuantFormat::Q5K => {
-            unit.d = [f16_bits(bytes, 0), f16_bits(bytes, 2)];
+            unit.d[..2].copy_from_slice(&[f16_bits(bytes, 0), f16_bits(bytes, 2)]);
             for j in 0..8 {
                 let (scale, min) = super::scalar::q4k_scale_min(&bytes[4..16], j);
                 (unit.sc[j], unit.sc[8 + j]) = (scale, min);
@@ -211,23 +218,10 @@ fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
     let size = unit_weights(format) / format.block_weights() * format.block_bytes();
     let bytes = &mut row[i * size..(i + 1) * size];
     match format {
-        QuantFormat::Q8_0 => {
-            for (b, block) in bytes.chunks_exact_mut(34).enumerate() {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
+            for (b, block) in bytes.chunks_exact_mut(format.block_bytes()).enumerate() {
                 block[..2].copy_from_slice(&unit.d[b].to_le_bytes());
-                for (q, &u) in block[2..].iter_mut().zip(&unit.u[32 * b..]) {
-                    *q = u ^ 0x80;
-                }
-            }
-        }
-        QuantFormat::Q5_0 => {
-            for (b, block) in bytes.chunks_exact_mut(22).enumerate() {
-                block[..2].copy_from_slice(&unit.d[b].to_le_bytes());
-                let u = &unit.u[32 * b..32 * b + 32];
-                let high = (0..32).fold(0u32, |h, j| h | u32::from(u[j] >> 4) << j);
-                block[2..6].copy_from_slice(&high.to_le_bytes());
-                for j in 0..16 {
-                    block[6 + j] = (u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4;
-                }
+                write_gguf_block(format, &unit.u[32 * b..32 * b + 32], unit.d[2 + b], block);
             }
         }
         QuantFormat::Q4K | QuantFormat::Q5K => {
@@ -267,6 +261,31 @@ fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
                 }
             }
         }
+    }
+}
+
+/// A 32-weight block's values `u` (and Q5_1's min, f16 bits) as GGUF's bytes after the scale.
+fn write_gguf_block(format: QuantFormat, u: &[u8], min: u16, block: &mut [u8]) {
+    let (high, nibbles) = match format {
+        QuantFormat::Q8_0 => {
+            for (q, &u) in block[2..].iter_mut().zip(u) {
+                *q = u ^ 0x80;
+            }
+            return;
+        }
+        QuantFormat::Q5_0 => (Some(2), 6),
+        QuantFormat::Q5_1 => {
+            block[2..4].copy_from_slice(&min.to_le_bytes());
+            (Some(4), 8)
+        }
+        _ => (None, 2),
+    };
+    if let Some(at) = high {
+        let bits = (0..32).fold(0u32, |h, j| h | u32::from(u[j] >> 4) << j);
+        block[at..at + 4].copy_from_slice(&bits.to_le_bytes());
+    }
+    for j in 0..16 {
+        block[nibbles + j] = (u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4;
     }
 }
 
@@ -332,21 +351,27 @@ fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
         }
     };
     match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 => {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
             for b in 0..2 {
                 halves(out, at::block_scales(b), &|row| row.d[b]);
-                if format == QuantFormat::Q8_0 {
-                    let vectors = &mut out[at::q8_block(b)..];
-                    for g in 0..8 {
-                        for (p, row) in rows.iter().enumerate() {
-                            let from = 32 * b + GROUP * g;
-                            vectors[VECTOR * g + GROUP * p..][..GROUP]
-                                .copy_from_slice(&row.u[from..from + GROUP]);
+                match format {
+                    QuantFormat::Q8_0 => {
+                        let vectors = &mut out[at::q8_block(b)..];
+                        for g in 0..8 {
+                            for (p, row) in rows.iter().enumerate() {
+                                let from = 32 * b + GROUP * g;
+                                vectors[VECTOR * g + GROUP * p..][..GROUP]
+                                    .copy_from_slice(&row.u[from..from + GROUP]);
+                            }
                         }
                     }
-                    continue;
+                    QuantFormat::Q5_0 => write_five_bits(rows, 32 * b, &mut out[at::q5_block(b)..]),
+                    QuantFormat::Q5_1 => {
+                        halves(out, at::block_mins(b), &|row| row.d[2 + b]);
+                        write_five_bits(rows, 32 * b, &mut out[at::q5_1_block(b)..]);
+                    }
+                    _ => write_nibbles(rows, 32 * b, &mut out[at::q4_block(b)..]),
                 }
-                write_five_bits(rows, 32 * b, &mut out[at::q5_block(b)..]);
             }
         }
         QuantFormat::Q4K | QuantFormat::Q5K => {
@@ -396,22 +421,28 @@ fn read_unit(format: QuantFormat, unit: &[u8], p: usize) -> Unit {
     let mut row = Unit::ZERO;
     let half = |at: usize| f16_bits(unit, at + 2 * p);
     match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 => {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
             for b in 0..2 {
                 row.d[b] = half(at::block_scales(b));
                 let u = &mut row.u[32 * b..32 * b + 32];
-                if format == QuantFormat::Q8_0 {
-                    for g in 0..8 {
-                        let at = at::q8_block(b) + VECTOR * g + GROUP * p;
-                        u[GROUP * g..GROUP * g + GROUP].copy_from_slice(&unit[at..at + GROUP]);
+                match format {
+                    QuantFormat::Q8_0 => {
+                        for g in 0..8 {
+                            let at = at::q8_block(b) + VECTOR * g + GROUP * p;
+                            u[GROUP * g..GROUP * g + GROUP].copy_from_slice(&unit[at..at + GROUP]);
+                        }
                     }
-                    continue;
+                    QuantFormat::Q5_0 => read_five_bits(&unit[at::q5_block(b)..], p, u),
+                    QuantFormat::Q5_1 => {
+                        row.d[2 + b] = half(at::block_mins(b));
+                        read_five_bits(&unit[at::q5_1_block(b)..], p, u);
+                    }
+                    _ => read_nibbles(&unit[at::q4_block(b)..], p, u),
                 }
-                read_five_bits(&unit[at::q5_block(b)..], p, u);
             }
         }
         QuantFormat::Q4K | QuantFormat::Q5K => {
-            row.d = [half(at::D), half(at::DMIN)];
+            row.d[..2].copy_from_slice(&[half(at::D), half(at::DMIN)]);
             for j in 0..8 {
                 row.sc[j] = unit[at::q4k_scales(j) + p];
                 row.sc[8 + j] = unit[at::q4k_mins(j) + p];
@@ -487,6 +518,9 @@ mod tests {
         assert_eq!(at::q4k_quants(8), unit_bytes(QuantFormat::Q4K));
         assert_eq!(at::q6k_quants(8), unit_bytes(QuantFormat::Q6K));
         assert_eq!(at::q5k_quants(8), unit_bytes(QuantFormat::Q5K));
+        assert_eq!(at::q5_1_block(2), unit_bytes(QuantFormat::Q5_1));
+        assert_eq!(at::q4_block(2), unit_bytes(QuantFormat::Q4_0));
+        assert_eq!(at::block_mins(2), at::q5_1_block(0));
         assert_eq!(at::q5_block(1) - at::q5_block(0), at::Q5_BITS + 64);
         assert_eq!(at::q6k_scales(16), at::q6k_quants(0));
         assert_eq!(at::q4k_mins(8), at::q4k_quants(0));
@@ -494,6 +528,8 @@ mod tests {
         for format in [
             QuantFormat::Q8_0,
             QuantFormat::Q5_0,
+            QuantFormat::Q5_1,
+            QuantFormat::Q4_0,
             QuantFormat::Q4K,
             QuantFormat::Q5K,
             QuantFormat::Q6K,

@@ -61,6 +61,16 @@ impl Kernel {
         }
     }
 
+    /// The kernel that multiplies `format` when this one is asked for: formats without an
+    /// AVX-512 kernel ([`super::QuantFormat::has_avx512_kernel`]) go to the AVX2 one, which
+    /// every such CPU runs; it reads the same layout and the AVX-512 quantizer's activations.
+    pub fn for_format(self, format: super::QuantFormat) -> Self {
+        match self {
+            Self::Avx512Vnni | Self::Amx if !format.has_avx512_kernel() => Self::Avx2,
+            other => other,
+        }
+    }
+
     /// The kernel whose quantized activations this one reads (the AMX kernel reads the VNNI
     /// kernel's, and hands it products of few rows).
     pub fn activations(self) -> Self {

@@ -1,5 +1,5 @@
-//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q4_K, Q5_K and Q6_K matrices
-//! multiplied without dequantizing them to f32 first.
+//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K and Q6_K
+//! matrices multiplied without dequantizing them to f32 first.
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
@@ -52,6 +52,12 @@ pub enum QuantFormat {
     Q8_0,
     /// 32 weights: f16 scale, 32 high bits, 32 x 4 low bits; `w = d * (q - 16)`.
     Q5_0,
+    /// 32 weights: f16 scale and min, 32 high bits, 32 x 4 low bits; `w = d * q + m` (where
+    /// a Q5_K_M file's rows are not whole super-blocks, llama.cpp writes these).
+    Q5_1,
+    /// 32 weights: f16 scale, 32 x 4 bits; `w = d * (q - 8)` (Q4_0 files, such as Google's
+    /// quantization-aware Gemma 3 releases).
+    Q4_0,
     /// 256 weights: f16 scale and min, 8 x (6-bit scale, 6-bit min), 256 x 4 bits.
     Q4K,
     /// 256 weights: 256 x (4 low + 2 high bits), 16 x i8 scales, f16 scale; `w = d*s*(q - 32)`.
@@ -67,6 +73,8 @@ impl QuantFormat {
         match id {
             8 => Some(Self::Q8_0),
             6 => Some(Self::Q5_0),
+            7 => Some(Self::Q5_1),
+            2 => Some(Self::Q4_0),
             12 => Some(Self::Q4K),
             14 => Some(Self::Q6K),
             13 => Some(Self::Q5K),
@@ -78,6 +86,8 @@ impl QuantFormat {
         match self {
             Self::Q8_0 => "Q8_0",
             Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::Q4_0 => "Q4_0",
             Self::Q4K => "Q4_K",
             Self::Q6K => "Q6_K",
             Self::Q5K => "Q5_K",
@@ -87,7 +97,7 @@ impl QuantFormat {
     /// Weights per block.
     pub fn block_weights(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q5_0 => 32,
+            Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
     }
@@ -102,10 +112,18 @@ impl QuantFormat {
         match self {
             Self::Q8_0 => 34,
             Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+            Self::Q4_0 => 18,
             Self::Q4K => 144,
             Self::Q6K => 210,
             Self::Q5K => 176,
         }
+    }
+
+    /// Whether the AVX-512 VNNI and AMX kernels multiply this format; the others go to the
+    /// AVX2 kernel on every x86 CPU (see [`Kernel::for_format`]).
+    pub fn has_avx512_kernel(self) -> bool {
+        !matches!(self, Self::Q5_1 | Self::Q4_0 | Self::Q5K)
     }
 
     /// Bytes of one row of `k` weights, or `None` when `k` is not a whole number of chunks
@@ -356,8 +374,8 @@ impl QMatrix {
         let size = format.block_bytes();
         let mut bytes: Vec<u8> = (0..blocks * size).map(|_| rng.random()).collect();
         let scale_fields: &[usize] = match format {
-            QuantFormat::Q8_0 | QuantFormat::Q5_0 => &[0],
-            QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
+            QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q4_0 => &[0],
+            QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
         };
         for block in bytes.chunks_exact_mut(size) {
@@ -450,14 +468,10 @@ impl QMatrix {
         let w = outputs.len() / rows;
         // A matrix kept in a layout this kernel does not read (a lookup table multiplied
         // anyway) goes through the reference kernel.
-        let kernel = if self.layout != Layout::for_kernel(kernel) {
-            Kernel::Scalar
-        } else if self.format == QuantFormat::Q5K && kernel != Kernel::Scalar {
-            // Q5_K has no AVX-512 or AMX kernel yet: the AVX2 one, which every such CPU
-            // runs, reads the same layout and the AVX-512 quantizer's activations.
-            Kernel::Avx2
+        let kernel = if self.layout == Layout::for_kernel(kernel) {
+            kernel.for_format(self.format)
         } else {
-            kernel
+            Kernel::Scalar
         };
         #[cfg(target_arch = "x86_64")]
         if kernel != Kernel::Scalar && self.layout == Layout::Columns {
@@ -573,8 +587,12 @@ pub struct QuantizedRows {
     /// integer sums of a block start, minus the zero point (128) times the block's values' sum
     /// (a broadcast load, no arithmetic, per block and row).
     zero_q8: Vec<i32>,
-    /// The same for Q5_0 (zero point 16).
+    /// The same for Q5_0 (zero point 16) and Q4_0 (8).
     zero_q5: Vec<i32>,
+    zero_q4: Vec<i32>,
+    /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
+    /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
+    scaled_sum32: Vec<f32>,
     /// Q4_K and Q5_K (Q6_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so two
     /// neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
     /// scales.
@@ -649,6 +667,8 @@ impl QuantizedRows {
             sum32: vec![0i32; rows * k / 32],
             zero_q8: Vec::new(),
             zero_q5: Vec::new(),
+            zero_q4: Vec::new(),
+            scaled_sum32: Vec::new(),
             sum32_i16: Vec::new(),
             sum16_i16: Vec::new(),
         }
@@ -676,6 +696,13 @@ impl QuantizedRows {
         if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_0) {
             quantized.zero_q5 = (quantized.sum32.iter()).map(|&sum| -16 * sum).collect();
         }
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q4_0) {
+            quantized.zero_q4 = (quantized.sum32.iter()).map(|&sum| -8 * sum).collect();
+        }
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_1) {
+            let sums = quantized.sum32.iter().zip(&quantized.scale);
+            quantized.scaled_sum32 = sums.map(|(&sum, &scale)| scale * sum as f32).collect();
+        }
     }
 
     /// Whether `kernel` may read these rows: the kernel they were made for, or AVX2 reading
@@ -691,6 +718,8 @@ impl QuantizedRows {
         match format {
             QuantFormat::Q8_0 => avx2 || self.zero_q8.len() == self.sum32.len(),
             QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
+            QuantFormat::Q4_0 => self.zero_q4.len() == self.sum32.len(),
+            QuantFormat::Q5_1 => self.scaled_sum32.len() == self.sum32.len(),
             QuantFormat::Q4K | QuantFormat::Q5K => self.sum32_i16.len() == self.sum32.len(),
             QuantFormat::Q6K => self.sum16_i16.len() == self.sum16.len(),
         }

@@ -1,6 +1,6 @@
 //! Portable decoders and dot products: the reference for the SIMD kernels and the fallback on
-//! CPUs without AVX2. Block layouts follow ggml's `block_q8_0`, `block_q5_0`, `block_q4_K`,
-//! `block_q5_K` and `block_q6_K` (little-endian).
+//! CPUs without AVX2. Block layouts follow ggml's `block_q8_0`, `block_q5_0`, `block_q5_1`,
+//! `block_q4_0`, `block_q4_K`, `block_q5_K` and `block_q6_K` (little-endian).
 
 use half::f16;
 
@@ -30,29 +30,16 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
         offset: [0.0; LANES],
     };
     match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 => {
+        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
             // Two 32-weight blocks per chunk.
             let block_bytes = format.block_bytes();
             for half in 0..2 {
                 let block = &row[(2 * c + half) * block_bytes..(2 * c + half + 1) * block_bytes];
                 let d = f16_at(block, 0);
-                let u = &mut chunk.u[32 * half..32 * half + 32];
-                let zero = if format == QuantFormat::Q8_0 {
-                    for (value, &q) in u.iter_mut().zip(&block[2..34]) {
-                        *value = (q as i8 as i16 + 128) as u8;
-                    }
-                    128.0
-                } else {
-                    let high = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-                    for (j, &q) in block[6..22].iter().enumerate() {
-                        u[j] = (q & 0x0F) | ((((high >> j) & 1) as u8) << 4);
-                        u[j + 16] = (q >> 4) | ((((high >> (j + 16)) & 1) as u8) << 4);
-                    }
-                    16.0
-                };
+                let offset = decode_block(format, block, &mut chunk.u[32 * half..32 * half + 32]);
                 for lane in 8 * half..8 * half + 8 {
                     chunk.scale[lane] = d;
-                    chunk.offset[lane] = zero * d;
+                    chunk.offset[lane] = offset;
                 }
             }
         }
@@ -107,6 +94,47 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
         }
     }
     chunk
+}
+
+/// A 32-weight block's values into `u`; returns its offset (`weight = d * u - offset`).
+pub(super) fn decode_block(format: QuantFormat, block: &[u8], u: &mut [u8]) -> f32 {
+    let d = f16_at(block, 0);
+    let nibbles = |u: &mut [u8], quants: &[u8]| {
+        for (j, &q) in quants.iter().enumerate() {
+            (u[j], u[j + 16]) = (q & 0x0F, q >> 4);
+        }
+    };
+    let fifth_bits = |u: &mut [u8], high: &[u8]| {
+        let high = u32::from_le_bytes([high[0], high[1], high[2], high[3]]);
+        for (j, value) in u.iter_mut().enumerate() {
+            *value |= (((high >> j) & 1) as u8) << 4;
+        }
+    };
+    match format {
+        QuantFormat::Q8_0 => {
+            for (value, &q) in u.iter_mut().zip(&block[2..34]) {
+                *value = (q as i8 as i16 + 128) as u8;
+            }
+            128.0 * d
+        }
+        QuantFormat::Q5_0 => {
+            nibbles(u, &block[6..22]);
+            fifth_bits(u, &block[2..6]);
+            16.0 * d
+        }
+        QuantFormat::Q5_1 => {
+            nibbles(u, &block[8..24]);
+            fifth_bits(u, &block[4..8]);
+            -f16_at(block, 2)
+        }
+        QuantFormat::Q4_0 => {
+            nibbles(u, &block[2..18]);
+            8.0 * d
+        }
+        QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => {
+            unreachable!("{} has no 32-weight blocks", format.name())
+        }
+    }
 }
 
 pub(super) fn dequantize_row(format: QuantFormat, row: &[u8], out: &mut [f32]) {

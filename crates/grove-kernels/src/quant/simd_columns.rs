@@ -25,9 +25,11 @@ pub(super) struct Acts<const R: usize> {
     pub q: [*const i8; R],
     /// One per block (32 or 256 values).
     pub scale: [*const f32; R],
-    /// Q8_0, Q5_0: where a block's integer sums start, minus the zero point times the
+    /// Q8_0, Q5_0, Q4_0: where a block's integer sums start, minus the zero point times the
     /// activations' sum (`QuantizedRows::zero_q8`; never read by AVX2's Q8_0).
     pub zero: [*const i32; R],
+    /// Q5_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
+    pub scaled_sums: [*const f32; R],
     /// Q4_K (Q6_K): each 32 (16) values' sum as 16 bits (`QuantizedRows::sum32_i16`), for
     /// the mins' (zero point's) term.
     pub sums: [*const i16; R],
@@ -41,6 +43,8 @@ impl<const R: usize> Acts<R> {
         let (zero, per): (&[i32], usize) = match format {
             QuantFormat::Q8_0 => (&acts.zero_q8, 32),
             QuantFormat::Q5_0 => (&acts.zero_q5, 32),
+            QuantFormat::Q4_0 => (&acts.zero_q4, 32),
+            QuantFormat::Q5_1 => (&[], 32),
             // The K-quants' mins and zero points are added once per super-block (`sums`):
             // these pointers are never read.
             QuantFormat::Q4K | QuantFormat::Q5K => (&[], 32),
@@ -52,6 +56,9 @@ impl<const R: usize> Acts<R> {
                 acts.scale.as_ptr().wrapping_add(row(r, k / acts.block))
             }),
             zero: std::array::from_fn(|r| zero.as_ptr().wrapping_add(row(r, k / per))),
+            scaled_sums: std::array::from_fn(|r| {
+                (acts.scaled_sum32.as_ptr()).wrapping_add(row(r, k / 32))
+            }),
             sums: std::array::from_fn(|r| match format {
                 QuantFormat::Q6K => acts.sum16_i16.as_ptr().wrapping_add(row(r, k / 16)),
                 _ => acts.sum32_i16.as_ptr().wrapping_add(row(r, k / 32)),
@@ -565,7 +572,12 @@ pub(super) fn dot_strips(
             QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
             QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
             QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
-            QuantFormat::Q5K => unreachable!("Q5_K goes to the AVX2 kernel (QMatrix::task)"),
+            QuantFormat::Q5_1 | QuantFormat::Q4_0 | QuantFormat::Q5K => {
+                unreachable!(
+                    "{} goes to the AVX2 kernel (Kernel::for_format)",
+                    format.name()
+                )
+            }
         }
     }
 }

@@ -9,26 +9,30 @@ use rand_chacha::ChaCha8Rng;
 use super::simd_columns::Share;
 use super::*;
 
-const FORMATS: [QuantFormat; 5] = [
+const FORMATS: [QuantFormat; 7] = [
     QuantFormat::Q8_0,
     QuantFormat::Q5_0,
+    QuantFormat::Q5_1,
+    QuantFormat::Q4_0,
     QuantFormat::Q4K,
     QuantFormat::Q5K,
     QuantFormat::Q6K,
 ];
 
-/// The formats with an AMX kernel (Q5_K goes to the AVX2 kernel on every x86 CPU).
+/// The formats with an AMX kernel (the others go to the AVX2 kernel on every x86 CPU).
 #[cfg(target_arch = "x86_64")]
 fn amx_formats() -> impl Iterator<Item = QuantFormat> + Clone {
     FORMATS
         .into_iter()
-        .filter(|&format| format != QuantFormat::Q5K)
+        .filter(|&format| format.has_avx512_kernel())
 }
 
 fn ggml_dtype(format: QuantFormat) -> GgmlDType {
     match format {
         QuantFormat::Q8_0 => GgmlDType::Q8_0,
         QuantFormat::Q5_0 => GgmlDType::Q5_0,
+        QuantFormat::Q5_1 => GgmlDType::Q5_1,
+        QuantFormat::Q4_0 => GgmlDType::Q4_0,
         QuantFormat::Q4K => GgmlDType::Q4K,
         QuantFormat::Q6K => GgmlDType::Q6K,
         QuantFormat::Q5K => GgmlDType::Q5K,
@@ -304,6 +308,8 @@ fn one_pass_over_several_matrices_equals_one_at_a_time() {
         (QuantFormat::Q8_0, 64),
         (QuantFormat::Q6K, 300),
         (QuantFormat::Q5K, 100),
+        (QuantFormat::Q5_1, 50),
+        (QuantFormat::Q4_0, 70),
     ]
     .into_iter()
     .enumerate()
@@ -349,6 +355,8 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 sum32: vec![0i32; n / 32],
                 zero_q8: Vec::new(),
                 zero_q5: Vec::new(),
+                zero_q4: Vec::new(),
+                scaled_sum32: Vec::new(),
                 sum32_i16: Vec::new(),
                 sum16_i16: Vec::new(),
             };
