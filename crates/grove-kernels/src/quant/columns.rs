@@ -21,12 +21,13 @@
 //! Q5_0 (704 B):  scales (the same)               | per block: 4 nibble vectors (low nibbles
 //!                groups 0-3, high nibbles groups 4-7), 8 x 8 bytes of fifth bits (one bit
 //!                per byte of group g's vector: a mask register)
-//! Q5_1 (768 B):  scales | mins (the same)        | per block: Q5_0's
+//! Q5_1 (768 B):  scales | mins (the same)        | per block: 4 nibble vectors as Q5_0's, then
+//!                one vector of fifth bits (bit g of byte b: group g's byte b)
 //! Q4_0 (576 B):  scales                          | per block: 4 nibble vectors
 //! Q4_K (2368 B): d (16 f16) | dmin (16 f16) | 8 x 16 scales | 8 x 16 mins (a byte each) |
 //!                per sub-block of 32: 4 nibble vectors as Q5_0's
-//! Q5_K (2880 B): Q4_K's header | per sub-block of 32: 4 nibble vectors and 8 x 8 bytes of
-//!                fifth bits, as a Q5_0 block's
+//! Q5_K (2880 B): Q4_K's header | per sub-block of 32: 4 nibble vectors and a vector of
+//!                fifth bits, as a Q5_1 block's
 //! Q6_K (3392 B): d (16 f16) | 32 bytes unused | 16 x 16 scales (i8) | per 32 weights: 4
 //!                nibble vectors as above, 2 vectors of top bits (bits 2s, 2s + 1 of vector
 //!                h's byte are group 4h + s's)
@@ -317,11 +318,28 @@ fn read_nibbles(vectors: &[u8], p: usize, u: &mut [u8]) {
     }
 }
 
-/// Writes 32 five-bit weights of the 16 rows (`rows[p].u[from..from + 32]`) as Q5_0's block
-/// payload: 4 nibble vectors, then each group's fifth bits (bit `4p + i`: row `p`'s weight
-/// `i` of the group) in 8 bytes.
-fn write_five_bits(rows: &[Unit; STRIP], from: usize, out: &mut [u8]) {
+/// How a payload of 32 five-bit weights keeps its fifth bits after the 4 nibble vectors.
+#[derive(Clone, Copy, PartialEq)]
+enum FifthBits {
+    /// Q5_0's: each group's in 8 bytes, bit `4p + i` row `p`'s weight `i` of the group (a mask
+    /// register for AVX-512).
+    Masks,
+    /// Q5_1's and Q5_K's: one vector, bit `g` of byte `b` group `g`'s byte `b` (two
+    /// instructions a group for AVX2: a shift and a mask).
+    Planes,
+}
+
+/// Writes 32 five-bit weights of the 16 rows (`rows[p].u[from..from + 32]`) as a block
+/// payload: 4 nibble vectors, then the fifth bits as `bits` says.
+fn write_five_bits(rows: &[Unit; STRIP], from: usize, bits: FifthBits, out: &mut [u8]) {
     write_nibbles(rows, from, out);
+    if bits == FifthBits::Planes {
+        for (byte, plane) in out[at::Q5_BITS..][..VECTOR].iter_mut().enumerate() {
+            let u = &rows[byte / GROUP].u[from + byte % GROUP..];
+            *plane = (0..8).fold(0, |plane, g| plane | (u[GROUP * g] >> 4) << g);
+        }
+        return;
+    }
     for g in 0..8 {
         let mask = (0..VECTOR).fold(0u64, |mask, byte| {
             let u = rows[byte / GROUP].u[from + GROUP * g + byte % GROUP];
@@ -332,8 +350,17 @@ fn write_five_bits(rows: &[Unit; STRIP], from: usize, out: &mut [u8]) {
 }
 
 /// Reads row `p`'s 32 five-bit weights (into `u`) from a payload [`write_five_bits`] wrote.
-fn read_five_bits(payload: &[u8], p: usize, u: &mut [u8]) {
+fn read_five_bits(payload: &[u8], p: usize, bits: FifthBits, u: &mut [u8]) {
     read_nibbles(payload, p, u);
+    if bits == FifthBits::Planes {
+        for i in 0..GROUP {
+            let plane = payload[at::Q5_BITS + GROUP * p + i];
+            for g in 0..8 {
+                u[GROUP * g + i] |= ((plane >> g) & 1) << 4;
+            }
+        }
+        return;
+    }
     for g in 0..8 {
         let at = at::Q5_BITS + 8 * g;
         let mask = u64::from_le_bytes(payload[at..at + 8].try_into().expect("8 bytes"));
@@ -365,10 +392,13 @@ fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
                             }
                         }
                     }
-                    QuantFormat::Q5_0 => write_five_bits(rows, 32 * b, &mut out[at::q5_block(b)..]),
+                    QuantFormat::Q5_0 => {
+                        write_five_bits(rows, 32 * b, FifthBits::Masks, &mut out[at::q5_block(b)..])
+                    }
                     QuantFormat::Q5_1 => {
                         halves(out, at::block_mins(b), &|row| row.d[2 + b]);
-                        write_five_bits(rows, 32 * b, &mut out[at::q5_1_block(b)..]);
+                        let out = &mut out[at::q5_1_block(b)..];
+                        write_five_bits(rows, 32 * b, FifthBits::Planes, out);
                     }
                     _ => write_nibbles(rows, 32 * b, &mut out[at::q4_block(b)..]),
                 }
@@ -383,7 +413,8 @@ fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
                     out[at::q4k_mins(j) + p] = row.sc[8 + j];
                 }
                 if format == QuantFormat::Q5K {
-                    write_five_bits(rows, 32 * j, &mut out[at::q5k_quants(j)..]);
+                    let out = &mut out[at::q5k_quants(j)..];
+                    write_five_bits(rows, 32 * j, FifthBits::Planes, out);
                 } else {
                     write_nibbles(rows, 32 * j, &mut out[at::q4k_quants(j)..]);
                 }
@@ -432,10 +463,13 @@ fn read_unit(format: QuantFormat, unit: &[u8], p: usize) -> Unit {
                             u[GROUP * g..GROUP * g + GROUP].copy_from_slice(&unit[at..at + GROUP]);
                         }
                     }
-                    QuantFormat::Q5_0 => read_five_bits(&unit[at::q5_block(b)..], p, u),
+                    QuantFormat::Q5_0 => {
+                        read_five_bits(&unit[at::q5_block(b)..], p, FifthBits::Masks, u)
+                    }
                     QuantFormat::Q5_1 => {
                         row.d[2 + b] = half(at::block_mins(b));
-                        read_five_bits(&unit[at::q5_1_block(b)..], p, u);
+                        let payload = &unit[at::q5_1_block(b)..];
+                        read_five_bits(payload, p, FifthBits::Planes, u);
                     }
                     _ => read_nibbles(&unit[at::q4_block(b)..], p, u),
                 }
@@ -448,7 +482,8 @@ fn read_unit(format: QuantFormat, unit: &[u8], p: usize) -> Unit {
                 row.sc[8 + j] = unit[at::q4k_mins(j) + p];
                 let u = &mut row.u[32 * j..32 * j + 32];
                 if format == QuantFormat::Q5K {
-                    read_five_bits(&unit[at::q5k_quants(j)..], p, u);
+                    let payload = &unit[at::q5k_quants(j)..];
+                    read_five_bits(payload, p, FifthBits::Planes, u);
                 } else {
                     read_nibbles(&unit[at::q4k_quants(j)..], p, u);
                 }

@@ -363,7 +363,7 @@ fn vector_quantizer_equals_the_reference_exactly() {
             if vector {
                 super::simd::quantize(&x, &mut rows);
             } else {
-                super::quantize_portable(&x, &mut rows);
+                super::rows::quantize_portable(&x, &mut rows);
             }
             (rows.q, rows.scale, rows.sum16, rows.sum32)
         };

@@ -1,0 +1,234 @@
+//! Activation rows quantized for the products: 8-bit values per block with one scale, and
+//! what each format's kernels read beside them (sums, zero points' terms).
+
+use super::{Kernel, QuantFormat};
+
+/// Activation rows quantized to 8 bits, one f32 scale per `block` values (32 for the
+/// 32-weight formats, 256 for the K-quants, matching their blocks as llama.cpp's Q8_0 / Q8_K
+/// do), with the integer sums the zero-point and min terms need.
+#[derive(Debug)]
+pub struct QuantizedRows {
+    /// The kernel the rows were made for (what beside the values it reads).
+    pub(super) kernel: Kernel,
+    pub(super) k: usize,
+    pub(super) block: usize,
+    /// `[rows, k]` 8-bit values.
+    pub(super) q: Vec<i8>,
+    /// `[rows, k / block]`.
+    pub(super) scale: Vec<f32>,
+    /// `[rows, k / 16]`: sums of 16 consecutive values.
+    pub(super) sum16: Vec<i32>,
+    /// `[rows, k / 32]`: sums of 32 consecutive values.
+    pub(super) sum32: Vec<i32>,
+    /// `[rows, k / 32]` for Q8_0 on AVX-512 CPUs (else empty): where the column kernel's
+    /// integer sums of a block start, minus the zero point (128) times the block's values' sum
+    /// (a broadcast load, no arithmetic, per block and row).
+    pub(super) zero_q8: Vec<i32>,
+    /// The same for Q5_0 (zero point 16) and Q4_0 (8).
+    pub(super) zero_q5: Vec<i32>,
+    pub(super) zero_q4: Vec<i32>,
+    /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
+    /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
+    pub(super) scaled_sum32: Vec<f32>,
+    /// Q4_K and Q5_K (Q6_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so two
+    /// neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
+    /// scales.
+    pub(super) sum32_i16: Vec<i16>,
+    pub(super) sum16_i16: Vec<i16>,
+}
+
+impl QuantizedRows {
+    /// `x` (`[rows, k]`) quantized for products with matrices of `formats` (all of one
+    /// activation block size), with the copies in kernel order those formats' kernels read.
+    pub fn new(x: &[f32], rows: usize, k: usize, formats: &[QuantFormat]) -> Self {
+        Self::for_kernel(Kernel::detect().activations(), x, rows, k, formats)
+    }
+
+    /// [`QuantizedRows::new`] for `kernel` (one this CPU runs).
+    pub(super) fn for_kernel(
+        kernel: Kernel,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        formats: &[QuantFormat],
+    ) -> Self {
+        Self::quantized_by(quantize, kernel, x, rows, k, formats)
+    }
+
+    /// [`QuantizedRows::for_kernel`] through the portable quantizer (the same bits), so that
+    /// tests can make any kernel's activations on any CPU.
+    #[cfg(test)]
+    pub(super) fn portable_for(
+        kernel: Kernel,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        formats: &[QuantFormat],
+    ) -> Self {
+        Self::quantized_by(quantize_portable, kernel, x, rows, k, formats)
+    }
+
+    /// Rows of the sizes `kernel` and `formats` need, filled by `quantizer`.
+    fn quantized_by(
+        quantizer: fn(&[f32], &mut Self),
+        kernel: Kernel,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        formats: &[QuantFormat],
+    ) -> Self {
+        let mut quantized = Self::unfilled(kernel, rows, k, formats);
+        quantizer(x, &mut quantized);
+        quantized.add_sums_for(formats);
+        quantized
+    }
+
+    /// Zeroed rows of the sizes [`QuantizedRows::quantized_by`] fills.
+    fn unfilled(kernel: Kernel, rows: usize, k: usize, formats: &[QuantFormat]) -> Self {
+        let block = formats.first().map_or(32, |f| f.activation_block());
+        assert!(
+            formats.iter().all(|f| f.activation_block() == block),
+            "formats of different activation blocks"
+        );
+        assert!(
+            k.is_multiple_of(block) && block.is_multiple_of(32),
+            "k = {k} is not a multiple of {block}"
+        );
+        Self {
+            kernel,
+            k,
+            block,
+            q: vec![0i8; rows * k],
+            scale: vec![0f32; rows * k / block],
+            sum16: vec![0i32; rows * k / 16],
+            sum32: vec![0i32; rows * k / 32],
+            zero_q8: Vec::new(),
+            zero_q5: Vec::new(),
+            zero_q4: Vec::new(),
+            scaled_sum32: Vec::new(),
+            sum32_i16: Vec::new(),
+            sum16_i16: Vec::new(),
+        }
+    }
+
+    /// What `self.kernel`'s column kernels of `formats` read beside the values, each only
+    /// where a format needs it (AVX2's Q8_0 multiplies signed weights: no zero point).
+    fn add_sums_for(&mut self, formats: &[QuantFormat]) {
+        let kernel = self.kernel;
+        let quantized = self;
+        let narrow = |sums: &[i32]| sums.iter().map(|&sum| sum as i16).collect();
+        let mins = [QuantFormat::Q4K, QuantFormat::Q5K];
+        if kernel != Kernel::Scalar && mins.iter().any(|format| formats.contains(format)) {
+            quantized.sum32_i16 = narrow(&quantized.sum32);
+        }
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q6K) {
+            quantized.sum16_i16 = narrow(&quantized.sum16);
+        }
+        if kernel == Kernel::Avx512Vnni {
+            let times = |zero: i32, sums: &[i32]| sums.iter().map(|&sum| -zero * sum).collect();
+            if formats.contains(&QuantFormat::Q8_0) {
+                quantized.zero_q8 = times(128, &quantized.sum32);
+            }
+        }
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_0) {
+            quantized.zero_q5 = (quantized.sum32.iter()).map(|&sum| -16 * sum).collect();
+        }
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q4_0) {
+            quantized.zero_q4 = (quantized.sum32.iter()).map(|&sum| -8 * sum).collect();
+        }
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_1) {
+            let sums = quantized.sum32.iter().zip(&quantized.scale);
+            quantized.scaled_sum32 = sums.map(|(&sum, &scale)| scale * sum as f32).collect();
+        }
+    }
+
+    /// Whether `kernel` may read these rows: the kernel they were made for, or AVX2 reading
+    /// AVX-512 VNNI's (the same values and scales; what AVX2's kernels read beside them,
+    /// [`QuantizedRows::ready_for`] checks per format).
+    pub(super) fn serves(&self, kernel: Kernel) -> bool {
+        self.kernel == kernel || (kernel == Kernel::Avx2 && self.kernel == Kernel::Avx512Vnni)
+    }
+
+    /// Whether what `format`'s column kernel reads beside the values was made.
+    pub(super) fn ready_for(&self, format: QuantFormat) -> bool {
+        let avx2 = self.kernel == Kernel::Avx2;
+        match format {
+            QuantFormat::Q8_0 => avx2 || self.zero_q8.len() == self.sum32.len(),
+            QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
+            QuantFormat::Q4_0 => self.zero_q4.len() == self.sum32.len(),
+            QuantFormat::Q5_1 => self.scaled_sum32.len() == self.sum32.len(),
+            QuantFormat::Q4K | QuantFormat::Q5K => self.sum32_i16.len() == self.sum32.len(),
+            QuantFormat::Q6K => self.sum16_i16.len() == self.sum16.len(),
+        }
+    }
+
+    /// The block size and the buffers a quantizer fills: values, scales, sums of 16 and 32.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn parts(&mut self) -> (usize, &mut [i8], &mut [f32], &mut [i32], &mut [i32]) {
+        (
+            self.block,
+            &mut self.q,
+            &mut self.scale,
+            &mut self.sum16,
+            &mut self.sum32,
+        )
+    }
+
+    pub(super) fn q(&self, row: usize) -> &[i8] {
+        &self.q[row * self.k..(row + 1) * self.k]
+    }
+
+    pub(super) fn scale(&self, row: usize) -> &[f32] {
+        let per_row = self.k / self.block;
+        &self.scale[row * per_row..(row + 1) * per_row]
+    }
+}
+
+/// `x` in blocks of `block` values: 8-bit values `q`, one `scale` per block (absmax / 127),
+/// and the sums of every 16 and 32 values. Every decode step quantizes each product's input:
+/// as plain code this was a fifth of a 128 x 1024 one-row Q4_K product (`simd.rs` has the
+/// AVX-512 version).
+fn quantize(x: &[f32], rows: &mut QuantizedRows) {
+    assert_eq!(
+        x.len(),
+        rows.q.len(),
+        "input and quantized rows differ in size"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if rows.kernel != Kernel::Scalar {
+        return super::simd::quantize(x, rows);
+    }
+    quantize_portable(x, rows)
+}
+
+/// The reference quantizer (and the one on CPUs without AVX-512).
+pub(super) fn quantize_portable(x: &[f32], rows: &mut QuantizedRows) {
+    let (block, q, scale, sum16, sum32) = rows.parts();
+    for ((values, quants), scale) in x
+        .chunks_exact(block)
+        .zip(q.chunks_exact_mut(block))
+        .zip(scale.iter_mut())
+    {
+        let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for (quant, value) in quants.iter_mut().zip(values) {
+            *quant = round_to_i8(value * inverse);
+        }
+        *scale = d;
+    }
+    for (sum, values) in sum16.iter_mut().zip(q.chunks_exact(16)) {
+        *sum = values.iter().map(|&v| i32::from(v)).sum();
+    }
+    for (sum, pair) in sum32.iter_mut().zip(sum16.chunks_exact(2)) {
+        *sum = pair[0] + pair[1];
+    }
+}
+
+/// Rounds `v` (|v| <= 127.5) to the nearest integer, ties to even, as llama.cpp's AVX
+/// quantizers do (`_mm256_round_ps`). Adding and subtracting 1.5 * 2^23 leaves the rounded
+/// value (floats there are integers), without a libm call, so the loop vectorizes.
+fn round_to_i8(v: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    ((v + MAGIC) - MAGIC) as i8
+}
