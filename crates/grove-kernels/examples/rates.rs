@@ -20,15 +20,7 @@ fn main() {
         .ok()
         .map(|v| v.split(',').map(|s| s.parse().unwrap()).collect())
         .unwrap_or(vec![1, 4, 8, 16]);
-    for format in [
-        QuantFormat::Q8_0,
-        QuantFormat::Q5_0,
-        QuantFormat::Q5_1,
-        QuantFormat::Q4_0,
-        QuantFormat::Q4K,
-        QuantFormat::Q5K,
-        QuantFormat::Q6K,
-    ] {
+    for format in QuantFormat::ALL {
         if let Ok(names) = std::env::var("FORMATS") {
             if !names.split(',').any(|name| name == format.name()) {
                 continue;

@@ -50,20 +50,35 @@ enum Command {
 }
 
 /// The kernels this process runs, as reports name them: the instruction level and the
-/// quantized products' kernel (`GROVE_KERNEL` forces a lower level).
+/// quantized products' kernel (`GROVE_KERNEL` forces a lower level), with the formats it
+/// hands to another kernel where there are any (`quantized_by_format`).
 pub fn kernels() -> serde_json::Value {
-    serde_json::json!({
+    let kernel = grove_kernels::quant::Kernel::detect();
+    let mut json = serde_json::json!({
         "level": grove_kernels::cpu::level().name(),
-        "quantized": grove_kernels::quant::Kernel::detect().name(),
-    })
+        "quantized": kernel.name(),
+    });
+    let handed_on = kernel.handed_on();
+    if !handed_on.is_empty() {
+        let by_format = handed_on
+            .iter()
+            .map(|(format, to)| (format.to_string(), to.name().into()));
+        json["quantized_by_format"] = serde_json::Value::Object(by_format.collect());
+    }
+    json
 }
 
 /// [`kernels`] in words.
 pub fn kernels_line() -> String {
+    let kernel = grove_kernels::quant::Kernel::detect();
+    let handed_on: Vec<String> = (kernel.handed_on().iter())
+        .map(|(format, to)| format!("; {format} {}", to.name()))
+        .collect();
     format!(
-        "kernels {} (quantized products {})",
+        "kernels {} (quantized products {}{})",
         grove_kernels::cpu::level().name(),
-        grove_kernels::quant::Kernel::detect().name()
+        kernel.name(),
+        handed_on.concat()
     )
 }
 

@@ -71,6 +71,16 @@ impl Kernel {
         }
     }
 
+    /// The formats this kernel hands to another ([`Kernel::for_format`]), by name: what
+    /// reports add beside the kernel's name.
+    pub fn handed_on(self) -> Vec<(&'static str, Self)> {
+        super::QuantFormat::ALL
+            .into_iter()
+            .filter(|&format| self.for_format(format) != self)
+            .map(|format| (format.name(), self.for_format(format)))
+            .collect()
+    }
+
     /// The kernel whose quantized activations this one reads (the AMX kernel reads the VNNI
     /// kernel's, and hands it products of few rows).
     pub fn activations(self) -> Self {

@@ -70,6 +70,17 @@ pub enum QuantFormat {
 }
 
 impl QuantFormat {
+    /// Every format kept quantized.
+    pub const ALL: [Self; 7] = [
+        Self::Q8_0,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q4_0,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
+
     /// The format of ggml type id `id`, if there is a kernel for it.
     pub fn from_ggml(id: u32) -> Option<Self> {
         match id {

@@ -9,15 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use super::simd_columns::Share;
 use super::*;
 
-const FORMATS: [QuantFormat; 7] = [
-    QuantFormat::Q8_0,
-    QuantFormat::Q5_0,
-    QuantFormat::Q5_1,
-    QuantFormat::Q4_0,
-    QuantFormat::Q4K,
-    QuantFormat::Q5K,
-    QuantFormat::Q6K,
-];
+const FORMATS: [QuantFormat; 7] = QuantFormat::ALL;
 
 /// The formats with an AMX kernel (the others go to the AVX2 kernel on every x86 CPU).
 #[cfg(target_arch = "x86_64")]
@@ -479,5 +471,26 @@ fn amx_rows_are_the_same_in_any_tile() {
                 format.name()
             );
         }
+    }
+}
+
+/// The formats without an AVX-512 kernel go to AVX2 from the AVX-512 and AMX kernels, and
+/// reports can name them; the lower kernels hand nothing on.
+#[test]
+fn formats_without_an_avx512_kernel_are_handed_to_avx2() {
+    for kernel in [Kernel::Avx512Vnni, Kernel::Amx] {
+        for format in QuantFormat::ALL {
+            let expected = if format.has_avx512_kernel() {
+                kernel
+            } else {
+                Kernel::Avx2
+            };
+            assert_eq!(kernel.for_format(format), expected, "{}", format.name());
+        }
+        let names: Vec<&str> = kernel.handed_on().iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["Q5_1", "Q4_0", "Q5_K"]);
+    }
+    for kernel in [Kernel::Scalar, Kernel::Avx2] {
+        assert!(kernel.handed_on().is_empty());
     }
 }
