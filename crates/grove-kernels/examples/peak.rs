@@ -4,7 +4,10 @@
 //! and on every core at once; then what a kernel's other instructions cost the `vpdpbusd`s
 //! beside them (8 broadcast-fed `vpdpbusd`s and two of another instruction per loop, one core):
 //! an instruction that shares their ports, or a load past the load ports' pace, lowers their
-//! rate. `cargo run --release -p grove-kernels --example peak`.
+//! rate. On a CPU with AVX2 but no AVX-512 VNNI, the AVX2 kernels' step instead
+//! (`quant/avx2_columns.rs`: an activation group broadcast from memory, `vpmaddubsw` against
+//! a weight vector, `vpaddw` into a row's 16-bit sums), alone and beside the other
+//! instructions those kernels issue. `cargo run --release -p grove-kernels --example peak`.
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
@@ -133,10 +136,98 @@ fn mixes() {
     }
 }
 
+/// `vpmaddubsw`s per second (G) on this core in a loop of 8 of the AVX2 kernels' steps (the
+/// activation bytes broadcast from memory, `vpmaddubsw` against a weight vector, `vpaddw` into
+/// one of 4 sums), and the instructions `$a` (which write ymm12-ymm13 from ymm14/ymm15 or
+/// memory at `{m}`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx2_steps {
+    ($($a:literal),*) => {{
+        use std::arch::asm;
+        let memory = [1i32; 64];
+        let iterations: u64 = 50_000_000;
+        let start = std::time::Instant::now();
+        macro_rules! step {
+            ($r:literal, $sum:literal, $k:literal) => {
+                concat!(
+                    "vpbroadcastd ymm", $r, ", dword ptr [{m} + ", $k, "]\n",
+                    "vpmaddubsw ymm", $r, ", ymm15, ymm", $r, "\n",
+                    "vpaddw ymm", $sum, ", ymm", $sum, ", ymm", $r
+                )
+            };
+        }
+        // SAFETY: only called where the CPU has AVX2 (checked in `main`); the loop reads
+        // `memory` (256 bytes) and touches only the registers it names.
+        unsafe {
+            asm!(
+                "vmovdqu ymm14, [{m}]",
+                "vmovdqu ymm15, [{m} + 32]",
+                "2:",
+                step!("0", "8", "0"), step!("1", "9", "4"), step!("2", "10", "8"),
+                step!("3", "11", "12"), step!("4", "8", "16"), step!("5", "9", "20"),
+                step!("6", "10", "24"), step!("7", "11", "28"),
+                $($a,)*
+                "dec {n}",
+                "jnz 2b",
+                m = in(reg) memory.as_ptr(),
+                n = inout(reg) iterations => _,
+                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+                out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                options(nostack, readonly),
+            )
+        };
+        8.0 * iterations as f64 / start.elapsed().as_secs_f64() / 1e9
+    }};
+}
+
+/// [`avx2_steps!`] beside each kind of instruction the AVX2 kernels issue between their steps:
+/// a weight group's decode (`vpand`, `vpsrlw`: a nibble vector's two groups cost three of
+/// them), a sub-block's widening (`vpmaddwd` then `vpaddd`), Q8_0's `vpsignb`.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn avx2_mixes() {
+    let rates = [
+        ("nothing", avx2_steps!()),
+        (
+            "2 vpand",
+            avx2_steps!("vpand ymm12, ymm14, ymm15", "vpand ymm13, ymm14, ymm15"),
+        ),
+        (
+            "2 vpsrlw",
+            avx2_steps!("vpsrlw ymm12, ymm14, 4", "vpsrlw ymm13, ymm14, 4"),
+        ),
+        (
+            "2 vpmaddwd",
+            avx2_steps!(
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpmaddwd ymm13, ymm14, ymm15"
+            ),
+        ),
+        (
+            "2 vpsignb",
+            avx2_steps!("vpsignb ymm12, ymm14, ymm15", "vpsignb ymm13, ymm14, ymm15"),
+        ),
+        (
+            "2 32-byte loads",
+            avx2_steps!("vmovdqu ymm12, [{m} + 64]", "vmovdqu ymm13, [{m} + 96]"),
+        ),
+    ];
+    println!("vpmaddubsw G/s on one core, 8 steps (broadcast, vpmaddubsw, vpaddw) beside:");
+    for (other, rate) in rates {
+        println!("  {other:16} {rate:.2}");
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn main() {
-    if grove_kernels::cpu::Level::supported() < grove_kernels::cpu::Level::Avx512 {
-        eprintln!("no AVX-512 VNNI on this CPU: nothing to measure");
+    use grove_kernels::cpu::Level;
+    if Level::supported() < Level::Avx512 {
+        if Level::supported() < Level::Avx2 {
+            eprintln!("no AVX2 on this CPU: nothing to measure");
+        } else {
+            avx2_mixes();
+        }
         return;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
