@@ -283,6 +283,10 @@ impl std::fmt::Debug for QMatrix {
 /// kernel's strip-at-a-time passes were slower again on a Zen 5 (docs/benchmarks.md,
 /// session 24).
 pub(super) const ACT_ROWS_PER_BLOCK: usize = 8;
+/// The AVX2 kernel's blocks: 16 rows, so a block is three passes of Q6_K's and Q8_0's 6-row
+/// tiles (6, 6, 4) over one decode of each half strip rather than two blocks of a 6-row and
+/// a 2-row pass (docs/benchmarks.md, session 28).
+const AVX2_ROWS_PER_BLOCK: usize = 16;
 /// Weight rows per parallel task.
 const WEIGHT_ROWS_PER_TASK: usize = 32;
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -499,8 +503,8 @@ impl QMatrix {
                 simd_columns::dot_strips(self.format, strips, w, acts, 0, rows, outputs, w);
                 return;
             }
-            for block_start in (0..rows).step_by(ACT_ROWS_PER_BLOCK) {
-                let block_rows = ACT_ROWS_PER_BLOCK.min(rows - block_start);
+            for block_start in (0..rows).step_by(AVX2_ROWS_PER_BLOCK) {
+                let block_rows = AVX2_ROWS_PER_BLOCK.min(rows - block_start);
                 let out = &mut outputs[block_start * w..];
                 avx2_columns::dot_strips(
                     self.format,
