@@ -173,7 +173,8 @@ macro_rules! avx2_steps {
                 n = inout(reg) iterations => _,
                 out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
                 out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+                out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
                 options(nostack, readonly),
             )
         };

@@ -274,10 +274,10 @@ impl std::fmt::Debug for QMatrix {
     }
 }
 
-/// Activation rows go through the kernel in blocks of this many (one kernel tile), so a
-/// block's quantized activations stay in L1 while a task's weight rows pass over them (the
-/// AVX-512 kernel takes all the rows and goes through its blocks itself, to ask for the next
-/// task's weights while the later blocks multiply). Blocks
+/// The AVX-512 kernel's activation rows go through it in blocks of this many (one kernel
+/// tile), so a block's quantized activations stay in L1 while a task's weight rows pass over
+/// them (it takes all the rows and goes through its blocks itself, to ask for the next task's
+/// weights while the later blocks multiply; AVX2's blocks are [`AVX2_ROWS_PER_BLOCK`]). Blocks
 /// of 64 rows streamed them from L2 for every weight row: Qwen2.5-Coder-1.5B's 64-row verify
 /// took 1550 ms against 1318 with blocks of 8. Blocks of 16 and 64 under the AVX-512
 /// kernel's strip-at-a-time passes were slower again on a Zen 5 (docs/benchmarks.md,
