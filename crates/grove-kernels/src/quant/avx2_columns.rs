@@ -168,41 +168,13 @@ unsafe fn nibble_group(p: *const u8, g: usize) -> __m256i {
     }
 }
 
-/// 32 bits as 32 bytes: byte `i` is `value` where bit `i` is set, else 0.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bits_to_bytes(bits: u32, value: __m256i) -> __m256i {
-    // Each 128-bit lane holds all four bytes; byte i takes byte i / 8 (lane 1: 2 and 3).
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(bits as i32),
-        _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        ),
-    );
-    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-    _mm256_and_si256(set, value)
-}
-
-/// Group `g` of the 32 five-bit weights at `quants` (4 nibble vectors, then the groups'
-/// fifth bits as masks: Q5_0's block), half `half`.
+/// Group `g` of the 32 five-bit weights at `quants` (4 nibble vectors, then the fifth bits as
+/// planes: a Q5_0 or Q5_1 block, a Q5_K sub-block), half `half`: group `g`'s fifth bits are
+/// bit `g` of each byte, moved to bit 4 (a 16-bit shift moves no other byte's bit there: at
+/// most 4 places).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn five_bit_group(quants: *const u8, half: usize, g: usize) -> __m256i {
-    // Bit p of group g's word is the fifth bit of the vector's byte p: this half's are the
-    // word's 32 bits at 4 * half bytes.
-    let bits = quants.add(at::Q5_BITS + 4 * half).cast::<u32>();
-    let fifth = bits_to_bytes(bits.add(2 * g).read_unaligned(), _mm256_set1_epi8(16));
-    _mm256_or_si256(nibble_group(quants.add(HALF_VECTOR * half), g), fifth)
-}
-
-/// [`five_bit_group`] where the fifth bits are planes (Q5_1's block, Q5_K's sub-block): group
-/// `g`'s are bit `g` of each byte, moved to bit 4 (a 16-bit shift moves no other byte's bit
-/// there: at most 4 places).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn planar_five_bit_group(quants: *const u8, half: usize, g: usize) -> __m256i {
     let planes = _mm256_loadu_si256(quants.add(at::Q5_BITS + HALF_VECTOR * half).cast());
     let moved = match g {
         0 => _mm256_slli_epi16::<4>(planes),
@@ -402,7 +374,7 @@ impl Format for Q5_1 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(unit: *const u8, half: usize, b: usize, g: usize) -> __m256i {
-        planar_five_bit_group(unit.add(at::q5_1_block(b)), half, g)
+        five_bit_group(unit.add(at::q5_1_block(b)), half, g)
     }
 
     /// Q5_0's sums from zero, then each block's min times the activations' scaled sum.
@@ -498,7 +470,7 @@ impl Format for Q5K {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
-        planar_five_bit_group(unit.add(at::q5k_quants(j)), half, g)
+        five_bit_group(unit.add(at::q5k_quants(j)), half, g)
     }
 
     /// See [`with_mins`] (`u < 32`: at most 8 * 2 * 2 * 4 * 2 * 31 * 127 * 63 and 8 * 63 *

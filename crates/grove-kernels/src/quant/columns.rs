@@ -19,8 +19,9 @@
 //! ```text
 //! Q8_0 (1088 B): scales (2 blocks x 16 rows f16) | per block: 8 group vectors of q + 128
 //! Q5_0 (704 B):  scales (the same)               | per block: 4 nibble vectors (low nibbles
-//!                groups 0-3, high nibbles groups 4-7), 8 x 8 bytes of fifth bits (one bit
-//!                per byte of group g's vector: a mask register)
+//!                groups 0-3, high nibbles groups 4-7), then 64 bytes of fifth bits as the
+//!                kernel reads them ([`FifthBits`]): for AVX-512, 8 x 8 bytes (one bit per
+//!                byte of group g's vector: a mask register); for AVX2, as Q5_1's
 //! Q5_1 (768 B):  scales | mins (the same)        | per block: 4 nibble vectors as Q5_0's, then
 //!                one vector of fifth bits (bit g of byte b: group g's byte b)
 //! Q4_0 (576 B):  scales                          | per block: 4 nibble vectors
@@ -318,14 +319,17 @@ fn read_nibbles(vectors: &[u8], p: usize, u: &mut [u8]) {
     }
 }
 
-/// How a payload of 32 five-bit weights keeps its fifth bits after the 4 nibble vectors.
-#[derive(Clone, Copy, PartialEq)]
-enum FifthBits {
-    /// Q5_0's: each group's in 8 bytes, bit `4p + i` row `p`'s weight `i` of the group (a mask
-    /// register for AVX-512).
+/// How a payload of 32 five-bit weights keeps its fifth bits after the 4 nibble vectors: the
+/// one part of the layout that depends on the kernel reading it. Q5_1 and Q5_K always keep
+/// planes (only the AVX2 kernel reads them); Q5_0 keeps what its kernel reads fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FifthBits {
+    /// Each group's in 8 bytes, bit `4p + i` row `p`'s weight `i` of the group: a mask
+    /// register for AVX-512 (a masked add) and AMX.
     Masks,
-    /// Q5_1's and Q5_K's: one vector, bit `g` of byte `b` group `g`'s byte `b` (two
-    /// instructions a group for AVX2: a shift and a mask).
+    /// One vector, bit `g` of byte `b` group `g`'s byte `b`: two instructions a group for
+    /// AVX2 (a shift and a mask), where a mask costs it a broadcast, a shuffle, two masks and
+    /// a compare (docs/benchmarks.md, session 29).
     Planes,
 }
 
@@ -370,8 +374,9 @@ fn read_five_bits(payload: &[u8], p: usize, bits: FifthBits, u: &mut [u8]) {
     }
 }
 
-/// Writes one unit of a strip (`out`, [`unit_bytes`]) from the 16 rows' decoded units.
-fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
+/// Writes one unit of a strip (`out`, [`unit_bytes`]) from the 16 rows' decoded units, Q5_0's
+/// fifth bits as `q5_0`.
+fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &mut [u8]) {
     let halves = |out: &mut [u8], at: usize, value: &dyn Fn(&Unit) -> u16| {
         for (p, row) in rows.iter().enumerate() {
             out[at + 2 * p..at + 2 * p + 2].copy_from_slice(&value(row).to_le_bytes());
@@ -393,7 +398,7 @@ fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
                         }
                     }
                     QuantFormat::Q5_0 => {
-                        write_five_bits(rows, 32 * b, FifthBits::Masks, &mut out[at::q5_block(b)..])
+                        write_five_bits(rows, 32 * b, q5_0, &mut out[at::q5_block(b)..])
                     }
                     QuantFormat::Q5_1 => {
                         halves(out, at::block_mins(b), &|row| row.d[2 + b]);
@@ -448,7 +453,7 @@ fn write_unit(format: QuantFormat, rows: &[Unit; STRIP], out: &mut [u8]) {
 }
 
 /// Row `p`'s unit from a strip's unit (the inverse of [`write_unit`] for one row).
-fn read_unit(format: QuantFormat, unit: &[u8], p: usize) -> Unit {
+fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Unit {
     let mut row = Unit::ZERO;
     let half = |at: usize| f16_bits(unit, at + 2 * p);
     match format {
@@ -463,9 +468,7 @@ fn read_unit(format: QuantFormat, unit: &[u8], p: usize) -> Unit {
                             u[GROUP * g..GROUP * g + GROUP].copy_from_slice(&unit[at..at + GROUP]);
                         }
                     }
-                    QuantFormat::Q5_0 => {
-                        read_five_bits(&unit[at::q5_block(b)..], p, FifthBits::Masks, u)
-                    }
+                    QuantFormat::Q5_0 => read_five_bits(&unit[at::q5_block(b)..], p, q5_0, u),
                     QuantFormat::Q5_1 => {
                         row.d[2 + b] = half(at::block_mins(b));
                         let payload = &unit[at::q5_1_block(b)..];
@@ -511,9 +514,10 @@ fn read_unit(format: QuantFormat, unit: &[u8], p: usize) -> Unit {
 }
 
 /// Writes strip `s` (rows `16 s..`) of the `[n, k]` GGUF matrix `source` into `out`
-/// ([`strip_bytes`]); rows past `n` become zeros.
+/// ([`strip_bytes`]), Q5_0's fifth bits as `q5_0`; rows past `n` become zeros.
 pub fn write_strip(
     format: QuantFormat,
+    q5_0: FifthBits,
     n: usize,
     k: usize,
     source: &[u8],
@@ -531,14 +535,15 @@ pub fn write_strip(
                 Unit::ZERO
             }
         });
-        write_unit(format, &rows, out);
+        write_unit(format, q5_0, &rows, out);
     }
 }
 
-/// Row `p` of the strip `strip` as GGUF blocks, into `row` (`format.row_bytes(k)` bytes).
-pub fn gguf_row(format: QuantFormat, strip: &[u8], p: usize, row: &mut [u8]) {
+/// Row `p` of the strip `strip` (Q5_0's fifth bits as `q5_0`) as GGUF blocks, into `row`
+/// (`format.row_bytes(k)` bytes).
+pub fn gguf_row(format: QuantFormat, q5_0: FifthBits, strip: &[u8], p: usize, row: &mut [u8]) {
     for (i, unit) in strip.chunks_exact(unit_bytes(format)).enumerate() {
-        write_gguf(format, &read_unit(format, unit, p), row, i);
+        write_gguf(format, &read_unit(format, q5_0, unit, p), row, i);
     }
 }
 

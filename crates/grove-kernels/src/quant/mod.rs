@@ -34,6 +34,7 @@ mod simd_columns;
 use std::borrow::Cow;
 use std::sync::Arc;
 
+pub use columns::FifthBits;
 pub use kernel::Kernel;
 pub use products::{matmul_gated, matmul_gated_with, matmul_many, matmul_many_with};
 pub use rows::QuantizedRows;
@@ -215,15 +216,17 @@ pub enum Layout {
     /// GGUF's: row after row, block after block.
     Gguf,
     /// Strips of 16 rows, a vector holding the same four weights of each (`columns.rs`): what
-    /// the AVX-512 and AVX2 kernels read every format in.
-    Columns,
+    /// the AVX-512 and AVX2 kernels read every format in, Q5_0's fifth bits in the form its
+    /// kernel reads (the AVX-512 and AMX kernels masks, AVX2 planes).
+    Columns(FifthBits),
 }
 
 impl Layout {
     /// The layout `kernel` multiplies every format in.
     pub fn for_kernel(kernel: Kernel) -> Self {
         match kernel {
-            Kernel::Amx | Kernel::Avx512Vnni | Kernel::Avx2 => Self::Columns,
+            Kernel::Amx | Kernel::Avx512Vnni => Self::Columns(FifthBits::Masks),
+            Kernel::Avx2 => Self::Columns(FifthBits::Planes),
             Kernel::Scalar => Self::Gguf,
         }
     }
@@ -247,6 +250,7 @@ pub(crate) enum WeightRow<'a> {
     Column {
         strip: &'a [u8],
         p: usize,
+        q5_0: FifthBits,
     },
 }
 
@@ -343,12 +347,12 @@ impl QMatrix {
         let layout = if n == 0 { Layout::Gguf } else { layout };
         let bytes = match layout {
             Layout::Gguf => bytes,
-            Layout::Columns => {
+            Layout::Columns(q5_0) => {
                 let source_bytes = columns::STRIP * row_bytes;
                 let strip_bytes = columns::strip_bytes(format, k);
                 let strips = columns::strips(n);
                 copied(&bytes, source_bytes, strip_bytes, strips, |src, s, out| {
-                    columns::write_strip(format, n, k, src, s, out)
+                    columns::write_strip(format, q5_0, n, k, src, s, out)
                 })?
             }
         };
@@ -417,14 +421,27 @@ impl QMatrix {
         self.layout
     }
 
+    /// The kernel that multiplies this matrix when `kernel` is asked for: the one
+    /// [`Kernel::for_format`] names where the matrix is in `kernel`'s layout; otherwise (a
+    /// lookup table multiplied anyway, a test's matrix in another kernel's layout) the
+    /// reference.
+    pub fn runs_on(&self, kernel: Kernel) -> Kernel {
+        if self.layout == Layout::for_kernel(kernel) {
+            kernel.for_format(self.format)
+        } else {
+            Kernel::Scalar
+        }
+    }
+
     /// Row `j` as the kernels read it.
     fn row(&self, j: usize) -> WeightRow<'_> {
         let contiguous = || &self.bytes.as_slice()[j * self.row_bytes..(j + 1) * self.row_bytes];
         match self.layout {
             Layout::Gguf => WeightRow::Gguf(contiguous()),
-            Layout::Columns => WeightRow::Column {
+            Layout::Columns(q5_0) => WeightRow::Column {
                 strip: self.strips(j / columns::STRIP, 1),
                 p: j % columns::STRIP,
+                q5_0,
             },
         }
     }
@@ -483,15 +500,9 @@ impl QMatrix {
         outputs: &mut [f32],
     ) {
         let w = outputs.len() / rows;
-        // A matrix kept in a layout this kernel does not read (a lookup table multiplied
-        // anyway) goes through the reference kernel.
-        let kernel = if self.layout == Layout::for_kernel(kernel) {
-            kernel.for_format(self.format)
-        } else {
-            Kernel::Scalar
-        };
+        let kernel = self.runs_on(kernel);
         #[cfg(target_arch = "x86_64")]
-        if kernel != Kernel::Scalar && self.layout == Layout::Columns {
+        if kernel != Kernel::Scalar && matches!(self.layout, Layout::Columns(_)) {
             debug_assert!(first.is_multiple_of(columns::STRIP));
             let strips = self.strips(first / columns::STRIP, columns::strips(w));
             if kernel == Kernel::Amx && rows >= amx_columns::MIN_ROWS {
@@ -542,9 +553,9 @@ pub fn streaming_sum(words: &[u64]) -> u64 {
 fn gguf_bytes(format: QuantFormat, k: usize, row: WeightRow<'_>) -> Cow<'_, [u8]> {
     match row {
         WeightRow::Gguf(row) => Cow::Borrowed(row),
-        WeightRow::Column { strip, p } => {
+        WeightRow::Column { strip, p, q5_0 } => {
             let mut out = vec![0u8; format.row_bytes(k).expect("whole chunks")];
-            columns::gguf_row(format, strip, p, &mut out);
+            columns::gguf_row(format, q5_0, strip, p, &mut out);
             Cow::Owned(out)
         }
     }

@@ -120,11 +120,22 @@ fn kernels_match_dequantize_then_matmul() {
     }
 }
 
+/// The column layout in each form of Q5_0's fifth bits.
+const COLUMNS: [Layout; 2] = [
+    Layout::Columns(FifthBits::Masks),
+    Layout::Columns(FifthBits::Planes),
+];
+
 /// Every format in every layout.
 fn layouts() -> Vec<(QuantFormat, Layout)> {
     FORMATS
         .into_iter()
-        .flat_map(|format| [(format, Layout::Gguf), (format, Layout::Columns)])
+        .flat_map(|format| {
+            [Layout::Gguf]
+                .into_iter()
+                .chain(COLUMNS)
+                .map(move |l| (format, l))
+        })
         .collect()
 }
 
@@ -137,13 +148,16 @@ fn in_layout(matrix: &QMatrix, layout: Layout) -> QMatrix {
 #[test]
 fn the_column_layout_keeps_every_block() {
     // Row counts around the 16-row strips, widths of one and several units.
-    for format in FORMATS {
+    for (format, layout) in FORMATS
+        .into_iter()
+        .flat_map(|format| COLUMNS.map(|layout| (format, layout)))
+    {
         for n in [1, 15, 16, 17, 40] {
             for k in [256, 512, 1280] {
                 let gguf = in_layout(&QMatrix::random(format, n, k, (n * k) as u64), Layout::Gguf);
-                let columns = in_layout(&gguf, Layout::Columns);
-                assert_eq!(columns.layout(), Layout::Columns);
-                let name = format!("{} [{n}, {k}]", format.name());
+                let columns = in_layout(&gguf, layout);
+                assert_eq!(columns.layout(), layout);
+                let name = format!("{} {layout:?} [{n}, {k}]", format.name());
                 assert_eq!(columns.to_bytes(), gguf.to_bytes(), "{name}");
                 assert_eq!(columns.dequantize(), gguf.dequantize(), "{name}");
                 let strip = super::columns::strip_bytes(format, k);
@@ -174,7 +188,7 @@ fn a_mapped_source_released_while_copied_still_reads_the_same() {
         start: 0,
         len: source.len(),
     };
-    let matrix = QMatrix::with_layout(QuantFormat::Q8_0, n, k, bytes, Layout::Columns);
+    let matrix = QMatrix::with_layout(QuantFormat::Q8_0, n, k, bytes, COLUMNS[0]);
     let matrix = matrix.unwrap();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(matrix.to_bytes(), source);
@@ -218,8 +232,9 @@ fn simd_agrees_with_scalar(simd: Kernel) {
         .into_iter()
         .flat_map(|f| shapes.clone().map(move |s| (f, s)))
     {
-        let matrix = QMatrix::random(format, n, k, 7);
-        assert_eq!(matrix.layout(), Layout::for_kernel(simd));
+        // Each kernel's own layout (an AVX-512 CPU makes AVX-512's, whose Q5_0 AVX2 does not read).
+        let matrix = in_layout(&QMatrix::random(format, n, k, 7), Layout::for_kernel(simd));
+        assert_eq!(matrix.runs_on(simd), simd.for_format(format));
         let x = random_input(rows, k, rows as u64);
         let a = matrix.matmul_with(Kernel::Scalar, &x, rows);
         let b = matrix.matmul_with(simd, &x, rows);
@@ -243,9 +258,11 @@ fn a_rows_product_is_the_same_in_any_tile() {
     let kernels = Kernel::available();
     let (n, k, rows) = (37, 512, 19);
     for format in FORMATS {
-        let matrix = QMatrix::random(format, n, k, 11);
+        let made = QMatrix::random(format, n, k, 11);
         let x = random_input(rows, k, 12);
         for &kernel in &kernels {
+            let matrix = in_layout(&made, Layout::for_kernel(kernel));
+            assert_eq!(matrix.runs_on(kernel), kernel.for_format(format));
             let together = matrix.matmul_with(kernel, &x, rows);
             for r in 0..rows {
                 let alone = matrix.matmul_with(kernel, &x[r * k..(r + 1) * k], 1);
@@ -428,7 +445,10 @@ fn amx_kernel_on_modelled_tiles_agrees_with_the_reference() {
         .map(|rows| (37, 512, rows))
         .chain([(48, 1024, 20)]);
     for (format, (n, k, rows)) in amx_formats().flat_map(|f| shapes.clone().map(move |s| (f, s))) {
-        let matrix = in_layout(&QMatrix::random(format, n, k, 5), Layout::Columns);
+        let matrix = in_layout(
+            &QMatrix::random(format, n, k, 5),
+            Layout::for_kernel(Kernel::Amx),
+        );
         let x = random_input(rows, k, 100 + rows as u64);
         let ours = emulated_amx(&matrix, &x, rows);
         let reference = matrix.matmul_with(Kernel::Scalar, &x, rows);
@@ -458,7 +478,10 @@ fn amx_kernel_on_modelled_tiles_agrees_with_the_reference() {
 fn amx_rows_are_the_same_in_any_tile() {
     let (n, k, rows) = (21, 512, 19);
     for format in amx_formats() {
-        let matrix = in_layout(&QMatrix::random(format, n, k, 3), Layout::Columns);
+        let matrix = in_layout(
+            &QMatrix::random(format, n, k, 3),
+            Layout::for_kernel(Kernel::Amx),
+        );
         let x = random_input(rows, k, 4);
         let together = emulated_amx(&matrix, &x, rows);
         for r in [0, 5, 15, 16, 18] {
