@@ -514,6 +514,11 @@ impl QMatrix {
                 simd_columns::dot_strips(self.format, strips, w, acts, 0, rows, outputs, w);
                 return;
             }
+            // AVX2 reads Q5_0's fifth bits only as planes (Q5_0 is never handed on to it).
+            debug_assert!(
+                self.format != QuantFormat::Q5_0
+                    || self.layout == Layout::Columns(FifthBits::Planes)
+            );
             for block_start in (0..rows).step_by(AVX2_ROWS_PER_BLOCK) {
                 let block_rows = AVX2_ROWS_PER_BLOCK.min(rows - block_start);
                 let out = &mut outputs[block_start * w..];
