@@ -420,7 +420,7 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
         QuantFormat::Q6K => run::<Q6K, T>(tiles, share, rows),
         QuantFormat::Q5_1 | QuantFormat::Q4_0 | QuantFormat::Q5K => {
             unreachable!(
-                "{} goes to the AVX2 kernel (Kernel::for_format)",
+                "{} goes to the AVX-512 VNNI kernel (Kernel::for_format)",
                 format.name()
             )
         }

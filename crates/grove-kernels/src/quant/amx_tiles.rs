@@ -224,10 +224,10 @@ impl Tiles for Emulated {
 }
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 and Linux let this process use them (asked
-/// once per process).
+/// once per process). Never under Miri, which runs no tile instruction (nor `cpuid`).
 pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| cpu_has_amx() && request_tile_data())
+    *AVAILABLE.get_or_init(|| !cfg!(miri) && cpu_has_amx() && request_tile_data())
 }
 
 /// CPUID leaf 7: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.

@@ -33,7 +33,8 @@ impl Chunk {
         // One huge page more than needed, so that the used part can start on a boundary (the
         // untouched head is never resident).
         let map = memmap2::MmapRaw::from(memmap2::MmapMut::map_anon(len + HUGE_PAGE)?);
-        #[cfg(target_os = "linux")]
+        // (Miri has no `madvise`: its pages are not the kernel's anyway.)
+        #[cfg(all(target_os = "linux", not(miri)))]
         let _ = map.advise(memmap2::Advice::HugePage);
         let address = map.as_ptr() as usize;
         Ok(Self {

@@ -607,7 +607,9 @@ impl HalfStrip {
         Self {
             strip: share.strips.add(s * units * columns::unit_bytes(F::FORMAT)),
             half,
-            out: share.out.add(STRIP * s + HALF * half),
+            // Past the outputs for a last strip without a second half (`written` 0: never
+            // written through), so not `add`, whose result must stay inside.
+            out: share.out.wrapping_add(STRIP * s + HALF * half),
             written: rows.saturating_sub(HALF * half).min(HALF),
         }
     }

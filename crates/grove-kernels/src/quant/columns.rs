@@ -321,7 +321,8 @@ fn read_nibbles(vectors: &[u8], p: usize, u: &mut [u8]) {
 
 /// How a payload of 32 five-bit weights keeps its fifth bits after the 4 nibble vectors: the
 /// one part of the layout that depends on the kernel reading it. Q5_1 and Q5_K always keep
-/// planes (only the AVX2 kernel reads them); Q5_0 keeps what its kernel reads fastest.
+/// planes (the AVX2 and AVX-512 kernels read them, the AMX kernel has neither format); Q5_0
+/// keeps what its kernel reads fastest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FifthBits {
     /// Each group's in 8 bytes, bit `4p + i` row `p`'s weight `i` of the group: a mask

@@ -62,11 +62,11 @@ impl Kernel {
     }
 
     /// The kernel that multiplies `format` when this one is asked for: formats without an
-    /// AVX-512 kernel ([`super::QuantFormat::has_avx512_kernel`]) go to the AVX2 one, which
-    /// every such CPU runs; it reads the same layout and the AVX-512 quantizer's activations.
+    /// AMX kernel ([`super::QuantFormat::has_amx_kernel`]) go to the AVX-512 VNNI one, which
+    /// every AMX CPU runs; it reads the same layout and activations.
     pub fn for_format(self, format: super::QuantFormat) -> Self {
         match self {
-            Self::Avx512Vnni | Self::Amx if !format.has_avx512_kernel() => Self::Avx2,
+            Self::Amx if !format.has_amx_kernel() => Self::Avx512Vnni,
             other => other,
         }
     }

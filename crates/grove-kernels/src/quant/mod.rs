@@ -134,9 +134,9 @@ impl QuantFormat {
         }
     }
 
-    /// Whether the AVX-512 VNNI and AMX kernels multiply this format; the others go to the
-    /// AVX2 kernel on every x86 CPU (see [`Kernel::for_format`]).
-    pub fn has_avx512_kernel(self) -> bool {
+    /// Whether the AMX kernel multiplies this format; the others go to the AVX-512 VNNI
+    /// kernel on an AMX CPU (see [`Kernel::for_format`]).
+    pub fn has_amx_kernel(self) -> bool {
         !matches!(self, Self::Q5_1 | Self::Q4_0 | Self::Q5K)
     }
 
@@ -401,7 +401,8 @@ impl QMatrix {
         };
         for block in bytes.chunks_exact_mut(size) {
             for &at in scale_fields {
-                let value = half::f16::from_f32(rng.random_range(-0.05f32..0.05));
+                // The software conversion (the same bits): Miri runs no F16C `vcvtps2ph`.
+                let value = half::f16::from_f32_const(rng.random_range(-0.05f32..0.05));
                 block[at..at + 2].copy_from_slice(&value.to_bits().to_le_bytes());
             }
         }
@@ -514,7 +515,7 @@ impl QMatrix {
                 simd_columns::dot_strips(self.format, strips, w, acts, 0, rows, outputs, w);
                 return;
             }
-            // AVX2 reads Q5_0's fifth bits only as planes (Q5_0 is never handed on to it).
+            // AVX2 reads Q5_0's fifth bits only as planes (no kernel hands it a matrix).
             debug_assert!(
                 self.format != QuantFormat::Q5_0
                     || self.layout == Layout::Columns(FifthBits::Planes)

@@ -142,11 +142,9 @@ impl QuantizedRows {
         }
     }
 
-    /// Whether `kernel` may read these rows: the kernel they were made for, or AVX2 reading
-    /// AVX-512 VNNI's (the same values and scales; what AVX2's kernels read beside them,
-    /// [`QuantizedRows::ready_for`] checks per format).
+    /// Whether `kernel` may read these rows: the kernel they were made for.
     pub(super) fn serves(&self, kernel: Kernel) -> bool {
-        self.kernel == kernel || (kernel == Kernel::Avx2 && self.kernel == Kernel::Avx512Vnni)
+        self.kernel == kernel
     }
 
     /// Whether what `format`'s column kernel reads beside the values was made.

@@ -92,13 +92,13 @@ unsafe fn quantize_avx512(x: &[f32], rows: &mut QuantizedRows) {
         let values = x.as_ptr().add(start);
         let mut amax = _mm512_setzero_ps();
         for i in (0..block).step_by(16) {
-            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(values.add(i))));
+            amax = max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(values.add(i))));
         }
         let d = _mm512_reduce_max_ps(amax) / 127.0;
         let inverse = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
         for i in (0..block).step_by(16) {
             let scaled = _mm512_mul_ps(_mm512_loadu_ps(values.add(i)), inverse);
-            let rounded = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(scaled), low), high);
+            let rounded = _mm512_min_epi32(_mm512_max_epi32(cvtps_epi32(scaled), low), high);
             _mm_storeu_si128(
                 q.as_mut_ptr().add(start + i).cast(),
                 _mm512_cvtepi32_epi8(rounded),
@@ -110,6 +110,55 @@ unsafe fn quantize_avx512(x: &[f32], rows: &mut QuantizedRows) {
     for (sum, pair) in sum32.iter_mut().zip(sum16.chunks_exact(2)) {
         *sum = pair[0] + pair[1];
     }
+}
+
+/// `vmaxps` on 512 bits.
+#[cfg(not(miri))]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn max_ps(a: __m512, b: __m512) -> __m512 {
+    _mm512_max_ps(a, b)
+}
+
+/// `vcvtps2dq` on 512 bits (under the default rounding, to nearest even).
+#[cfg(not(miri))]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn cvtps_epi32(a: __m512) -> __m512i {
+    _mm512_cvtps_epi32(a)
+}
+
+/// [`max_ps`] where Miri runs the kernels (`scripts/miri_avx512.sh`), which has no 512-bit
+/// `vmaxps`: the same instruction on each 256-bit half.
+#[cfg(miri)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn max_ps(a: __m512, b: __m512) -> __m512 {
+    let (mut x, mut y) = ([0f32; 16], [0f32; 16]);
+    _mm512_storeu_ps(x.as_mut_ptr(), a);
+    _mm512_storeu_ps(y.as_mut_ptr(), b);
+    for h in [0, 8] {
+        let most = _mm256_max_ps(
+            _mm256_loadu_ps(x.as_ptr().add(h)),
+            _mm256_loadu_ps(y.as_ptr().add(h)),
+        );
+        _mm256_storeu_ps(x.as_mut_ptr().add(h), most);
+    }
+    _mm512_loadu_ps(x.as_ptr())
+}
+
+/// [`cvtps_epi32`] where Miri runs the kernels: the same instruction on each 256-bit half.
+#[cfg(miri)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn cvtps_epi32(a: __m512) -> __m512i {
+    let (mut x, mut y) = ([0f32; 16], [0i32; 16]);
+    _mm512_storeu_ps(x.as_mut_ptr(), a);
+    for h in [0, 8] {
+        let ints = _mm256_cvtps_epi32(_mm256_loadu_ps(x.as_ptr().add(h)));
+        _mm256_storeu_si256(y.as_mut_ptr().add(h).cast(), ints);
+    }
+    _mm512_loadu_si512(y.as_ptr().cast())
 }
 
 /// The wrapping sum of `words`, read as the kernels read weights (64-byte loads, requested

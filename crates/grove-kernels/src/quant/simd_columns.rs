@@ -106,10 +106,23 @@ unsafe fn zero_start<const R: usize>(x: &Acts<R>, index: usize) -> [__m512i; R] 
 }
 
 /// 16 f16 at `p` as f32.
+#[cfg(not(miri))]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn halves(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+}
+
+/// [`halves`] where Miri runs the kernels (`scripts/miri_avx512.sh`), which has no 512-bit
+/// `vcvtph2ps`: the same conversion, one value at a time.
+#[cfg(miri)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn halves(p: *const u8) -> __m512 {
+    let values: [f32; 16] = std::array::from_fn(|i| {
+        half::f16::from_bits(p.add(2 * i).cast::<u16>().read_unaligned()).to_f32()
+    });
+    _mm512_loadu_ps(values.as_ptr())
 }
 
 /// 16 bytes at `p` (unsigned, or signed where `SIGNED`) as f32 times `d`.
@@ -140,6 +153,31 @@ unsafe fn nibble_groups(p: *const u8) -> [__m512i; 8] {
     })
 }
 
+/// The 8 groups of 32 five-bit weights at `quants` (a Q5_1 block, a Q5_K sub-block): 4 nibble
+/// vectors, then one vector of fifth bits as planes (bit `g` of a byte is group `g`'s). Each
+/// group's bits move to bit 4 and join its nibbles (`a | (b & 0x10)`: one `vpternlogd`); a
+/// 16-bit shift of at most 4 places moves no other byte's bit there.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn five_bit_groups(quants: *const u8) -> [__m512i; 8] {
+    let low = nibble_groups(quants);
+    let planes = _mm512_loadu_si512(quants.add(at::Q5_BITS).cast());
+    let bit = _mm512_set1_epi8(0x10);
+    std::array::from_fn(|g| {
+        let moved = match g {
+            0 => _mm512_slli_epi16::<4>(planes),
+            1 => _mm512_slli_epi16::<3>(planes),
+            2 => _mm512_slli_epi16::<2>(planes),
+            3 => _mm512_slli_epi16::<1>(planes),
+            4 => planes,
+            5 => _mm512_srli_epi16::<1>(planes),
+            6 => _mm512_srli_epi16::<2>(planes),
+            _ => _mm512_srli_epi16::<3>(planes),
+        };
+        _mm512_ternarylogic_epi32::<0xF8>(low[g], moved, bit)
+    })
+}
+
 /// One format's unit (`columns::unit_bytes`) of a strip against `R` activation rows, added
 /// into the rows' 16 outputs.
 trait Format {
@@ -158,7 +196,10 @@ trait Format {
 
 struct Q8_0;
 struct Q5_0;
+struct Q5_1;
+struct Q4_0;
 struct Q4K;
+struct Q5K;
 struct Q6K;
 
 /// A 32-weight block's sums scaled into `acc`: by the 16 rows' scales at `scales` and each
@@ -179,6 +220,28 @@ unsafe fn scale_block<const R: usize>(
     }
 }
 
+/// The two 32-weight blocks of a unit stored as `q + zero` (Q8_0, Q5_0, Q4_0): block `b`'s
+/// sums start at the activations' sum times `-zero` ([`zero_start`]), and `decoder(b)` gives
+/// its group `g`'s weight vector where [`dots`] asks for it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn zero_point_blocks<const R: usize, D: Fn(usize) -> __m512i>(
+    unit: *const u8,
+    i: usize,
+    x: &Acts<R>,
+    acc: &mut [__m512; R],
+    stream: &mut Stream,
+    decoder: impl Fn(usize) -> D,
+) {
+    for b in 0..2 {
+        stream.advance();
+        let block = 2 * i + b;
+        let start = zero_start::<R>(x, block);
+        let sums = dots::<R, 8>(start, x, 32 * block, decoder(b));
+        scale_block(sums, unit.add(at::block_scales(b)), x, block, acc);
+    }
+}
+
 impl Format for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
     const PACES: usize = 2;
@@ -192,17 +255,11 @@ impl Format for Q8_0 {
         acc: &mut [__m512; R],
         stream: &mut Stream,
     ) {
-        for b in 0..2 {
-            stream.advance();
-            let block = 2 * i + b;
-            // Stored as q + 128: the sums start at -128 times the activations' sum.
-            let start = zero_start::<R>(x, block);
+        // Stored as q + 128.
+        zero_point_blocks(unit, i, x, acc, stream, |b| {
             let vectors = unit.add(at::q8_block(b));
-            let sums = dots::<R, 8>(start, x, 32 * block, |g| {
-                _mm512_loadu_si512(vectors.add(VECTOR * g).cast())
-            });
-            scale_block(sums, unit.add(at::block_scales(b)), x, block, acc);
-        }
+            move |g| _mm512_loadu_si512(vectors.add(VECTOR * g).cast())
+        });
     }
 }
 
@@ -220,20 +277,67 @@ impl Format for Q5_0 {
         stream: &mut Stream,
     ) {
         let sixteen = _mm512_set1_epi8(16);
-        for b in 0..2 {
-            stream.advance();
-            let block = 2 * i + b;
-            let start = zero_start::<R>(x, block);
+        zero_point_blocks(unit, i, x, acc, stream, |b| {
             let quants = unit.add(at::q5_block(b));
             let low = nibble_groups(quants);
             let bits = quants.add(at::Q5_BITS).cast::<u64>();
-            let sums = dots::<R, 8>(start, x, 32 * block, |g| {
+            move |g| {
                 // The fifth bit of every byte is one bit of a mask register.
                 let fifth: __mmask64 = bits.add(g).read_unaligned();
                 _mm512_mask_add_epi8(low[g], fifth, low[g], sixteen)
-            });
+            }
+        });
+    }
+}
+
+impl Format for Q5_1 {
+    const FORMAT: QuantFormat = QuantFormat::Q5_1;
+    const PACES: usize = 2;
+
+    /// Q5_0's sums from zero, then each block's 16 mins times the activations' scaled sum.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
+        for b in 0..2 {
+            stream.advance();
+            let block = 2 * i + b;
+            let u = five_bit_groups(unit.add(at::q5_1_block(b)));
+            let zero = [_mm512_setzero_si512(); R];
+            let sums = dots::<R, 8>(zero, x, 32 * block, |g| u[g]);
             scale_block(sums, unit.add(at::block_scales(b)), x, block, acc);
+            let mins = halves(unit.add(at::block_mins(b)));
+            for r in 0..R {
+                let sum = _mm512_set1_ps(*x.scaled_sums[r].add(block));
+                acc[r] = _mm512_fmadd_ps(mins, sum, acc[r]);
+            }
         }
+    }
+}
+
+impl Format for Q4_0 {
+    const FORMAT: QuantFormat = QuantFormat::Q4_0;
+    const PACES: usize = 2;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
+        // Stored as q + 8.
+        zero_point_blocks(unit, i, x, acc, stream, |b| {
+            let u = nibble_groups(unit.add(at::q4_block(b)));
+            move |g| u[g]
+        });
     }
 }
 
@@ -260,7 +364,19 @@ unsafe fn paired_bytes<const SIGNED: bool>(p: *const u8) -> __m512i {
     } else {
         _mm512_cvtepu8_epi16(bytes)
     };
-    _mm512_permutexvar_epi16(_mm512_loadu_si512(INTERLEAVE.as_ptr().cast()), words)
+    #[cfg(not(miri))]
+    let paired = _mm512_permutexvar_epi16(_mm512_loadu_si512(INTERLEAVE.as_ptr().cast()), words);
+    // Miri has no `vpermw` (`scripts/miri_avx512.sh`): the same permutation, word by word.
+    #[cfg(miri)]
+    let paired = {
+        let (mut from, mut to) = ([0i16; 32], [0i16; 32]);
+        _mm512_storeu_si512(from.as_mut_ptr().cast(), words);
+        for (w, &index) in to.iter_mut().zip(&INTERLEAVE) {
+            *w = from[index as usize];
+        }
+        _mm512_loadu_si512(to.as_ptr().cast())
+    };
+    paired
 }
 
 /// Each row's `T` pairs of sub-block sums from `x.sums[r] + from` against the 16 rows'
@@ -285,6 +401,7 @@ unsafe fn paired_sums<const R: usize, const T: usize>(
 /// (`vpdpwssd` with its operand broadcast from memory). Written out: LLVM turns the
 /// intrinsic into `vpmaddwd` and `vpaddd` wherever the CPU model (here a plain x86-64 with
 /// features enabled) is not known to have a fast `vpdpwssd`, two instructions for one.
+#[cfg(not(miri))]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
@@ -299,14 +416,21 @@ unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m5
     sums
 }
 
+/// [`dpwssd_broadcast`] where Miri runs the kernels, which runs no assembly and no
+/// `vpdpwssd`: `vpmaddwd` and `vpaddd`, the same sums (a pair of products of 16-bit values
+/// wraps only for two products of -2^15 by -2^15, which these operands never are).
+#[cfg(miri)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
+    let both = _mm512_set1_epi32(p.cast::<i32>().read_unaligned());
+    _mm512_add_epi32(sums, _mm512_madd_epi16(pairs, both))
+}
+
 impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
     const PACES: usize = 8;
 
-    /// The mins' term once per super-block, in integers: each row's eight 32-value sums
-    /// (16 bits, two to a broadcast word) against the 16 rows' 6-bit mins, four `vpdpwssd`s
-    /// (at most 8 * 63 * 32 * 127 < 2^24: exact as f32), then one conversion and one
-    /// multiply-add by `dmin`, before the activation scale.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize>(
@@ -316,27 +440,66 @@ impl Format for Q4K {
         acc: &mut [__m512; R],
         stream: &mut Stream,
     ) {
-        let d = halves(unit.add(at::D));
-        // The super-block's scaled sums, before its activation scale.
-        let mut block = [_mm512_setzero_ps(); R];
-        for j in 0..8 {
-            stream.advance();
-            let scales = byte_scales::<false>(unit.add(at::q4k_scales(j)), d);
-            let u = nibble_groups(unit.add(at::q4k_quants(j)));
-            let zero = [_mm512_setzero_si512(); R];
-            let sums = dots::<R, 8>(zero, x, 256 * i + 32 * j, |g| u[g]);
-            for r in 0..R {
-                block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
-            }
-        }
-        let mins: [__m512i; 4] =
-            std::array::from_fn(|t| paired_bytes::<false>(unit.add(at::q4k_mins(2 * t))));
-        let min_sums = paired_sums::<R, 4>(&mins, x, 8 * i);
-        let dmin = halves(unit.add(at::DMIN));
+        with_mins(unit, i, x, acc, stream, |j| {
+            nibble_groups(unit.add(at::q4k_quants(j)))
+        });
+    }
+}
+
+impl Format for Q5K {
+    const FORMAT: QuantFormat = QuantFormat::Q5K;
+    const PACES: usize = 8;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
+        with_mins(unit, i, x, acc, stream, |j| {
+            five_bit_groups(unit.add(at::q5k_quants(j)))
+        });
+    }
+}
+
+/// A Q4_K or Q5_K super-block, `groups(j)` its sub-block `j`'s weights. The mins' term once
+/// per super-block, in integers: each row's eight 32-value sums (16 bits, two to a broadcast
+/// word) against the 16 rows' 6-bit mins, four `vpdpwssd`s (at most 8 * 63 * 32 * 127 < 2^24:
+/// exact as f32), then one conversion and one multiply-add by `dmin`, before the activation
+/// scale.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn with_mins<const R: usize>(
+    unit: *const u8,
+    i: usize,
+    x: &Acts<R>,
+    acc: &mut [__m512; R],
+    stream: &mut Stream,
+    groups: impl Fn(usize) -> [__m512i; 8],
+) {
+    let d = halves(unit.add(at::D));
+    // The super-block's scaled sums, before its activation scale.
+    let mut block = [_mm512_setzero_ps(); R];
+    for j in 0..8 {
+        stream.advance();
+        let scales = byte_scales::<false>(unit.add(at::q4k_scales(j)), d);
+        let u = groups(j);
+        let zero = [_mm512_setzero_si512(); R];
+        let sums = dots::<R, 8>(zero, x, 256 * i + 32 * j, |g| u[g]);
         for r in 0..R {
-            block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), dmin, block[r]);
-            acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+            block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
         }
+    }
+    let mins: [__m512i; 4] =
+        std::array::from_fn(|t| paired_bytes::<false>(unit.add(at::q4k_mins(2 * t))));
+    let min_sums = paired_sums::<R, 4>(&mins, x, 8 * i);
+    let dmin = halves(unit.add(at::DMIN));
+    for r in 0..R {
+        block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), dmin, block[r]);
+        acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
     }
 }
 
@@ -570,14 +733,11 @@ pub(super) fn dot_strips(
         match format {
             QuantFormat::Q8_0 => tiles::<Q8_0>(&share, rows),
             QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
+            QuantFormat::Q5_1 => tiles::<Q5_1>(&share, rows),
+            QuantFormat::Q4_0 => tiles::<Q4_0>(&share, rows),
             QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
+            QuantFormat::Q5K => tiles::<Q5K>(&share, rows),
             QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
-            QuantFormat::Q5_1 | QuantFormat::Q4_0 | QuantFormat::Q5K => {
-                unreachable!(
-                    "{} goes to the AVX2 kernel (Kernel::for_format)",
-                    format.name()
-                )
-            }
         }
     }
 }

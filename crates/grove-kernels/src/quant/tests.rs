@@ -11,12 +11,12 @@ use super::*;
 
 const FORMATS: [QuantFormat; 7] = QuantFormat::ALL;
 
-/// The formats with an AMX kernel (the others go to the AVX2 kernel on every x86 CPU).
+/// The formats with an AMX kernel (the others go to the AVX-512 VNNI kernel on an AMX CPU).
 #[cfg(target_arch = "x86_64")]
 fn amx_formats() -> impl Iterator<Item = QuantFormat> + Clone {
     FORMATS
         .into_iter()
-        .filter(|&format| format.has_avx512_kernel())
+        .filter(|&format| format.has_amx_kernel())
 }
 
 fn ggml_dtype(format: QuantFormat) -> GgmlDType {
@@ -497,23 +497,74 @@ fn amx_rows_are_the_same_in_any_tile() {
     }
 }
 
-/// The formats without an AVX-512 kernel go to AVX2 from the AVX-512 and AMX kernels, and
-/// reports can name them; the lower kernels hand nothing on.
+/// The formats without an AMX kernel go to the AVX-512 VNNI kernel from the AMX kernel, and
+/// reports can name them; the other kernels multiply every format and hand nothing on.
 #[test]
-fn formats_without_an_avx512_kernel_are_handed_to_avx2() {
-    for kernel in [Kernel::Avx512Vnni, Kernel::Amx] {
-        for format in QuantFormat::ALL {
-            let expected = if format.has_avx512_kernel() {
-                kernel
-            } else {
-                Kernel::Avx2
-            };
-            assert_eq!(kernel.for_format(format), expected, "{}", format.name());
-        }
-        let names: Vec<&str> = kernel.handed_on().iter().map(|(name, _)| *name).collect();
-        assert_eq!(names, ["Q5_1", "Q4_0", "Q5_K"]);
+fn formats_without_an_amx_kernel_are_handed_to_avx512() {
+    for format in QuantFormat::ALL {
+        let expected = if format.has_amx_kernel() {
+            Kernel::Amx
+        } else {
+            Kernel::Avx512Vnni
+        };
+        assert_eq!(
+            Kernel::Amx.for_format(format),
+            expected,
+            "{}",
+            format.name()
+        );
     }
-    for kernel in [Kernel::Scalar, Kernel::Avx2] {
-        assert!(kernel.handed_on().is_empty());
+    let names: Vec<&str> = (Kernel::Amx.handed_on().iter())
+        .map(|(name, _)| *name)
+        .collect();
+    assert_eq!(names, ["Q5_1", "Q4_0", "Q5_K"]);
+    for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni] {
+        assert!(kernel.handed_on().is_empty(), "{kernel:?}");
+    }
+}
+
+/// Where Miri runs the tests (`scripts/miri_avx512.sh`, which interprets the AVX-512 kernels
+/// on any x86-64 CPU): the AVX-512 VNNI kernel against AVX2's on every format, through every
+/// tile size and a remainder, two blocks of activation rows, a last strip of 3 rows and two
+/// K-quant super-blocks; and a row's outputs the same alone as in a tile, bit for bit. Against
+/// AVX2's kernel rather than the reference: interpreted, the reference's products take
+/// minutes, and AVX2's kernels meet the reference natively on every x86 CPU (the tests above).
+#[cfg(miri)]
+#[test]
+fn avx512_agrees_with_avx2_under_miri() {
+    assert!(
+        Kernel::Avx512Vnni.runs_here(),
+        "Miri runs the AVX-512 kernels with their target features on (scripts/miri_avx512.sh)"
+    );
+    for format in FORMATS {
+        let k = 2 * columns::unit_weights(format).max(128);
+        let made = QMatrix::random(format, 19, k, 7);
+        let [avx2, avx512] = [Kernel::Avx2, Kernel::Avx512Vnni].map(|kernel| {
+            let matrix = in_layout(&made, Layout::for_kernel(kernel));
+            assert_eq!(matrix.runs_on(kernel), kernel);
+            matrix
+        });
+        for rows in [1, 2, 3, 5, 8, 11, 17] {
+            let x = random_input(rows, k, rows as u64);
+            let a = avx2.matmul_with(Kernel::Avx2, &x, rows);
+            let b = avx512.matmul_with(Kernel::Avx512Vnni, &x, rows);
+            // Each within 1e-5 of the largest output of the reference: of each other, twice.
+            let largest = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    (a - b).abs() <= 2e-5 * largest,
+                    "{} [19, {k}] x {rows} rows, output {i}: AVX2 {a}, AVX-512 {b}",
+                    format.name()
+                );
+            }
+            if rows == 11 {
+                for r in 0..rows {
+                    let alone = avx512.matmul_with(Kernel::Avx512Vnni, &x[r * k..][..k], 1);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&b[r * 19..][..19]), bits(&alone), "{}", format.name());
+                }
+            }
+        }
+        eprintln!("{}: AVX-512 VNNI and AVX2 agree", format.name());
     }
 }
