@@ -2,8 +2,9 @@
 # Runs the AVX-512 VNNI kernels' tests under Miri, which interprets every instruction: the
 # AVX-512 products can be checked on a CPU without AVX-512 (Miri runs the instructions the
 # kernels use but for `vcvtph2ps` on 512 bits, `vpermw` and inline assembly; the kernels give
-# Miri the same arithmetic there, under `cfg(miri)`). Slow: 10-15 minutes to build the
-# dependencies for Miri once, then about 2 minutes per format.
+# Miri the same arithmetic there, under `cfg(miri)`). Slow: about 4 minutes to build for
+# Miri (once; more on a machine that first builds Miri's standard library), then about 2
+# minutes per format.
 #
 #   bash scripts/miri_avx512.sh            # the AVX-512 kernels against AVX2's, every format
 #   bash scripts/miri_avx512.sh <filter>   # other grove-kernels tests under Miri
