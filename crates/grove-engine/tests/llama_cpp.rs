@@ -1,10 +1,12 @@
-//! grove against llama.cpp (llama-cpp-python, `scripts/llama_cpp_reference.py`) on the real GGUF
+//! grove against llama.cpp (llama-cpp-python, `scripts/llama_cpp_reference.py`). On the real GGUF
 //! models `scripts/install_models.py` installs (Qwen2.5-Coder 0.5B and 1.5B: qwen2 with a gpt2
-//! BPE tokenizer; Gemma 3 270M: gemma3 with SentencePiece): the tokenizer rebuilt from GGUF metadata gives
-//! llama.cpp's token ids and text, and greedy decoding gives llama.cpp's first 32 tokens on 5
-//! prompts per model, or each divergence is a near-tie (both implementations' logits of both
-//! tokens are printed and must be within [`NEAR_TIE`]). llama.cpp runs with its KV cache in f32
-//! here (grove's precision; its default f16 cache moved Gemma logits by up to 0.36).
+//! BPE tokenizer; Gemma 3 270M: gemma3 with SentencePiece): the tokenizer rebuilt from GGUF
+//! metadata gives llama.cpp's token ids and text, and greedy decoding gives llama.cpp's first 32
+//! tokens on 5 prompts per model, or each divergence is a near-tie (both implementations' logits
+//! of both tokens are printed and must be within [`NEAR_TIE`]). On seeded random qwen2, qwen3
+//! and llama files (architectures without an installed real file): every logit of a greedy
+//! continuation. llama.cpp runs with its KV cache in f32 here (grove's precision; its default
+//! f16 cache moved Gemma logits by up to 0.36).
 //!
 //! Skipped with a printed reason when a model file or llama-cpp-python is absent, unless
 //! `GROVE_REQUIRE_LLAMA_CPP=1` (CI sets it and installs both).
@@ -355,4 +357,78 @@ fn qwen2_5_coder_0_5b_q4_0_agrees_with_llama_cpp() -> Result<()> {
 #[test]
 fn qwen2_5_coder_1_5b_q5_k_m_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-q5_k_m.gguf")
+}
+
+/// Each architecture's forward pass against llama.cpp's, where no real file is installed:
+/// seeded random qwen2, qwen3 (q/k norms, heads wider than hidden / heads) and llama (Llama
+/// 3.1's RoPE factors, the Q/K permutation) checkpoints written as F32 GGUF files
+/// (`grove_testkit::gguf_writer`). On llama.cpp's greedy continuation of a prompt, every step's
+/// logits (all but the lowest) must equal grove's to f32 rounding: the same weights, no
+/// quantized activations on either side.
+#[test]
+fn random_qwen2_qwen3_and_llama_files_agree_with_llama_cpp() -> Result<()> {
+    use candle_core::quantized::GgmlDType;
+    use grove_model::config::Family;
+    use grove_testkit::gguf_writer::write_gguf;
+    use grove_testkit::random_checkpoint::RandomCheckpoint;
+
+    if !llama_cpp_available() {
+        return Ok(());
+    }
+    const VOCAB: usize = 300;
+    const STEPS: usize = 8;
+    let prompt: Vec<TokenId> = vec![72, 101, 108, 108, 111, 44, 32, 299, 3, 150, 260, 7];
+    for (family, arch) in [
+        (Family::Qwen2, "qwen2"),
+        (Family::Qwen3, "qwen3"),
+        (Family::Llama, "llama"),
+    ] {
+        let spec = RandomCheckpoint {
+            family,
+            vocab_size: VOCAB,
+            hidden_size: 64,
+            intermediate_size: 96,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: if family == Family::Qwen3 { 32 } else { 16 },
+            tie_word_embeddings: family != Family::Llama,
+            bf16: false,
+            with_tokenizer: false,
+            max_position_embeddings: 256,
+            seed: 9,
+        };
+        let dir = tempfile::tempdir()?;
+        spec.write(dir.path())?;
+        let path = dir.path().join(format!("{arch}.gguf"));
+        write_gguf(dir.path(), &spec, arch, GgmlDType::F32, &path);
+        let model = Decoder::load(&path, &Device::Cpu)?;
+        let answer = reference(json!({
+            "command": "greedy", "model": path, "prompts": [prompt],
+            "max_new_tokens": STEPS, "top": VOCAB - 1,
+        }))?;
+        let theirs: Vec<TokenId> = serde_json::from_value(answer["outputs"][0]["tokens"].clone())?;
+        let mut worst = 0f32;
+        for step in 0..STEPS {
+            let ours = next_logits(&model, &prompt, &theirs[..step])?;
+            let scale = ours.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for pair in answer["outputs"][0]["top"][step]
+                .as_array()
+                .context("logits")?
+            {
+                let (token, logit) = (pair[0].as_u64().context("id")?, pair[1].as_f64());
+                let diff = (ours[token as usize] - logit.context("logit")? as f32).abs();
+                worst = worst.max(diff / scale);
+                assert!(
+                    diff <= 1e-4 * scale.max(1.0),
+                    "{arch} step {step} token {token}: grove {} llama.cpp {logit:?}",
+                    ours[token as usize]
+                );
+            }
+        }
+        println!(
+            "{arch}: {STEPS} steps of logits agree (largest difference {worst:.2e} of the range)"
+        );
+    }
+    Ok(())
 }

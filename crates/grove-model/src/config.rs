@@ -85,6 +85,9 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// Frequency `i` divided by `factors[i]`: how llama.cpp's converter stores Llama 3.1's
+    /// scaling in a GGUF file (the tensor `rope_freqs.weight`, one factor per frequency).
+    FrequencyFactors(Vec<f64>),
 }
 
 /// Everything the decoder network needs, resolved and validated.

@@ -20,7 +20,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 
-use crate::config::DecoderConfig;
+use crate::config::{DecoderConfig, RopeScaling};
 use crate::tokenizer::TextTokenizer;
 use crate::ModelError;
 use grove_kernels::quant::{Bytes, MatrixUse, QMatrix, QuantFormat};
@@ -130,10 +130,10 @@ impl GgufFile {
     /// The runtime config, through the same validation as an HF `config.json`.
     pub fn config(&self) -> Result<DecoderConfig, ModelError> {
         let arch = self.architecture.as_str();
-        if !matches!(arch, "qwen2" | "llama" | "gemma3") {
+        if !matches!(arch, "qwen2" | "qwen3" | "llama" | "gemma3") {
             return Err(self.config_error(format!(
-                "`general.architecture` is `{arch}`; supported GGUF architectures: qwen2, llama, \
-                 gemma3"
+                "`general.architecture` is `{arch}`; supported GGUF architectures: qwen2, qwen3, \
+                 llama, gemma3"
             )));
         }
         let key = |k: &str| format!("{arch}.{k}");
@@ -142,6 +142,15 @@ impl GgufFile {
         let head_dim = self
             .meta_u64(&key("attention.key_length"))
             .unwrap_or(hidden / heads.max(1));
+        if let Ok(values) = self.meta_u64(&key("attention.value_length")) {
+            if values != head_dim {
+                return Err(self.config_error(format!(
+                    "`{}` is {values} but the key length is {head_dim}: heads whose values \
+                     differ in size from their keys are not supported",
+                    key("attention.value_length")
+                )));
+            }
+        }
         let vocab = self
             .content
             .tensor_infos
@@ -163,12 +172,6 @@ impl GgufFile {
             "max_position_embeddings": self.meta_u64(&key("context_length"))?,
             "tie_word_embeddings": !self.content.tensor_infos.contains_key("output.weight"),
         });
-        if self.content.tensor_infos.contains_key("rope_freqs.weight") {
-            return Err(self.config_error(
-                "tensor `rope_freqs.weight` (Llama 3 rope scaling) is not supported for GGUF yet"
-                    .into(),
-            ));
-        }
         if arch == "llama" {
             config["attention_bias"] =
                 json!(self.content.tensor_infos.contains_key("blk.0.attn_q.bias"));
@@ -196,7 +199,37 @@ impl GgufFile {
         if let Ok(bos) = self.meta_u64("tokenizer.ggml.bos_token_id") {
             config["bos_token_id"] = json!(bos);
         }
-        DecoderConfig::from_json(&config).map_err(|message| self.config_error(message))
+        let mut config =
+            DecoderConfig::from_json(&config).map_err(|message| self.config_error(message))?;
+        if let Some(factors) = self.rope_factors(config.head_dim)? {
+            config.rope_scaling = RopeScaling::FrequencyFactors(factors);
+        }
+        Ok(config)
+    }
+
+    /// `rope_freqs.weight`: one divisor per RoPE frequency, where llama.cpp's converter put
+    /// Llama 3.1's scaling (Llama 3.1 and 3.2 files carry it).
+    fn rope_factors(&self, head_dim: usize) -> Result<Option<Vec<f64>>, ModelError> {
+        const NAME: &str = "rope_freqs.weight";
+        let Some(info) = self.content.tensor_infos.get(NAME) else {
+            return Ok(None);
+        };
+        let wanted = head_dim / 2;
+        if info.shape.dims() != [wanted] {
+            return Err(self.config_error(format!(
+                "tensor `{NAME}` has shape {:?}; the heads' {head_dim} dimensions need [{wanted}]",
+                info.shape.dims()
+            )));
+        }
+        let factors = self
+            .dequantized(NAME, info, &Device::Cpu)
+            .and_then(|t| t.to_vec1::<f32>().map_err(|e| self.weights_error(NAME, e)))?;
+        if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+            return Err(self.config_error(format!(
+                "tensor `{NAME}` holds {bad}: every factor must be positive and finite"
+            )));
+        }
+        Ok(Some(factors.into_iter().map(f64::from).collect()))
     }
 
     /// Bytes of weights one decode step reads: every tensor but the token embeddings (of which
@@ -351,17 +384,7 @@ impl GgufFile {
             .tensor_infos
             .get(&name)
             .ok_or_else(|| error(format!("missing tensor `{name}`")))?;
-        let start = self.content.tensor_data_offset as usize + info.offset as usize;
-        let len = data_bytes(info);
-        let tensor = qtensor_from_ggml(
-            info.ggml_dtype,
-            &self.map[start..start + len],
-            info.shape.dims().to_vec(),
-            device,
-        )
-        .and_then(|q| q.dequantize(device))
-        .and_then(|t| t.to_dtype(DType::F32))
-        .map_err(|e| error(format!("tensor `{name}`: {e}")))?;
+        let tensor = self.dequantized(&name, info, device)?;
         if self.architecture == "gemma3" && name.ends_with("norm.weight") {
             // llama.cpp's converter folds Gemma's `1 + w` into its norm weights; served under
             // HF names they are given back in HF's form (the decoder adds the 1).
@@ -372,6 +395,33 @@ impl GgufFile {
                 unpermute(&tensor, heads).map_err(|e| error(format!("tensor `{name}`: {e}")))
             }
             None => Ok(tensor),
+        }
+    }
+
+    /// Tensor `name` (described by `info`) as f32, in the file's layout.
+    fn dequantized(
+        &self,
+        name: &str,
+        info: &TensorInfo,
+        device: &Device,
+    ) -> Result<Tensor, ModelError> {
+        let start = self.content.tensor_data_offset as usize + info.offset as usize;
+        let len = data_bytes(info);
+        qtensor_from_ggml(
+            info.ggml_dtype,
+            &self.map[start..start + len],
+            info.shape.dims().to_vec(),
+            device,
+        )
+        .and_then(|q| q.dequantize(device))
+        .and_then(|t| t.to_dtype(DType::F32))
+        .map_err(|e| self.weights_error(name, e))
+    }
+
+    fn weights_error(&self, name: &str, e: candle_core::Error) -> ModelError {
+        ModelError::Weights {
+            path: self.path.clone(),
+            message: format!("tensor `{name}`: {e}"),
         }
     }
 

@@ -19,11 +19,16 @@ impl Rope {
         let base: Vec<f64> = (0..head_dim / 2)
             .map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64))
             .collect();
+        if let RopeScaling::FrequencyFactors(factors) = scaling {
+            assert_eq!(factors.len(), base.len(), "one factor per frequency");
+        }
         let inv_freq = base
             .into_iter()
-            .map(|freq| match *scaling {
+            .enumerate()
+            .map(|(i, freq)| match *scaling {
                 RopeScaling::None => freq,
                 RopeScaling::Linear { factor } => freq / factor,
+                RopeScaling::FrequencyFactors(ref factors) => freq / factors[i],
                 RopeScaling::Llama3 {
                     factor,
                     low_freq_factor,

@@ -1,6 +1,7 @@
-//! GGUF loading: a checkpoint written as GGUF (llama.cpp names, reversed dims, the llama Q/K
-//! permutation, F32 and Q8_0 tensors, gpt2 tokenizer metadata) computes what the same
-//! checkpoint computes from safetensors; bad files give clear errors, never a panic.
+//! GGUF loading: a checkpoint written as GGUF (qwen2, qwen3 and llama: llama.cpp names,
+//! reversed dims, the llama Q/K permutation, Llama 3.1's RoPE factors, F32 and Q8_0 tensors,
+//! gpt2 tokenizer metadata) computes what the same checkpoint computes from safetensors; bad
+//! files give clear errors, never a panic.
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -60,16 +61,21 @@ fn max_abs(t: &Tensor) -> f32 {
 #[test]
 fn gguf_checkpoints_compute_what_their_safetensors_compute() {
     let tokens = [3u32, 141, 59, 26, 299, 0, 7, 7, 180];
-    for (family, arch) in [(Family::Qwen2, "qwen2"), (Family::Llama, "llama")] {
+    let families = [
+        (Family::Qwen2, "qwen2"),
+        (Family::Qwen3, "qwen3"),
+        (Family::Llama, "llama"),
+    ];
+    for (family, arch) in families {
         let dir = tempfile::tempdir().unwrap();
-        let spec = checkpoint(family);
+        let spec = RandomCheckpoint {
+            // Qwen3's heads are wider than hidden / heads (`key_length`).
+            head_dim: if family == Family::Qwen3 { 32 } else { 16 },
+            ..checkpoint(family)
+        };
+        // The llama checkpoint has Llama 3.1's RoPE scaling: its GGUF file carries it as
+        // `rope_freqs.weight`.
         spec.write(dir.path()).unwrap();
-        // The GGUF loader does not read rope scaling: compare against a plain-RoPE config.
-        let config_path = dir.path().join("config.json");
-        let mut config: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-        config.as_object_mut().unwrap().remove("rope_scaling");
-        std::fs::write(&config_path, config.to_string()).unwrap();
         let reference = logits(&Decoder::load(dir.path(), &Device::Cpu).unwrap(), &tokens);
         let scale = max_abs(&reference);
         // F32 tensors: the same numbers. Q8_0 (8-bit blocks of 32): quantization error only,
@@ -153,6 +159,95 @@ fn bad_gguf_files_give_clear_errors() {
     // An architecture it does not implement is refused by name.
     let message = load_with_architecture("mamba");
     assert!(message.contains("mamba"), "{message}");
+}
+
+/// `good` rewritten to `out` after `edit` changed its metadata and tensors.
+fn rewritten(
+    good: &std::path::Path,
+    out: &std::path::Path,
+    edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<(String, QTensor)>),
+) {
+    let mut reader = std::fs::File::open(good).unwrap();
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let mut metadata: Vec<(String, Value)> = content.metadata.clone().into_iter().collect();
+    let mut tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let tensor = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
+            (name.clone(), tensor)
+        })
+        .collect();
+    edit(&mut metadata, &mut tensors);
+    let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(
+        &mut std::fs::File::create(out).unwrap(),
+        &metadata,
+        &tensors,
+    )
+    .unwrap();
+}
+
+/// What a Qwen3 or Llama 3.1 file may carry that grove does not run is refused by name: values
+/// wider than keys, RoPE factors of the wrong count or sign.
+#[test]
+fn unsupported_head_shapes_and_bad_rope_factors_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |path: &std::path::Path| Decoder::load(path, &Device::Cpu).unwrap_err().to_string();
+    let spec = checkpoint(Family::Qwen3);
+    spec.write(dir.path()).unwrap();
+    let good = dir.path().join("qwen3.gguf");
+    write_gguf(dir.path(), &spec, "qwen3", GgmlDType::F32, &good);
+    let wide = dir.path().join("wide-values.gguf");
+    rewritten(&good, &wide, |metadata, _| {
+        for (key, value) in metadata.iter_mut() {
+            if key == "qwen3.attention.value_length" {
+                *value = Value::U32(32);
+            }
+        }
+    });
+    let message = load(&wide);
+    assert!(
+        message.contains("`qwen3.attention.value_length` is 32 but the key length is 16"),
+        "{message}"
+    );
+
+    let spec = checkpoint(Family::Llama);
+    spec.write(dir.path()).unwrap();
+    let good = dir.path().join("llama.gguf");
+    write_gguf(dir.path(), &spec, "llama", GgmlDType::F32, &good);
+    let factors = |values: &[f32]| {
+        let tensor = Tensor::new(values, &Device::Cpu).unwrap();
+        QTensor::quantize(&tensor, GgmlDType::F32).unwrap()
+    };
+    let replaced = |name: &str, tensor: QTensor| {
+        let path = dir.path().join(name);
+        rewritten(&good, &path, |_, tensors| {
+            for (key, value) in tensors.iter_mut() {
+                if key == "rope_freqs.weight" {
+                    *value = tensor;
+                    return;
+                }
+            }
+            panic!("the llama file has no rope_freqs.weight");
+        });
+        load(&path)
+    };
+    let message = replaced("short.gguf", factors(&[1.0; 4]));
+    assert!(
+        message.contains("tensor `rope_freqs.weight` has shape [4]")
+            && message.contains("need [8]"),
+        "{message}"
+    );
+    let message = replaced(
+        "negative.gguf",
+        factors(&[1.0, 1.0, -8.0, 8.0, 8.0, 8.0, 8.0, 8.0]),
+    );
+    assert!(
+        message.contains("`rope_freqs.weight` holds -8") && message.contains("positive and finite"),
+        "{message}"
+    );
 }
 
 /// A quantized model's tree rows compute exactly (bit for bit) what their ancestor paths run

@@ -1,6 +1,8 @@
 //! GGUF files of seeded random checkpoints, written the way llama.cpp's converter lays them out
-//! (llama.cpp tensor names, the llama Q/K permutation, norms and biases in F32, gpt2 tokenizer
-//! metadata with placeholder tokens), for tests of every GGUF path.
+//! (llama.cpp tensor names, the llama Q/K permutation, Llama 3.1's RoPE scaling as
+//! `rope_freqs.weight`, norms and biases in F32, gpt2 tokenizer metadata whose first 256 tokens
+//! are GPT-2's byte characters and the rest placeholders), for tests of every GGUF path; files
+//! llama.cpp itself loads.
 
 use std::path::Path;
 
@@ -9,7 +11,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device};
 use grove_model::gguf::{permute, GgufFile};
 
-use crate::random_checkpoint::RandomCheckpoint;
+use crate::random_checkpoint::{byte_to_char, RandomCheckpoint};
 
 /// Writes `dir`'s safetensors checkpoint (made from `spec`) as the GGUF file `out`, matrices as
 /// `dtype`. Panics on failure (test support).
@@ -36,9 +38,32 @@ pub fn write_gguf(dir: &Path, spec: &RandomCheckpoint, arch: &str, dtype: GgmlDT
         };
         quantized.push((gguf, QTensor::quantize(&tensor, kind).unwrap()));
     }
+    if let Some(factors) = rope_factors(spec) {
+        let factors = candle_core::Tensor::new(factors, &Device::Cpu).unwrap();
+        let factors = QTensor::quantize(&factors, GgmlDType::F32).unwrap();
+        quantized.push(("rope_freqs.weight".into(), factors));
+    }
+    // Byte tokens let llama.cpp find its newline token; gpt2's default BOS and EOS (11) are
+    // among them. Token 256 is two spaces, so that there is a merge to write (llama.cpp
+    // refuses an empty list, whose element type a GGUF file cannot say).
+    let space = byte_to_char(b' ');
     let tokens: Vec<Value> = (0..spec.vocab_size)
-        .map(|i| Value::String(format!("t{i}")))
+        .map(|i| match (u8::try_from(i), i) {
+            (Ok(byte), _) => Value::String(byte_to_char(byte).to_string()),
+            (_, 256) => Value::String(format!("{space}{space}")),
+            _ => Value::String(format!("t{i}")),
+        })
         .collect();
+    let merges = if spec.vocab_size > 256 {
+        vec![Value::String(format!("{space} {space}"))]
+    } else {
+        Vec::new()
+    };
+    let pre = match arch {
+        "qwen2" | "qwen3" => "qwen2",
+        "llama" => "llama-bpe",
+        _ => "default",
+    };
     let metadata: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
         (
@@ -62,6 +87,14 @@ pub fn write_gguf(dir: &Path, spec: &RandomCheckpoint, arch: &str, dtype: GgmlDT
             Value::U32(spec.num_kv_heads as u32),
         ),
         (
+            format!("{arch}.attention.key_length"),
+            Value::U32(spec.head_dim as u32),
+        ),
+        (
+            format!("{arch}.attention.value_length"),
+            Value::U32(spec.head_dim as u32),
+        ),
+        (
             format!("{arch}.attention.layer_norm_rms_epsilon"),
             Value::F32(1e-6),
         ),
@@ -71,8 +104,9 @@ pub fn write_gguf(dir: &Path, spec: &RandomCheckpoint, arch: &str, dtype: GgmlDT
             Value::U32(spec.max_position_embeddings as u32),
         ),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
         ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
-        ("tokenizer.ggml.merges".into(), Value::Array(vec![])),
+        ("tokenizer.ggml.merges".into(), Value::Array(merges)),
     ];
     let metadata_refs: Vec<(&str, &Value)> =
         metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -80,4 +114,36 @@ pub fn write_gguf(dir: &Path, spec: &RandomCheckpoint, arch: &str, dtype: GgmlDT
         quantized.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(out).unwrap();
     gguf_file::write(&mut file, &metadata_refs, &tensor_refs).unwrap();
+}
+
+/// Llama 3.1's RoPE scaling (the checkpoint's `rope_scaling`, type `llama3`) as the divisor of
+/// each frequency, as llama.cpp's converter computes them for `rope_freqs.weight`.
+fn rope_factors(spec: &RandomCheckpoint) -> Option<Vec<f32>> {
+    let config = spec.config_json();
+    let scaling = config.get("rope_scaling")?;
+    assert_eq!(
+        scaling["rope_type"], "llama3",
+        "only llama3 scaling is written"
+    );
+    let number = |key: &str| scaling[key].as_f64().expect("a number");
+    let (factor, low, high) = (
+        number("factor"),
+        number("low_freq_factor"),
+        number("high_freq_factor"),
+    );
+    let old_context = number("original_max_position_embeddings");
+    let theta = config["rope_theta"].as_f64().expect("rope_theta");
+    let factors = (0..spec.head_dim / 2).map(|i| {
+        let freq = 1.0 / theta.powf((2 * i) as f64 / spec.head_dim as f64);
+        let wavelen = 2.0 * std::f64::consts::PI / freq;
+        if wavelen < old_context / high {
+            1.0
+        } else if wavelen > old_context / low {
+            factor
+        } else {
+            let smooth = (old_context / wavelen - low) / (high - low);
+            1.0 / ((1.0 - smooth) / factor + smooth)
+        }
+    });
+    Some(factors.map(|f| f as f32).collect())
 }

@@ -325,7 +325,7 @@ fn gaussian(rng: &mut impl Rng) -> f32 {
 
 /// GPT-2's byte-to-character map: printable bytes stand for themselves, the others are
 /// shifted past 255 so that every byte has a visible character.
-fn byte_to_char(byte: u8) -> char {
+pub fn byte_to_char(byte: u8) -> char {
     let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
     if printable(byte) {
         return char::from(byte);
