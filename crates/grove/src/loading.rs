@@ -343,6 +343,9 @@ pub enum Preset {
     /// Qwen3-0.6B's shape with random weights, for speed measurements.
     #[value(name = "qwen3-0.6b-shape")]
     Qwen3Shape,
+    /// Llama 3.2 1B's shape with random weights, for speed measurements.
+    #[value(name = "llama3.2-1b-shape")]
+    Llama32Shape,
 }
 
 #[derive(Debug, Args)]
@@ -354,14 +357,27 @@ pub struct TinyModelArgs {
     pub seed: u64,
     #[arg(long, value_enum, default_value_t = Preset::Tiny)]
     pub preset: Preset,
+    /// Also write the checkpoint as this GGUF file (F32 tensors, llama.cpp's names and layout,
+    /// placeholder tokenizer metadata), for llama.cpp's quantizer to turn into the formats real
+    /// files use (`scripts/install_models.py --quantize`).
+    #[arg(long, value_name = "FILE.gguf")]
+    pub gguf: Option<PathBuf>,
 }
 
 pub fn write_tiny_model(args: TinyModelArgs) -> Result<()> {
     let spec = match args.preset {
         Preset::Tiny => RandomCheckpoint::tiny_qwen3(args.seed),
         Preset::Qwen3Shape => RandomCheckpoint::qwen3_0_6b_shape(args.seed),
+        Preset::Llama32Shape => RandomCheckpoint::llama3_2_1b_shape(args.seed),
     };
     spec.write(&args.out)?;
     eprintln!("wrote {}", args.out.display());
+    if let Some(gguf) = &args.gguf {
+        let arch = grove_testkit::gguf_writer::architecture(spec.family);
+        let f32 = candle_core::quantized::GgmlDType::F32;
+        grove_testkit::gguf_writer::try_write_gguf(&args.out, &spec, arch, f32, gguf)
+            .with_context(|| format!("writing {}", gguf.display()))?;
+        eprintln!("wrote {}", gguf.display());
+    }
     Ok(())
 }

@@ -115,6 +115,37 @@ fn the_embedded_default_pair_generates_text_and_chat() {
     assert_eq!(json["stats"]["prompt_tokens"], 1 + 5 + 2 + 1 + 1 + 1 + 10);
 }
 
+/// `tiny-model --gguf` writes the checkpoint twice, as safetensors and as an F32 GGUF file,
+/// and both generate the same greedy tokens.
+#[test]
+fn tiny_model_writes_a_gguf_file_that_generates_what_its_checkpoint_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, gguf) = (dir.path().join("tiny"), dir.path().join("tiny.gguf"));
+    let (out, gguf) = (out.to_str().unwrap(), gguf.to_str().unwrap());
+    let output = grove(&["tiny-model", "--out", out, "--seed", "5", "--gguf", gguf]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let tokens = |model: &str| -> Value {
+        let output = grove(&[
+            "generate",
+            "--model-path",
+            model,
+            "--prompt-ids",
+            "10,200,30,45",
+            "--max-new-tokens",
+            "8",
+            "--ignore-eos",
+            "--format",
+            "json",
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+        json["token_ids"].clone()
+    };
+    let from_safetensors = tokens(out);
+    assert_eq!(from_safetensors.as_array().map(Vec::len), Some(8));
+    assert_eq!(tokens(gguf), from_safetensors);
+}
+
 /// Without `--max-new-tokens`, generation runs until a stop token or the full context (as
 /// llama.cpp's `-n -1`), and the stats line says which cut it.
 #[test]
