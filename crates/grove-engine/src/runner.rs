@@ -158,7 +158,7 @@ impl<'a> RoundRunner<'a> {
             kv: self.model.new_kv_store(pool.num_slots()),
             draft_kv: match self.speculation {
                 Some(spec) => spec.drafter.new_kv_store(draft_pool.num_slots()),
-                None => KvStore::new(0, 0, 0),
+                None => KvStore::new(0, 0, 0, 0),
             },
             prefix,
             pool,

@@ -111,7 +111,7 @@ impl Drafter for ArgmaxTableDrafter {
     }
 
     fn new_kv_store(&self, _num_slots: usize) -> KvStore {
-        KvStore::new(0, 0, 0)
+        KvStore::new(0, 0, 0, 0)
     }
 
     fn extend(

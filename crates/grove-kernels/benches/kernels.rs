@@ -86,14 +86,19 @@ fn quantized_matmul(c: &mut Criterion) {
 fn tree_attention(c: &mut Criterion) {
     use grove_kernels::attention::{attend, HeadLayout};
     let context = 4096;
-    let layouts = [("qwen2.5-0.5b", 14, 64), ("qwen2.5-1.5b", 12, 128)];
-    for (name, num_heads, head_dim) in layouts {
+    // Qwen3-0.6B: 8 KV heads of 2 query heads each, the decode row's shape `across.rs` takes.
+    let layouts = [
+        ("qwen2.5-0.5b", 14, 2, 64),
+        ("qwen2.5-1.5b", 12, 2, 128),
+        ("qwen3-0.6b", 16, 8, 128),
+    ];
+    for (name, num_heads, num_kv_heads, head_dim) in layouts {
         let layout = HeadLayout {
             num_heads,
-            num_kv_heads: 2,
+            num_kv_heads,
             head_dim,
         };
-        let kv_width = 2 * head_dim;
+        let kv_width = num_kv_heads * head_dim;
         let slots = context + 64;
         let random = |n: usize| -> Vec<f32> {
             let t = Tensor::randn(0f32, 1.0, n, &Device::Cpu).unwrap();

@@ -6,8 +6,8 @@
 //! Pages are reference-counted: a [`PrefixCache`] keeps the pages of finished prompts so that
 //! a later request starting with the same tokens shares them instead of prefilling again.
 //!
-//! The crate knows nothing of models: a [`KvStore`] is, per layer, one K row and one V row of
-//! `kv_width` floats per slot.
+//! The crate knows nothing of models: a [`KvStore`] is, per layer and KV head, one K row and
+//! one V row of `head_dim` floats per slot.
 // `unsafe` lives in grove-kernels only.
 #![forbid(unsafe_code)]
 

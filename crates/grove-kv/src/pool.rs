@@ -314,7 +314,7 @@ mod tests {
         ) {
             let rows = picks.len();
             let pool = PagePool::new(64, page_size).unwrap();
-            let mut store = KvStore::new(2, pool.num_slots(), 3);
+            let mut store = KvStore::new(2, pool.num_slots(), 1, 3);
             let mut table = pool.new_table();
             table.reserve(base + rows).unwrap();
             table.append(base);

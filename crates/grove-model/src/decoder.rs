@@ -149,7 +149,12 @@ impl Model for Decoder {
     }
 
     fn new_kv_store(&self, num_slots: usize) -> KvStore {
-        KvStore::new(self.config.num_layers, num_slots, self.config.kv_width())
+        KvStore::new(
+            self.config.num_layers,
+            num_slots,
+            self.config.num_kv_heads,
+            self.config.head_dim,
+        )
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {

@@ -352,7 +352,8 @@ impl DFlashDrafter {
         KvStore::new(
             self.config.layers.num_layers,
             num_slots,
-            self.config.layers.kv_width(),
+            self.config.layers.num_kv_heads,
+            self.config.layers.head_dim,
         )
     }
 

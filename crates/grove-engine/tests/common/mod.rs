@@ -148,7 +148,7 @@ impl Drafter for ScriptedDrafter {
     }
 
     fn new_kv_store(&self, _num_slots: usize) -> KvStore {
-        KvStore::new(0, 0, 0)
+        KvStore::new(0, 0, 0, 0)
     }
 
     fn extend(

@@ -337,6 +337,9 @@ impl<'a, K: Fn(usize) -> &'a [f32], V> KeyTiles for Direct<'_, K, V> {
     #[inline(always)]
     fn tile(&self, first: usize) -> impl Iterator<Item = [f32; TILE]> {
         let (n, d) = (self.keys.n, self.d);
+        for k in first + TILE..(first + 2 * TILE).min(n) {
+            super::prefetch((self.keys.key)(k).as_ptr().cast(), 4 * d);
+        }
         // Past the last key, the first key again: no branch per element.
         let keys: [&[f32]; TILE] = std::array::from_fn(|k| {
             let key = (self.keys.key)(if first + k < n { first + k } else { first });
@@ -439,7 +442,7 @@ fn score_tile<const L: usize, const B: usize>(
 /// polynomial for `e^r` (Moshier, Cephes Math Library, `expf.c`), in fused multiply-adds;
 /// `x` below -87 counts as -87 (`e^-87` is 6e-39 of the row's largest term, which is 1).
 #[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
+pub(super) fn exp_nonpositive(x: f32) -> f32 {
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a call.
     const ROUND: f32 = 12_582_912.0;
     const LN2_HIGH: f32 = 0.693_359_4;

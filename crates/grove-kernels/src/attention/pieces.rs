@@ -151,16 +151,17 @@ impl Inputs<'_> {
             #[allow(unsafe_code)]
             return unsafe { self.piece_avx2(job, kv_head) };
         }
-        self.piece_portable::<8>(job, kv_head)
+        self.piece_portable::<8, false>(job, kv_head)
     }
 
     /// The same loops in 256-bit vectors, with FMA for the fused multiply-adds (the portable
-    /// build makes each a call to libm's `fmaf`).
+    /// build makes each a call to libm's `fmaf`); a piece of a few queries (a decode row's)
+    /// with the keys across the lanes (`across.rs`, the same bits).
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn piece_avx2(&self, job: &Job, kv_head: usize) -> Piece {
-        self.piece_portable::<8>(job, kv_head)
+        self.piece_portable::<8, true>(job, kv_head)
     }
 
     /// The same loops in 512-bit vectors, sixteen queries a block (lane by lane, so the same
@@ -169,17 +170,23 @@ impl Inputs<'_> {
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn piece_avx512(&self, job: &Job, kv_head: usize) -> Piece {
-        self.piece_portable::<16>(job, kv_head)
+        self.piece_portable::<16, false>(job, kv_head)
     }
 
     /// `L` lanes per block of queries: 8 for 256-bit vectors, 16 for 512-bit ones (the bits
-    /// are the same at either).
+    /// are the same at either). `ACROSS`: a few queries take `across.rs`'s form (only where
+    /// the caller has AVX2 and FMA).
     #[inline(always)]
-    fn piece_portable<const L: usize>(&self, job: &Job, kv_head: usize) -> Piece {
+    fn piece_portable<const L: usize, const ACROSS: bool>(
+        &self,
+        job: &Job,
+        kv_head: usize,
+    ) -> Piece {
         let (layout, head_dim) = (self.layout, self.layout.head_dim);
         let group = layout.group();
         let (kv_width, row_width) = (layout.num_kv_heads * head_dim, layout.num_heads * head_dim);
-        let kv_offset = kv_head * head_dim;
+        let num_slots = self.keys.len() / kv_width;
+        let at = |slot: usize| (kv_head * num_slots + slot) * head_dim;
         let slots = piece_slots(&self.key_slots[job.rows[0]], job.piece);
         let queries: Vec<&[f32]> = (job.rows.iter())
             .flat_map(|&row| {
@@ -190,9 +197,20 @@ impl Inputs<'_> {
             .collect();
         let keys = PieceKeys {
             n: slots.len(),
-            key: |i: usize| &self.keys[slots[i] * kv_width + kv_offset..][..head_dim],
-            value: |i: usize| &self.values[slots[i] * kv_width + kv_offset..][..head_dim],
+            key: |i: usize| &self.keys[at(slots[i])..][..head_dim],
+            value: |i: usize| &self.values[at(slots[i])..][..head_dim],
         };
+        #[cfg(target_arch = "x86_64")]
+        if ACROSS {
+            // SAFETY: only `piece_avx2` asks for this form, and only where the CPU has AVX2
+            // and FMA.
+            #[allow(unsafe_code)]
+            if let Some(piece) =
+                unsafe { super::across::piece_avx2(&queries, head_dim, self.scale, &keys) }
+            {
+                return piece;
+            }
+        }
         piece_in_lanes::<L>(&queries, head_dim, self.scale, &keys)
     }
 }
@@ -272,7 +290,7 @@ mod tests {
             for kv_head in 0..2 {
                 let (a, b) = (
                     inputs.piece(&job, kv_head),
-                    inputs.piece_portable::<8>(&job, kv_head),
+                    inputs.piece_portable::<8, false>(&job, kv_head),
                 );
                 assert_eq!(bits(&a.max), bits(&b.max));
                 assert_eq!(
