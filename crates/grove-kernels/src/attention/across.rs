@@ -19,6 +19,7 @@
 // where the CPU has them (`Inputs::piece_avx2`, which `cpu::level` guards, and the test, which
 // checks); every load and store is inside a slice whose length is asserted first.
 #![allow(unsafe_code)]
+#![allow(clippy::needless_range_loop)]
 
 use std::cell::RefCell;
 
@@ -44,7 +45,7 @@ pub(super) unsafe fn piece_avx2<'a>(
     keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
 ) -> Option<Piece> {
     let (count, d, n) = (queries.len(), head_dim, keys.n);
-    if count == 0 || count > MOST_QUERIES || d % 8 != 0 || n == 0 {
+    if count == 0 || count > MOST_QUERIES || !d.is_multiple_of(8) || n == 0 {
         return None;
     }
     assert!(
@@ -94,7 +95,7 @@ unsafe fn scores_avx2<'a, const Q: usize, const T: usize>(
     scores: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    assert!(queries.len() == Q && d % 8 == 0 && scores.len() == Q * n);
+    assert!(queries.len() == Q && d.is_multiple_of(8) && scores.len() == Q * n);
     tiles.resize(T * d * 8, 0.0);
     let queries: [&[f32]; Q] = std::array::from_fn(|q| &queries[q][..d]);
     for first in (0..n).step_by(8 * T) {
@@ -178,17 +179,8 @@ unsafe fn transpose_tile(rows: &[&[f32]; 8], to: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::super::lanes::piece_in_lanes;
+    use super::super::lanes::tests::{bits, wave};
     use super::*;
-
-    fn wave(n: usize, seed: f32) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i as f32 + seed) * 0.377).sin() * 2.5)
-            .collect()
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
 
     /// Every count of queries it takes, head dimensions of 1 to 32 vectors and pieces of 1 to
     /// 256 keys (whole and partial tiles and groups of tiles): the lanes form's bits.

@@ -464,16 +464,16 @@ pub(super) fn exp_nonpositive(x: f32) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn wave(n: usize, seed: f32) -> Vec<f32> {
+    pub(in crate::attention) fn wave(n: usize, seed: f32) -> Vec<f32> {
         (0..n)
             .map(|i| ((i as f32 + seed) * 0.377).sin() * 2.5)
             .collect()
     }
 
-    fn bits(v: &[f32]) -> Vec<u32> {
+    pub(in crate::attention) fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
