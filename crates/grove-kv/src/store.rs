@@ -73,13 +73,11 @@ impl KvStore {
 
     /// Copies the rows of `source` into `destination` in every layer and head (KV compaction).
     pub fn copy_slot(&mut self, source: usize, destination: usize) {
-        let d = self.head_dim;
-        let moves: Vec<(usize, usize)> = (0..self.num_heads)
-            .map(|head| (self.at(head, source), self.at(head, destination)))
-            .collect();
+        let (d, heads, slots) = (self.head_dim, self.num_heads, self.num_slots);
         for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            for &(from, to) in &moves {
-                rows.copy_within(from..from + d, to);
+            for head in 0..heads {
+                let from = (head * slots + source) * d;
+                rows.copy_within(from..from + d, (head * slots + destination) * d);
             }
         }
     }
