@@ -7,7 +7,9 @@
 //! keys: each tile of 8 keys is transposed once (8 x 8 blocks of `vunpck`/`vshufps`/
 //! `vperm2f128`) into a buffer in L1, and every multiply-add is a query element broadcast
 //! against 8 keys. Several tiles run side by side, so each query has 2 to 8 independent
-//! chains in flight.
+//! chains in flight. With AVX-512 a tile is 16 keys (two such blocks side by side) and the
+//! form takes up to 8 queries: the lanes form's 16-lane block holds a Qwen2.5 decode row's 6
+//! or 7 query heads of a KV head at under half its width.
 //!
 //! The arithmetic of each (query, key) is the lanes form's, step for step: the dot chained
 //! over the head dimension from zero, one fused multiply-add per element (`q * k + acc`, the
@@ -15,9 +17,10 @@
 //! and their sum in key order; the weighted sums through the same `weighted_sums_laid`. So a
 //! token decoded here and verified in a tree (the lanes form) gets the same bits; the tests
 //! hold every count and shape to the lanes form bit for bit.
-// SAFETY (all of the module): every function is compiled for AVX2 and FMA and reached only
-// where the CPU has them (`Inputs::piece_avx2`, which `cpu::level` guards, and the test, which
-// checks); every load and store is inside a slice whose length is asserted first.
+// SAFETY (all of the module): every function is compiled for AVX2 and FMA (the 16-lane ones
+// for AVX-512 F too) and reached only where the CPU has them (`Inputs::piece_avx2` and
+// `Inputs::piece_avx512`, which `cpu::level` guards, and the tests, which check); every load
+// and store is inside a slice whose length is asserted first.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)]
 
@@ -27,8 +30,12 @@ use super::lanes::{exp_nonpositive, PieceKeys};
 use super::pieces::Piece;
 use super::{weighted_sums_laid, WeightLayout};
 
-/// The most queries this form takes; past it the lanes form fills enough of its lanes.
+/// The most queries this form takes at 8 lanes; past it the lanes form fills enough of its
+/// lanes.
 pub(super) const MOST_QUERIES: usize = 4;
+/// The same at 16 lanes, where a decode row of Qwen2.5's 6 or 7 query heads per KV head fills
+/// under half of the lanes form's block.
+pub(super) const MOST_QUERIES_512: usize = 8;
 
 thread_local! {
     /// `[tile][dim][key of the tile]`: the keys of the tiles in flight, transposed.
@@ -45,13 +52,9 @@ pub(super) unsafe fn piece_avx2<'a>(
     keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
 ) -> Option<Piece> {
     let (count, d, n) = (queries.len(), head_dim, keys.n);
-    if count == 0 || count > MOST_QUERIES || !d.is_multiple_of(8) || n == 0 {
+    if !takes(queries, d, n, MOST_QUERIES) {
         return None;
     }
-    assert!(
-        queries.iter().all(|q| q.len() == d),
-        "a query is not head_dim long"
-    );
     // `[query][key]`: the scores, then their terms.
     let mut scores = vec![0f32; count * n];
     TILES.with_borrow_mut(|tiles| match count {
@@ -60,17 +63,70 @@ pub(super) unsafe fn piece_avx2<'a>(
         3 => scores_avx2::<3, 2>(queries, d, scale, &keys.key, n, tiles, &mut scores),
         _ => scores_avx2::<4, 2>(queries, d, scale, &keys.key, n, tiles, &mut scores),
     });
+    Some(softmax_and_sums(scores, count, d, keys))
+}
+
+/// The same form in 512-bit vectors (16 keys a vector), for at most [`MOST_QUERIES_512`]
+/// queries and a head dimension of whole 8-element vectors. Called only where the CPU has
+/// AVX-512 F (and AVX2 and FMA, which every such CPU has: `cpu::Level::Avx512`).
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn piece_avx512<'a>(
+    queries: &[&[f32]],
+    head_dim: usize,
+    scale: f32,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+) -> Option<Piece> {
+    let (count, d, n) = (queries.len(), head_dim, keys.n);
+    if !takes(queries, d, n, MOST_QUERIES_512) {
+        return None;
+    }
+    let mut scores = vec![0f32; count * n];
+    let (q, key, s) = (queries, &keys.key, &mut scores);
+    TILES.with_borrow_mut(|tiles| match count {
+        1 => scores_avx512::<1, 8>(q, d, scale, key, n, tiles, s),
+        2 => scores_avx512::<2, 6>(q, d, scale, key, n, tiles, s),
+        3 => scores_avx512::<3, 4>(q, d, scale, key, n, tiles, s),
+        4 => scores_avx512::<4, 4>(q, d, scale, key, n, tiles, s),
+        5 => scores_avx512::<5, 2>(q, d, scale, key, n, tiles, s),
+        6 => scores_avx512::<6, 2>(q, d, scale, key, n, tiles, s),
+        7 => scores_avx512::<7, 2>(q, d, scale, key, n, tiles, s),
+        _ => scores_avx512::<8, 2>(q, d, scale, key, n, tiles, s),
+    });
+    Some(softmax_and_sums(scores, count, d, keys))
+}
+
+/// Whether a form takes these queries: 1 to `most` of them, a head dimension of whole
+/// 8-element vectors and at least one key.
+fn takes(queries: &[&[f32]], d: usize, n: usize, most: usize) -> bool {
+    let count = queries.len();
+    if count == 0 || count > most || !d.is_multiple_of(8) || n == 0 {
+        return false;
+    }
+    assert!(
+        queries.iter().all(|q| q.len() == d),
+        "a query is not head_dim long"
+    );
+    true
+}
+
+/// The piece from its scores (`[query][key]`, `count` queries): the lanes form's order, the
+/// largest from minus infinity, then each term, and the running sum key after key.
+#[inline(always)]
+fn softmax_and_sums<'a>(
+    mut scores: Vec<f32>,
+    count: usize,
+    d: usize,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+) -> Piece {
+    let n = keys.n;
     let (mut max, mut sum) = (vec![0f32; count], vec![0f32; count]);
     for (q, terms) in scores.chunks_exact_mut(n).enumerate() {
-        // The lanes form's order: the largest from minus infinity, then each term and the
-        // running sum key after key.
         max[q] = terms.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let mut total = 0f32;
+        // The terms in a pass of their own (independent: in vectors), then their sum in order.
         for term in terms.iter_mut() {
             *term = exp_nonpositive(*term - max[q]);
-            total += *term;
         }
-        sum[q] = total;
+        sum[q] = terms.iter().fold(0f32, |total, &term| total + term);
     }
     let mut out = vec![0f32; count * d];
     let layout = WeightLayout {
@@ -79,7 +135,7 @@ pub(super) unsafe fn piece_avx2<'a>(
         key: 1,
     };
     weighted_sums_laid::<true>(&mut out, d, &scores, layout, &keys.value);
-    Some(Piece { max, sum, out })
+    Piece { max, sum, out }
 }
 
 /// The scaled dots of `Q` queries with the piece's `n` keys into `scores` (`[query][key]`),
@@ -147,11 +203,24 @@ unsafe fn scores_avx2<'a, const Q: usize, const T: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn transpose_tile(rows: &[&[f32]; 8], to: &mut [f32]) {
+    let d = rows[0].len();
+    assert!(to.len() == d * 8);
+    transpose_into(rows, to.as_mut_ptr(), 8);
+}
+
+/// Eight keys' elements into `to`: element `e` of key `j` at `to[e * stride + j]` (the 8 keys
+/// of a 256-bit tile, or one half of a 512-bit tile's 16).
+///
+/// # Safety
+/// AVX2 and FMA; every row `d` long and `to` valid for `(d - 1) * stride + 8` floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose_into(rows: &[&[f32]; 8], to: *mut f32, stride: usize) {
     use std::arch::x86_64::*;
     let d = rows[0].len();
-    assert!(to.len() == d * 8 && rows.iter().all(|r| r.len() == d));
+    assert!(d.is_multiple_of(8) && rows.iter().all(|r| r.len() == d));
     for c in (0..d).step_by(8) {
-        // SAFETY: `c + 8 <= d`, every row is `d` long and `to` is `d * 8` (checked).
+        // SAFETY: `c + 8 <= d` and every row is `d` long (checked); `to` as the caller says.
         let r: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(rows[j].as_ptr().add(c)));
         // Pairs of keys: elements 0, 1, 4, 5 (low) and 2, 3, 6, 7 (high) interleaved.
         let low: [__m256; 4] = std::array::from_fn(|p| _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]));
@@ -167,11 +236,94 @@ unsafe fn transpose_tile(rows: &[&[f32]; 8], to: &mut [f32]) {
                 _mm256_shuffle_ps::<0xEE>(h0, h1),
             ]
         });
-        let out = to.as_mut_ptr().add(c * 8);
+        let out = to.add(c * stride);
         for e in 0..4 {
             let (a, b) = (quads[0][e], quads[1][e]);
-            _mm256_storeu_ps(out.add(e * 8), _mm256_permute2f128_ps::<0x20>(a, b));
-            _mm256_storeu_ps(out.add((e + 4) * 8), _mm256_permute2f128_ps::<0x31>(a, b));
+            _mm256_storeu_ps(out.add(e * stride), _mm256_permute2f128_ps::<0x20>(a, b));
+            _mm256_storeu_ps(
+                out.add((e + 4) * stride),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            );
+        }
+    }
+}
+
+/// The dots of `Q` queries (`d` elements at each pointer) with the `T` transposed tiles at
+/// `tiles` (`[tile][dim][16 keys]`), chained over the dimensions from zero: accumulator
+/// `q * T + t`. The accumulators are one flat array passed by value (LLVM left a nested one in
+/// memory).
+///
+/// # Safety
+/// AVX-512 F; the queries and `T * d * 16` floats at `tiles` readable.
+#[inline(always)]
+unsafe fn dots_avx512<const Q: usize, const T: usize>(
+    queries: &[*const f32; Q],
+    tiles: *const f32,
+    d: usize,
+) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    const { assert!(Q * T <= 16) };
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for e in 0..d {
+        let k: [__m512; T] = std::array::from_fn(|t| _mm512_loadu_ps(tiles.add((t * d + e) * 16)));
+        for q in 0..Q {
+            let x = _mm512_set1_ps(*queries[q].add(e));
+            for t in 0..T {
+                acc[q * T + t] = _mm512_fmadd_ps(x, k[t], acc[q * T + t]);
+            }
+        }
+    }
+    acc
+}
+
+/// [`scores_avx2`] with 16 keys a tile: each tile's two halves of 8 keys transposed into
+/// `[dim][16 keys]`, and each multiply-add a query element broadcast against 16 keys.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn scores_avx512<'a, const Q: usize, const T: usize>(
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+    key: &impl Fn(usize) -> &'a [f32],
+    n: usize,
+    tiles: &mut Vec<f32>,
+    scores: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(queries.len() == Q && d.is_multiple_of(8) && scores.len() == Q * n);
+    tiles.resize(T * d * 16, 0.0);
+    let queries: [*const f32; Q] = std::array::from_fn(|q| queries[q][..d].as_ptr());
+    for first in (0..n).step_by(16 * T) {
+        for k in first + 16 * T..(first + 32 * T).min(n) {
+            super::prefetch(key(k).as_ptr().cast(), 4 * d);
+        }
+        for t in 0..T {
+            for half in 0..2 {
+                // Past the last key, the first key of the group again: its scores are dropped.
+                let rows: [&[f32]; 8] = std::array::from_fn(|j| {
+                    let k = first + 16 * t + 8 * half + j;
+                    let key = key(if k < n { k } else { first });
+                    assert_eq!(key.len(), d, "a key is not head_dim long");
+                    key
+                });
+                // SAFETY: the tile is `d * 16` floats from `t * d * 16`, and this half's last
+                // element lands at `(d - 1) * 16 + 8 * half + 7 < d * 16`.
+                transpose_into(&rows, tiles.as_mut_ptr().add(t * d * 16 + 8 * half), 16);
+            }
+        }
+        // SAFETY: every query is `d` long and each tile `d * 16` floats from `t * d * 16`.
+        let acc = dots_avx512::<Q, T>(&queries, tiles.as_ptr(), d);
+        let factor = _mm512_set1_ps(scale);
+        for q in 0..Q {
+            for t in 0..T {
+                let start = first + 16 * t;
+                if start >= n {
+                    break;
+                }
+                let mut dots = [0f32; 16];
+                _mm512_storeu_ps(dots.as_mut_ptr(), _mm512_mul_ps(acc[q * T + t], factor));
+                let kept = 16.min(n - start);
+                scores[q * n + start..][..kept].copy_from_slice(&dots[..kept]);
+            }
         }
     }
 }
@@ -182,6 +334,46 @@ mod tests {
     use super::super::lanes::tests::{bits, wave};
     use super::*;
 
+    type Rows<'a> = &'a dyn Fn(usize) -> &'a [f32];
+    type Form = for<'a> fn(&[&[f32]], usize, &PieceKeys<Rows<'a>, Rows<'a>>) -> Option<Piece>;
+
+    /// A form against the lanes form (`L` lanes): every count of queries up to `most`, head
+    /// dimensions `ds`, pieces of `ns` keys; past `most` queries, and for a head dimension of
+    /// partial vectors, the form declines.
+    fn check_form<const L: usize>(most: usize, ds: &[usize], ns: &[usize], form: Form) {
+        for &d in ds {
+            for &n in ns {
+                let (keys, values) = (wave(n * d, 1.0), wave(n * d, 2.0));
+                let key = |i: usize| &keys[i * d..(i + 1) * d];
+                let value = |i: usize| &values[i * d..(i + 1) * d];
+                let piece = PieceKeys {
+                    n,
+                    key: &key as Rows<'_>,
+                    value: &value as Rows<'_>,
+                };
+                let all = wave((most + 1) * d, 3.0);
+                let queries: Vec<&[f32]> = all.chunks_exact(d).collect();
+                for count in 1..=most {
+                    let case = format!("{L} lanes, d {d}, n {n}, {count} queries");
+                    let reference = piece_in_lanes::<L>(&queries[..count], d, 0.3, &piece);
+                    let ours = form(&queries[..count], d, &piece).expect("the form applies");
+                    assert_eq!(bits(&ours.max), bits(&reference.max), "{case}");
+                    assert_eq!(bits(&ours.sum), bits(&reference.sum), "{case}");
+                    assert_eq!(bits(&ours.out), bits(&reference.out), "{case}");
+                }
+                assert!(form(&queries[..most + 1], d, &piece).is_none());
+            }
+        }
+        let odd = wave(12, 1.0);
+        let row = |_: usize| &odd[..12];
+        let piece = PieceKeys {
+            n: 1,
+            key: &row as Rows<'_>,
+            value: &row as Rows<'_>,
+        };
+        assert!(form(&[&odd[..12]], 12, &piece).is_none());
+    }
+
     /// Every count of queries it takes, head dimensions of 1 to 32 vectors and pieces of 1 to
     /// 256 keys (whole and partial tiles and groups of tiles): the lanes form's bits.
     #[test]
@@ -191,38 +383,27 @@ mod tests {
         if crate::skip_without("avx2", level() >= Level::Avx2, test) {
             return;
         }
-        for d in [8, 32, 64, 128, 256] {
-            for n in [1, 7, 8, 9, 31, 33, 64, 65, 200, 256] {
-                let (keys, values) = (wave(n * d, 1.0), wave(n * d, 2.0));
-                let piece = PieceKeys {
-                    n,
-                    key: |i: usize| &keys[i * d..(i + 1) * d],
-                    value: |i: usize| &values[i * d..(i + 1) * d],
-                };
-                let all = wave(5 * d, 3.0);
-                let queries: Vec<&[f32]> = all.chunks_exact(d).collect();
-                for count in 1..=MOST_QUERIES {
-                    let case = format!("d {d}, n {n}, {count} queries");
-                    let reference = piece_in_lanes::<8>(&queries[..count], d, 0.3, &piece);
-                    // SAFETY: AVX2 and FMA are present (checked above).
-                    let ours = unsafe { piece_avx2(&queries[..count], d, 0.3, &piece) }
-                        .expect("the form applies");
-                    assert_eq!(bits(&ours.max), bits(&reference.max), "{case}");
-                    assert_eq!(bits(&ours.sum), bits(&reference.sum), "{case}");
-                    assert_eq!(bits(&ours.out), bits(&reference.out), "{case}");
-                }
-                // Past its counts, and for a head dimension of partial vectors, it declines.
-                // SAFETY: as above.
-                assert!(unsafe { piece_avx2(&queries[..5], d, 0.3, &piece) }.is_none());
-            }
+        let ns = [1, 7, 8, 9, 31, 33, 64, 65, 200, 256];
+        check_form::<8>(MOST_QUERIES, &[8, 32, 64, 128, 256], &ns, |q, d, piece| {
+            // SAFETY: AVX2 and FMA are present (checked above).
+            unsafe { piece_avx2(q, d, 0.3, piece) }
+        });
+    }
+
+    /// The 16-lane form: every count of queries it takes (Qwen2.5's 6 and 7 query heads per
+    /// KV head among them) over whole and partial tiles and groups of tiles: the lanes form's
+    /// bits.
+    #[test]
+    fn sixteen_keys_across_lanes_give_the_lanes_forms_bits() {
+        use crate::cpu::{level, Level};
+        let test = "sixteen_keys_across_lanes_give_the_lanes_forms_bits";
+        if crate::skip_without("avx512", level() >= Level::Avx512, test) {
+            return;
         }
-        let odd = wave(12, 1.0);
-        let piece = PieceKeys {
-            n: 1,
-            key: |_| &odd[..12],
-            value: |_| &odd[..12],
-        };
-        // SAFETY: as above.
-        assert!(unsafe { piece_avx2(&[&odd[..12]], 12, 0.3, &piece) }.is_none());
+        let ns = [1, 15, 16, 17, 31, 32, 33, 47, 95, 97, 200, 256];
+        check_form::<16>(MOST_QUERIES_512, &[8, 64, 128, 256], &ns, |q, d, piece| {
+            // SAFETY: AVX-512 F, AVX2 and FMA are present (checked above).
+            unsafe { piece_avx512(q, d, 0.3, piece) }
+        });
     }
 }

@@ -255,14 +255,16 @@ fn weighted_sums_laid<'a, const FUSED: bool>(
 
 /// The vector versions of [`weighted_sums`] for one instruction set: `$all` runs every query
 /// (`outs.len() / width` of them), up to four at a time (the query heads of a KV head share
-/// each value load) through `$sums`, which takes the first `Q` outputs (`outs` and `weights`
-/// start at the first) and returns `Q`; `$tile` runs vectors `first..first + N` (`$lanes`
-/// values each) of them through all the values, in registers. Element-wise the same
-/// operations as the portable loop, so the same bits.
+/// each value load; with `$wide`, 32 vector registers, six or eight) through `$sums`, which
+/// takes the first `Q` outputs (`outs` and `weights` start at the first) and returns `Q`;
+/// `$tile` runs vectors `first..first + N` (`$lanes` values each) of them through all the
+/// values, in registers. Element-wise the same operations as the portable loop, so the same
+/// bits.
 #[cfg(target_arch = "x86_64")]
 macro_rules! weighted_sums_in {
     ($all:ident, $sums:ident, $tile:ident, $features:literal, $vector:ident, $lanes:literal,
-     $load:ident, $store:ident, $set1:ident, $fmadd:ident, $mul:ident, $add:ident) => {
+     $wide:literal, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $mul:ident,
+     $add:ident) => {
         #[allow(unsafe_code)]
         #[target_feature(enable = $features)]
         unsafe fn $all<'a, const FUSED: bool>(
@@ -277,25 +279,30 @@ macro_rules! weighted_sums_in {
             while first < queries {
                 let (outs, weights) =
                     (&mut outs[first * width..], &weights[first * layout.query..]);
+                // A decode row's query heads of a KV head in one pass where the registers
+                // hold them: Qwen2.5's 6 or 7 read the values twice instead of four times.
                 first += match queries - first {
-                    1 => $sums::<1, FUSED>(outs, width, weights, layout, value),
-                    2 | 3 => $sums::<2, FUSED>(outs, width, weights, layout, value),
-                    _ => $sums::<4, FUSED>(outs, width, weights, layout, value),
+                    1 => $sums::<1, 4, FUSED>(outs, width, weights, layout, value),
+                    2 | 3 => $sums::<2, 4, FUSED>(outs, width, weights, layout, value),
+                    5 if $wide => $sums::<5, 4, FUSED>(outs, width, weights, layout, value),
+                    6 if $wide => $sums::<6, 4, FUSED>(outs, width, weights, layout, value),
+                    7 if $wide => $sums::<7, 3, FUSED>(outs, width, weights, layout, value),
+                    8.. if $wide => $sums::<8, 3, FUSED>(outs, width, weights, layout, value),
+                    _ => $sums::<4, 4, FUSED>(outs, width, weights, layout, value),
                 };
             }
         }
 
         #[allow(unsafe_code)]
         #[target_feature(enable = $features)]
-        unsafe fn $sums<'a, const Q: usize, const FUSED: bool>(
+        unsafe fn $sums<'a, const Q: usize, const TILE: usize, const FUSED: bool>(
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
             layout: WeightLayout,
             value: &impl Fn(usize) -> &'a [f32],
         ) -> usize {
-            /// Vectors of each output per pass over the values.
-            const TILE: usize = 4;
+            // `TILE`: vectors of each output per pass over the values (at most 4).
             let vectors = width / $lanes;
             let full = vectors / TILE * TILE;
             for first in (0..full).step_by(TILE) {
@@ -374,6 +381,7 @@ weighted_sums_in!(
     "avx512f,fma",
     __m512,
     16,
+    true,
     _mm512_loadu_ps,
     _mm512_storeu_ps,
     _mm512_set1_ps,
@@ -389,6 +397,7 @@ weighted_sums_in!(
     "avx2,fma",
     __m256,
     8,
+    false,
     _mm256_loadu_ps,
     _mm256_storeu_ps,
     _mm256_set1_ps,
@@ -643,9 +652,10 @@ mod tests {
                     };
                     assert_eq!(bits(&avx2), bits(&portable), "AVX2, {width} {count}");
                 }
-                // Several outputs over the same values (1 to 7 query heads of a KV head), each
-                // with its own weights: each as the portable loop gives it alone.
-                for queries in 1..=7 {
+                // Several outputs over the same values (1 to 9 query heads of a KV head: each
+                // grouping `$all` makes), each with its own weights: each as the portable loop
+                // gives it alone.
+                for queries in 1..=9 {
                     let weights: Vec<f32> = (0..queries * count)
                         .map(|i| (i as f32 * 0.53).cos())
                         .collect();

@@ -165,17 +165,18 @@ impl Inputs<'_> {
     }
 
     /// The same loops in 512-bit vectors, sixteen queries a block (lane by lane, so the same
-    /// bits as the portable build, which only has SSE2).
+    /// bits as the portable build, which only has SSE2); a piece of up to 8 queries (a decode
+    /// row's) with 16 keys across the lanes (`across.rs`, the same bits).
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
-    #[target_feature(enable = "avx512f,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
     unsafe fn piece_avx512(&self, job: &Job, kv_head: usize) -> Piece {
-        self.piece_portable::<16, false>(job, kv_head)
+        self.piece_portable::<16, true>(job, kv_head)
     }
 
     /// `L` lanes per block of queries: 8 for 256-bit vectors, 16 for 512-bit ones (the bits
-    /// are the same at either). `ACROSS`: a few queries take `across.rs`'s form (only where
-    /// the caller has AVX2 and FMA).
+    /// are the same at either). `ACROSS`: a few queries take `across.rs`'s form in vectors of
+    /// `L` lanes (only where the caller has AVX2 and FMA, and AVX-512 F for 16).
     #[inline(always)]
     fn piece_portable<const L: usize, const ACROSS: bool>(
         &self,
@@ -202,12 +203,17 @@ impl Inputs<'_> {
         };
         #[cfg(target_arch = "x86_64")]
         if ACROSS {
-            // SAFETY: only `piece_avx2` asks for this form, and only where the CPU has AVX2
-            // and FMA.
+            // SAFETY: only `piece_avx2` (L = 8) and `piece_avx512` (L = 16) ask for this form,
+            // and only where the CPU has their features.
             #[allow(unsafe_code)]
-            if let Some(piece) =
-                unsafe { super::across::piece_avx2(&queries, head_dim, self.scale, &keys) }
-            {
+            let piece = unsafe {
+                if L == 16 {
+                    super::across::piece_avx512(&queries, head_dim, self.scale, &keys)
+                } else {
+                    super::across::piece_avx2(&queries, head_dim, self.scale, &keys)
+                }
+            };
+            if let Some(piece) = piece {
                 return piece;
             }
         }
