@@ -51,19 +51,13 @@ pub(super) unsafe fn piece_avx2<'a>(
     scale: f32,
     keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
 ) -> Option<Piece> {
-    let (count, d, n) = (queries.len(), head_dim, keys.n);
-    if !takes(queries, d, n, MOST_QUERIES) {
-        return None;
-    }
-    // `[query][key]`: the scores, then their terms.
-    let mut scores = vec![0f32; count * n];
-    TILES.with_borrow_mut(|tiles| match count {
-        1 => scores_avx2::<1, 8>(queries, d, scale, &keys.key, n, tiles, &mut scores),
-        2 => scores_avx2::<2, 4>(queries, d, scale, &keys.key, n, tiles, &mut scores),
-        3 => scores_avx2::<3, 2>(queries, d, scale, &keys.key, n, tiles, &mut scores),
-        _ => scores_avx2::<4, 2>(queries, d, scale, &keys.key, n, tiles, &mut scores),
-    });
-    Some(softmax_and_sums(scores, count, d, keys))
+    let (q, d, key, n) = (queries, head_dim, &keys.key, keys.n);
+    in_form(queries, d, keys, MOST_QUERIES, |tiles, s| match q.len() {
+        1 => scores_avx2::<1, 8>(q, d, scale, key, n, tiles, s),
+        2 => scores_avx2::<2, 4>(q, d, scale, key, n, tiles, s),
+        3 => scores_avx2::<3, 2>(q, d, scale, key, n, tiles, s),
+        _ => scores_avx2::<4, 2>(q, d, scale, key, n, tiles, s),
+    })
 }
 
 /// The same form in 512-bit vectors (16 keys a vector), for at most [`MOST_QUERIES_512`]
@@ -76,37 +70,44 @@ pub(super) unsafe fn piece_avx512<'a>(
     scale: f32,
     keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
 ) -> Option<Piece> {
-    let (count, d, n) = (queries.len(), head_dim, keys.n);
-    if !takes(queries, d, n, MOST_QUERIES_512) {
-        return None;
-    }
-    let mut scores = vec![0f32; count * n];
-    let (q, key, s) = (queries, &keys.key, &mut scores);
-    TILES.with_borrow_mut(|tiles| match count {
-        1 => scores_avx512::<1, 8>(q, d, scale, key, n, tiles, s),
-        2 => scores_avx512::<2, 6>(q, d, scale, key, n, tiles, s),
-        3 => scores_avx512::<3, 4>(q, d, scale, key, n, tiles, s),
-        4 => scores_avx512::<4, 4>(q, d, scale, key, n, tiles, s),
-        5 => scores_avx512::<5, 2>(q, d, scale, key, n, tiles, s),
-        6 => scores_avx512::<6, 2>(q, d, scale, key, n, tiles, s),
-        7 => scores_avx512::<7, 2>(q, d, scale, key, n, tiles, s),
-        _ => scores_avx512::<8, 2>(q, d, scale, key, n, tiles, s),
-    });
-    Some(softmax_and_sums(scores, count, d, keys))
+    let (q, d, key, n) = (queries, head_dim, &keys.key, keys.n);
+    in_form(queries, d, keys, MOST_QUERIES_512, |tiles, s| {
+        match q.len() {
+            1 => scores_avx512::<1, 8>(q, d, scale, key, n, tiles, s),
+            2 => scores_avx512::<2, 6>(q, d, scale, key, n, tiles, s),
+            3 => scores_avx512::<3, 4>(q, d, scale, key, n, tiles, s),
+            4 => scores_avx512::<4, 4>(q, d, scale, key, n, tiles, s),
+            5 => scores_avx512::<5, 2>(q, d, scale, key, n, tiles, s),
+            6 => scores_avx512::<6, 2>(q, d, scale, key, n, tiles, s),
+            7 => scores_avx512::<7, 2>(q, d, scale, key, n, tiles, s),
+            _ => scores_avx512::<8, 2>(q, d, scale, key, n, tiles, s),
+        }
+    })
 }
 
-/// Whether a form takes these queries: 1 to `most` of them, a head dimension of whole
-/// 8-element vectors and at least one key.
-fn takes(queries: &[&[f32]], d: usize, n: usize, most: usize) -> bool {
-    let count = queries.len();
+/// The piece, where a form takes these queries (1 to `most` of them, a head dimension of
+/// whole 8-element vectors, at least one key): `scores_of(tiles, scores)` fills the scores
+/// (`[query][key]`) with the form's kernel, then the softmax and the weighted sums.
+#[inline(always)]
+fn in_form<'a>(
+    queries: &[&[f32]],
+    d: usize,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    most: usize,
+    scores_of: impl FnOnce(&mut Vec<f32>, &mut [f32]),
+) -> Option<Piece> {
+    let (count, n) = (queries.len(), keys.n);
     if count == 0 || count > most || !d.is_multiple_of(8) || n == 0 {
-        return false;
+        return None;
     }
     assert!(
         queries.iter().all(|q| q.len() == d),
         "a query is not head_dim long"
     );
-    true
+    // `[query][key]`: the scores, then their terms.
+    let mut scores = vec![0f32; count * n];
+    TILES.with_borrow_mut(|tiles| scores_of(tiles, &mut scores));
+    Some(softmax_and_sums(scores, count, d, keys))
 }
 
 /// The piece from its scores (`[query][key]`, `count` queries): the lanes form's order, the
