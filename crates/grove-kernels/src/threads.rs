@@ -371,9 +371,10 @@ impl<T> Columns<'_, T> {
 }
 
 impl Columns<'_, MaybeUninit<f32>> {
-    /// The columns filled by `compute`, which writes the task's `[rows, width]` products into
-    /// the zeroed slice it is given: one row's columns in place, more rows through a
-    /// thread-local block (in cache) whose rows then go to their columns.
+    /// The columns filled by `compute`, which writes every value of the task's `[rows,
+    /// width]` products into the slice it is given (what is there before is unspecified):
+    /// one row's columns in place, more rows through a thread-local block (in cache) whose
+    /// rows then go to their columns.
     pub fn fill(&mut self, compute: impl FnOnce(&mut [f32])) {
         if self.rows == 1 {
             compute(zeroed(self.row(0)));
@@ -383,8 +384,7 @@ impl Columns<'_, MaybeUninit<f32>> {
             static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
         }
         BLOCK.with_borrow_mut(|block| {
-            block.clear();
-            block.resize(self.width * self.rows, 0.0);
+            let block = scratch(block, self.width * self.rows);
             compute(block);
             for (r, products) in block.chunks_exact(self.width).enumerate() {
                 for (out, &value) in self.row(r).iter_mut().zip(products) {
@@ -393,6 +393,17 @@ impl Columns<'_, MaybeUninit<f32>> {
             }
         });
     }
+}
+
+/// The first `len` values of a thread's scratch buffer, grown (zeroed) where it is shorter
+/// and otherwise left as the last user left them: every user overwrites what it reads, and
+/// clearing a task's block each time was a `memset` call per task (hundreds per product of
+/// a many-row verify).
+pub(crate) fn scratch(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    &mut buffer[..len]
 }
 
 /// `values` set to zero, as the floats they now are.

@@ -272,32 +272,31 @@ impl Format for Q4K {
         }
         let dmin = halves(unit.add(at::DMIN));
         let mins = |j: usize, n: usize| i32::from(*unit.add(at::q4k_mins(j) + n));
-        subtract_offsets(x, &mut block, &x.acts.sum32_i16, i, 8, mins, &dmin);
+        subtract_mins(x, &mut block, i, mins, &dmin);
         finish_super_block(x, acc, &block, i);
     }
 }
 
-/// A K-quant super-block's mins' (Q4_K) or zero point's (Q6_K) term taken from `block`, in
-/// integers once per super-block as the VNNI kernel's (`paired_sums`): per activation row
-/// and weight row `n`, the `subs` sub-blocks' activation sums (`sums`) times `byte(sub, n)`,
-/// then times `scale[n]`.
+/// A Q4_K super-block's mins' term taken from `block`, in integers once per super-block as
+/// the VNNI kernel's (`paired_sums`): per activation row and weight row `n`, the 8 sub-blocks'
+/// activation sums times `min(sub, n)`, then times `dmin[n]`.
 #[inline(always)]
-fn subtract_offsets(
+fn subtract_mins(
     x: &Tile<'_>,
     block: &mut Acc,
-    sums: &[i16],
     i: usize,
-    subs: usize,
-    byte: impl Fn(usize, usize) -> i32,
-    scale: &[f32; STRIP],
+    min: impl Fn(usize, usize) -> i32,
+    dmin: &[f32; STRIP],
 ) {
-    let per_row = x.acts.k / 256 * subs;
+    let per_row = x.acts.k / 32;
     for m in 0..x.rows {
         for n in 0..STRIP {
-            let total: i32 = (0..subs)
-                .map(|sub| byte(sub, n) * i32::from(x.at(sums, per_row, m, subs * i + sub)))
+            let total: i32 = (0..8)
+                .map(|sub| {
+                    min(sub, n) * i32::from(x.at(&x.acts.sum32_i16, per_row, m, 8 * i + sub))
+                })
                 .sum();
-            block[m][n] = (-(total as f32)).mul_add(scale[n], block[m][n]);
+            block[m][n] = (-(total as f32)).mul_add(dmin[n], block[m][n]);
         }
     }
 }
@@ -348,17 +347,16 @@ impl Format for Q6K {
             for h in 0..2 {
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(subs[h])), &d);
                 for m in 0..x.rows {
+                    // The zero point (32) times the sub-block's activation sum, in integers
+                    // as the VNNI kernel starts its sums.
+                    let zero = x.at(&x.acts.zero_q6, x.acts.k / 16, m, 16 * i + subs[h]);
                     for n in 0..STRIP {
-                        let sum = sums[h].0[m][n] as f32;
+                        let sum = (sums[h].0[m][n] + zero) as f32;
                         block[m][n] = sum.mul_add(scales[n], block[m][n]);
                     }
                 }
             }
         }
-        // The zero point 32 with `d`.
-        let d32 = d.map(|d| d * 32.0);
-        let scales = |sub: usize, n: usize| i32::from(*unit.add(at::q6k_scales(sub) + n) as i8);
-        subtract_offsets(x, &mut block, &x.acts.sum16_i16, i, 16, scales, &d32);
         finish_super_block(x, acc, &block, i);
     }
 }

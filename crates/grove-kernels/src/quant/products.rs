@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use super::{Kernel, QMatrix, QuantFormat, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
-use crate::threads::{for_each_columns_mut, zeroed, Columns};
+use crate::threads::{for_each_columns_mut, scratch, Columns};
 
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
 /// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
@@ -106,24 +106,22 @@ pub fn matmul_gated_with(
     let run = |_: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
         let first = index * WEIGHT_ROWS_PER_TASK;
         let w = columns.width();
-        PRODUCTS.with_borrow_mut(|(gates, ups)| {
-            for (products, matrix, acts) in [
-                (&mut *gates, gate_matrix, gate_acts),
-                (&mut *ups, up_matrix, up_acts),
-            ] {
-                products.clear();
-                products.resize(w * rows, 0.0);
-                matrix.task(kernel, acts, rows, first, products);
-            }
-            for (r, (gates, ups)) in gates.chunks_exact(w).zip(ups.chunks_exact(w)).enumerate() {
-                gate(gates, ups, zeroed(columns.row(r)));
-            }
+        columns.fill(|out| {
+            PRODUCTS.with_borrow_mut(|(gates, ups)| {
+                let (gates, ups) = (scratch(gates, w * rows), scratch(ups, w * rows));
+                gate_matrix.task(kernel, gate_acts, rows, first, gates);
+                up_matrix.task(kernel, up_acts, rows, first, ups);
+                let pairs = gates.chunks_exact(w).zip(ups.chunks_exact(w));
+                for ((gates, ups), out) in pairs.zip(out.chunks_exact_mut(w)) {
+                    gate(gates, ups, out);
+                }
+            })
         });
     };
     let values = &mut output.spare_capacity_mut()[..n * rows];
     let parallel = 2 * n * k * rows >= PARALLEL_MIN_WORK;
     for_each_columns_mut(&mut [values], rows, WEIGHT_ROWS_PER_TASK, parallel, run);
-    // SAFETY: every task's columns of `..n * rows` were initialized (zeroed, then gated); a
+    // SAFETY: every task's columns of `..n * rows` were initialized (`Columns::fill`); a
     // task that panicked never gets here.
     #[allow(unsafe_code)]
     unsafe {

@@ -27,11 +27,15 @@ pub struct QuantizedRows {
     /// The same for Q5_0 (zero point 16) and Q4_0 (8).
     pub(super) zero_q5: Vec<i32>,
     pub(super) zero_q4: Vec<i32>,
+    /// `[rows, k / 16]` for Q6_K on AVX-512 CPUs (and AMX, which reads their rows): where a
+    /// 16-weight sub-block's integer sums start, minus the zero point (32) times its values'
+    /// sum, so the zero point costs a broadcast load per sub-block and row.
+    pub(super) zero_q6: Vec<i32>,
     /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
     /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
     pub(super) scaled_sum32: Vec<f32>,
-    /// Q4_K and Q5_K (Q6_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so two
-    /// neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
+    /// Q4_K and Q5_K (AVX2's Q6_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so
+    /// two neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
     /// scales.
     pub(super) sum32_i16: Vec<i16>,
     pub(super) sum16_i16: Vec<i16>,
@@ -105,6 +109,7 @@ impl QuantizedRows {
             zero_q8: Vec::new(),
             zero_q5: Vec::new(),
             zero_q4: Vec::new(),
+            zero_q6: Vec::new(),
             scaled_sum32: Vec::new(),
             sum32_i16: Vec::new(),
             sum16_i16: Vec::new(),
@@ -121,13 +126,16 @@ impl QuantizedRows {
         if kernel != Kernel::Scalar && mins.iter().any(|format| formats.contains(format)) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
         }
-        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q6K) {
+        if kernel == Kernel::Avx2 && formats.contains(&QuantFormat::Q6K) {
             quantized.sum16_i16 = narrow(&quantized.sum16);
         }
         if kernel == Kernel::Avx512Vnni {
             let times = |zero: i32, sums: &[i32]| sums.iter().map(|&sum| -zero * sum).collect();
             if formats.contains(&QuantFormat::Q8_0) {
                 quantized.zero_q8 = times(128, &quantized.sum32);
+            }
+            if formats.contains(&QuantFormat::Q6K) {
+                quantized.zero_q6 = times(32, &quantized.sum16);
             }
         }
         if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_0) {
@@ -156,7 +164,8 @@ impl QuantizedRows {
             QuantFormat::Q4_0 => self.zero_q4.len() == self.sum32.len(),
             QuantFormat::Q5_1 => self.scaled_sum32.len() == self.sum32.len(),
             QuantFormat::Q4K | QuantFormat::Q5K => self.sum32_i16.len() == self.sum32.len(),
-            QuantFormat::Q6K => self.sum16_i16.len() == self.sum16.len(),
+            QuantFormat::Q6K if avx2 => self.sum16_i16.len() == self.sum16.len(),
+            QuantFormat::Q6K => self.zero_q6.len() == self.sum16.len(),
         }
     }
 

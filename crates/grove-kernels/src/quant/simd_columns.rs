@@ -25,13 +25,14 @@ pub(super) struct Acts<const R: usize> {
     pub q: [*const i8; R],
     /// One per block (32 or 256 values).
     pub scale: [*const f32; R],
-    /// Q8_0, Q5_0, Q4_0: where a block's integer sums start, minus the zero point times the
-    /// activations' sum (`QuantizedRows::zero_q8`; never read by AVX2's Q8_0).
+    /// Q8_0, Q5_0, Q4_0 (Q6_K): where a block's (16-weight sub-block's) integer sums start,
+    /// minus the zero point times the activations' sum (`QuantizedRows::zero_q8`; never read
+    /// by AVX2's Q8_0).
     pub zero: [*const i32; R],
     /// Q5_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
     pub scaled_sums: [*const f32; R],
-    /// Q4_K (Q6_K): each 32 (16) values' sum as 16 bits (`QuantizedRows::sum32_i16`), for
-    /// the mins' (zero point's) term.
+    /// Q4_K, Q5_K (AVX2's Q6_K): each 32 (16) values' sum as 16 bits
+    /// (`QuantizedRows::sum32_i16`), for the mins' (zero point's) term.
     pub sums: [*const i16; R],
 }
 
@@ -45,10 +46,9 @@ impl<const R: usize> Acts<R> {
             QuantFormat::Q5_0 => (&acts.zero_q5, 32),
             QuantFormat::Q4_0 => (&acts.zero_q4, 32),
             QuantFormat::Q5_1 => (&[], 32),
-            // The K-quants' mins and zero points are added once per super-block (`sums`):
-            // these pointers are never read.
+            // The mins are added once per super-block (`sums`): these pointers are never read.
             QuantFormat::Q4K | QuantFormat::Q5K => (&[], 32),
-            QuantFormat::Q6K => (&[], 16),
+            QuantFormat::Q6K => (&acts.zero_q6, 16),
         };
         Self {
             q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(row(r, k))),
@@ -341,12 +341,12 @@ impl Format for Q4_0 {
     }
 }
 
-/// Two neighbouring sub-blocks' bytes of the 16 rows (16 at `p`, then 16), as `vpdpwssd`
-/// multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s two bytes
-/// (Q4_K's mins, unsigned; Q6_K's scales, `SIGNED`).
+/// Two neighbouring sub-blocks' mins of the 16 rows (16 bytes at `p`, then 16), as
+/// `vpdpwssd` multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s
+/// two bytes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn paired_bytes<const SIGNED: bool>(p: *const u8) -> __m512i {
+unsafe fn paired_bytes(p: *const u8) -> __m512i {
     /// Word `2p` from word `p` (the first sub-block's), `2p + 1` from `16 + p`.
     static INTERLEAVE: [i16; 32] = {
         let mut index = [0i16; 32];
@@ -358,12 +358,7 @@ unsafe fn paired_bytes<const SIGNED: bool>(p: *const u8) -> __m512i {
         }
         index
     };
-    let bytes = _mm256_loadu_si256(p.cast());
-    let words = if SIGNED {
-        _mm512_cvtepi8_epi16(bytes)
-    } else {
-        _mm512_cvtepu8_epi16(bytes)
-    };
+    let words = _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.cast()));
     #[cfg(not(miri))]
     let paired = _mm512_permutexvar_epi16(_mm512_loadu_si512(INTERLEAVE.as_ptr().cast()), words);
     // Miri has no `vpermw` (`scripts/miri_avx512.sh`): the same permutation, word by word.
@@ -380,7 +375,7 @@ unsafe fn paired_bytes<const SIGNED: bool>(p: *const u8) -> __m512i {
 }
 
 /// Each row's `T` pairs of sub-block sums from `x.sums[r] + from` against the 16 rows'
-/// `pairs`: the integer sums of a super-block's mins' (zero point's) term.
+/// `pairs`: the integer sums of a super-block's mins' term.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn paired_sums<const R: usize, const T: usize>(
@@ -493,8 +488,7 @@ unsafe fn with_mins<const R: usize>(
             block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
         }
     }
-    let mins: [__m512i; 4] =
-        std::array::from_fn(|t| paired_bytes::<false>(unit.add(at::q4k_mins(2 * t))));
+    let mins: [__m512i; 4] = std::array::from_fn(|t| paired_bytes(unit.add(at::q4k_mins(2 * t))));
     let min_sums = paired_sums::<R, 4>(&mins, x, 8 * i);
     let dmin = halves(unit.add(at::DMIN));
     for r in 0..R {
@@ -507,9 +501,9 @@ impl Format for Q6K {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     const PACES: usize = 8;
 
-    /// The weights' zero point (32) once per super-block, in integers as Q4_K's mins: each
-    /// row's sixteen 16-value sums against the 16 rows' signed scales, eight `vpdpwssd`s (at
-    /// most 16 * 128 * 16 * 127 < 2^24: exact as f32), times `32 d`.
+    /// The weights' zero point (32) where each 16-weight sub-block's sums start
+    /// ([`zero_start`]): a broadcast load per sub-block and row, no multiply (the sums stay
+    /// within 16 * 32 * 127 < 2^24: exact as f32).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize>(
@@ -545,20 +539,14 @@ impl Format for Q6K {
                 // Sub-block 2j + half: 16 weights.
                 let sub = 2 * j + half;
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub)), d);
-                let zero = [_mm512_setzero_si512(); R];
-                let sums = dots::<R, 4>(zero, x, 256 * i + 16 * sub, |g| u(4 * half + g));
+                let start = zero_start::<R>(x, 16 * i + sub);
+                let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u(4 * half + g));
                 for r in 0..R {
                     block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
                 }
             }
         }
-        let scales: [__m512i; 8] =
-            std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::q6k_scales(2 * t))));
-        let zero_sums = paired_sums::<R, 8>(&scales, x, 16 * i);
-        // The zero point 32 with `d`: a power of two, exact.
-        let d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0));
         for r in 0..R {
-            block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(zero_sums[r]), d32, block[r]);
             acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
         }
     }

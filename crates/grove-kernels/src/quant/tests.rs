@@ -365,6 +365,7 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 zero_q8: Vec::new(),
                 zero_q5: Vec::new(),
                 zero_q4: Vec::new(),
+                zero_q6: Vec::new(),
                 scaled_sum32: Vec::new(),
                 sum32_i16: Vec::new(),
                 sum16_i16: Vec::new(),
