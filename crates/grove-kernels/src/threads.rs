@@ -198,6 +198,43 @@ impl Crew {
     }
 }
 
+/// How many threads [`for_each_task`] called here would share its tasks among (before
+/// limiting them to the task count).
+fn team() -> usize {
+    let crew = CREW.with(Cell::get);
+    // SAFETY: a crew outlives its body, and this thread is inside that body while the
+    // thread-local points at it.
+    #[allow(unsafe_code)]
+    let crew = unsafe { crew.as_ref() };
+    1 + crew.map_or_else(|| rayon::current_num_threads() - 1, |crew| crew.helpers)
+}
+
+/// An order for tasks of the given `costs` (in any unit) to run in through [`for_each_task`]:
+/// position `p` runs task `order[p]`. Each thread starts on its own contiguous share of the
+/// positions, so a share that drew the few costly tasks (a tree's pieces of shared context
+/// beside each row's few keys of its own) kept the others waiting at the end; here the tasks,
+/// costliest first, are dealt to the shares back and forth, each share's in falling cost, so
+/// the shares start about even and what the threads take from each other's backs is small.
+pub fn balanced_order(costs: &[usize]) -> Vec<usize> {
+    let tasks = costs.len();
+    let threads = team().min(tasks).max(1);
+    let mut by_cost: Vec<usize> = (0..tasks).collect();
+    by_cost.sort_by_key(|&i| std::cmp::Reverse(costs[i]));
+    // The share sizes `for_each_task` cuts.
+    let mut room: Vec<usize> = (0..threads)
+        .map(|t| (t + 1) * tasks / threads - t * tasks / threads)
+        .collect();
+    let mut shares: Vec<Vec<usize>> = room.iter().map(|&n| Vec::with_capacity(n)).collect();
+    let mut snake = (0..threads).chain((0..threads).rev()).cycle();
+    for task in by_cost {
+        // The shares' sizes add up to the tasks: one with room is within a round.
+        let t = snake.find(|&t| room[t] > 0).expect("room for every task");
+        room[t] -= 1;
+        shares[t].push(task);
+    }
+    shares.concat()
+}
+
 /// Runs `task(i)` once for every `i` in `0..tasks` on the current rayon pool's threads (the
 /// global pool's outside one), and returns when all have run; a panic in a task is raised
 /// here once the others stop.
@@ -550,211 +587,4 @@ impl Share {
 }
 
 #[cfg(test)]
-mod tests {
-    use rayon::prelude::*;
-
-    use super::{for_each_chunk_mut, for_each_columns_mut, for_each_task, with_threads_awake};
-
-    #[test]
-    fn body_runs_once_with_parallel_work_inside_and_outside_a_pool() {
-        let sum = |n: u64| (0..n).into_par_iter().sum::<u64>();
-        assert_eq!(with_threads_awake(|| sum(1000)), 499_500);
-        for threads in [1, 2, 4] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            let total = pool.install(|| {
-                (0..50)
-                    .map(|i| with_threads_awake(|| sum(i * 100)))
-                    .sum::<u64>()
-            });
-            let expected: u64 = (0..50)
-                .map(|i: u64| (i * 100) * (i * 100).saturating_sub(1) / 2)
-                .sum();
-            assert_eq!(total, expected, "{threads} threads");
-        }
-    }
-
-    #[test]
-    fn concurrent_bodies_in_one_pool_both_finish() {
-        // Many owners at once on the two threads of one pool, each with parallel work: a
-        // helper of one picked up inside another's body must not wait for the first.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        let sum = |n: u64| (0..n).into_par_iter().sum::<u64>();
-        for _ in 0..100 {
-            let total: u64 = pool.install(|| {
-                (0..16u64)
-                    .into_par_iter()
-                    .map(|i| with_threads_awake(|| sum(1000 * i)))
-                    .sum()
-            });
-            let expected: u64 = (0..16u64)
-                .map(|i| 1000 * i * (1000 * i).saturating_sub(1) / 2)
-                .sum();
-            assert_eq!(total, expected);
-        }
-    }
-
-    #[test]
-    fn a_panicking_body_releases_the_helpers() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
-        let caught = pool
-            .install(|| std::panic::catch_unwind(|| with_threads_awake(|| panic!("in the body"))));
-        assert!(caught.is_err());
-        // The pool still works.
-        assert_eq!(pool.install(|| with_threads_awake(|| 7)), 7);
-    }
-
-    /// How many times `for_each_task` ran each of `tasks` tasks (each sleeping a little now and
-    /// then, so the threads' shares end at different times and the stealing runs).
-    fn runs(tasks: usize) -> Vec<usize> {
-        let counts: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
-        for_each_task(tasks, |i| {
-            if i % 7 == 3 {
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            }
-            counts[i].fetch_add(1, Ordering::Relaxed);
-        });
-        counts.into_iter().map(AtomicUsize::into_inner).collect()
-    }
-
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[test]
-    fn every_task_runs_once_on_any_number_of_threads() {
-        for tasks in [0, 1, 2, 3, 7, 64, 1000] {
-            assert_eq!(runs(tasks), vec![1; tasks], "{tasks} tasks outside a pool");
-            for threads in [1, 2, 3, 8] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let counts = pool.install(|| with_threads_awake(|| runs(tasks)));
-                assert_eq!(counts, vec![1; tasks], "{tasks} tasks, {threads} threads");
-                // Many callers at once, each waiting only for its own tasks.
-                let all = pool.install(|| {
-                    (0..6)
-                        .into_par_iter()
-                        .map(|_| runs(tasks))
-                        .collect::<Vec<_>>()
-                });
-                assert!(all.iter().all(|counts| *counts == vec![1; tasks]));
-            }
-        }
-    }
-
-    #[test]
-    fn a_bodys_sections_reach_its_helpers_and_nest() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        pool.install(|| {
-            with_threads_awake(|| {
-                // Over many sections, tasks run on both threads (through the crew's posts).
-                let threads = std::sync::Mutex::new(std::collections::HashSet::new());
-                for _ in 0..50 {
-                    for_each_task(8, |_| {
-                        threads.lock().unwrap().insert(std::thread::current().id());
-                        std::thread::sleep(std::time::Duration::from_micros(100));
-                    });
-                }
-                assert_eq!(threads.lock().unwrap().len(), 2);
-                // A section inside a task runs every task once, as does the next one after.
-                let counts: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
-                for_each_task(8, |i| {
-                    for_each_task(8, |j| {
-                        counts[8 * i + j].fetch_add(1, Ordering::Relaxed);
-                    })
-                });
-                assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
-                assert_eq!(runs(100), vec![1; 100]);
-            })
-        });
-    }
-
-    #[test]
-    fn chunks_cover_every_slice_once_with_their_indices() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
-        let mut a = vec![0usize; 10];
-        let mut b: Vec<usize> = Vec::new();
-        let mut c = vec![0usize; 4];
-        pool.install(|| {
-            for_each_chunk_mut(&mut [&mut a, &mut b, &mut c], 4, |s, j, chunk| {
-                for (at, value) in chunk.iter_mut().enumerate() {
-                    *value += 1000 * (s + 1) + 10 * j + at + 1;
-                }
-            })
-        });
-        assert_eq!(
-            a,
-            [1001, 1002, 1003, 1004, 1011, 1012, 1013, 1014, 1021, 1022]
-        );
-        assert_eq!(c, [3001, 3002, 3003, 3004]);
-    }
-
-    #[test]
-    fn column_blocks_cover_every_row_of_every_matrix_once() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
-        for parallel in [false, true] {
-            // Three rows: a 3 x 10 matrix (blocks of 4, 4, 2 columns), an empty one, 3 x 4.
-            let mut a = vec![0usize; 30];
-            let mut b: Vec<usize> = Vec::new();
-            let mut c = vec![0usize; 12];
-            pool.install(|| {
-                let mut matrices = [&mut a[..], &mut b[..], &mut c[..]];
-                for_each_columns_mut(&mut matrices, 3, 4, parallel, |s, j, mut columns| {
-                    for r in 0..3 {
-                        for (at, value) in columns.row(r).iter_mut().enumerate() {
-                            *value += 1000 * (s + 1) + 100 * r + 10 * j + at + 1;
-                        }
-                    }
-                })
-            });
-            let expected = |s: usize, n: usize| -> Vec<usize> {
-                (0..3)
-                    .flat_map(|r| {
-                        (0..n)
-                            .map(move |col| 1000 * (s + 1) + 100 * r + 10 * (col / 4) + col % 4 + 1)
-                    })
-                    .collect()
-            };
-            assert_eq!(a, expected(0, 10), "parallel {parallel}");
-            assert_eq!(c, expected(2, 4), "parallel {parallel}");
-        }
-    }
-
-    #[test]
-    fn a_panicking_task_is_raised_and_the_pool_still_works() {
-        for threads in [1, 2, 4] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            for bad in [0, 17, 99] {
-                let caught = pool.install(|| {
-                    std::panic::catch_unwind(|| {
-                        with_threads_awake(|| {
-                            for_each_task(100, |i| assert_ne!(i, bad, "task {bad}"));
-                        })
-                    })
-                });
-                assert!(caught.is_err(), "{threads} threads, task {bad}");
-            }
-            assert_eq!(pool.install(|| runs(50)), vec![1; 50]);
-        }
-    }
-}
+mod tests;

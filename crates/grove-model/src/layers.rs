@@ -167,21 +167,49 @@ impl RmsNorm {
     pub fn forward_host(&self, x: &mut [f32]) -> candle_core::Result<()> {
         let eps = self.eps;
         let norm_rows = |weight: &[f32]| {
-            let row = |x: &mut [f32]| {
-                let sum2: f32 = x.iter().map(|&v| v * v).sum();
-                let rms = (sum2 / weight.len() as f32 + eps).sqrt();
+            let dim = weight.len();
+            let scale = |x: &mut [f32], sum2: f32| {
+                let rms = (sum2 / dim as f32 + eps).sqrt();
                 for (v, w) in x.iter_mut().zip(weight) {
                     *v = *v / rms * w;
                 }
             };
-            if x.len() / weight.len() > 32 {
-                x.par_chunks_exact_mut(weight.len()).for_each(row);
-            } else {
-                x.chunks_exact_mut(weight.len()).for_each(row);
+            if x.len() / dim > 32 {
+                x.par_chunks_exact_mut(dim)
+                    .for_each(|x| scale(x, x.iter().map(|&v| v * v).sum()));
+                return;
+            }
+            // A row's sum is one chain of dependent adds: the rows of a verify are summed
+            // side by side, each in its own order, so the chains overlap.
+            let mut groups = x.chunks_exact_mut(NORM_ROWS * dim);
+            for group in &mut groups {
+                let sums = sums_of_squares::<NORM_ROWS>(group, dim);
+                for (x, sum2) in group.chunks_exact_mut(dim).zip(sums) {
+                    scale(x, sum2);
+                }
+            }
+            for x in groups.into_remainder().chunks_exact_mut(dim) {
+                scale(x, x.iter().map(|&v| v * v).sum());
             }
         };
         with_host_values(&self.weight, norm_rows)
     }
+}
+
+/// Rows whose sums of squares [`RmsNorm::forward_host`] runs side by side.
+const NORM_ROWS: usize = 8;
+
+/// Each of `R` rows' (`dim` values each, one after another in `rows`) sum of squares, in the
+/// order `Iterator::sum` adds (first to last), the rows' additions interleaved.
+fn sums_of_squares<const R: usize>(rows: &[f32], dim: usize) -> [f32; R] {
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &rows[r * dim..][..dim]);
+    let mut sums = [0f32; R];
+    for i in 0..dim {
+        for (sum, row) in sums.iter_mut().zip(rows) {
+            *sum += row[i] * row[i];
+        }
+    }
+    sums
 }
 
 impl Module for RmsNorm {
@@ -285,5 +313,41 @@ impl Mlp {
             }
         };
         self.down.forward_host(&gated, rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Module, Tensor};
+
+    use super::RmsNorm;
+
+    /// The host norm of any number of rows (summed side by side in groups, one by one, or in
+    /// parallel) gives candle's `rms_norm` bits, row for row.
+    #[test]
+    fn host_norm_of_any_rows_equals_candles() {
+        let dim = 96;
+        let weight: Vec<f32> = (0..dim).map(|i| 0.5 + (i as f32 * 0.37).sin()).collect();
+        let norm = RmsNorm {
+            weight: Tensor::from_vec(weight, dim, &Device::Cpu).unwrap(),
+            eps: 1e-6,
+        };
+        for rows in [1, 7, 8, 16, 19, 40] {
+            let x: Vec<f32> = (0..rows * dim)
+                .map(|i| (i as f32 * 0.731).sin() * (1.0 + (i % 13) as f32))
+                .collect();
+            let mut ours = x.clone();
+            norm.forward_host(&mut ours).unwrap();
+            let input = Tensor::from_vec(x, (rows, dim), &Device::Cpu).unwrap();
+            let candle: Vec<f32> = norm
+                .forward(&input)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&ours), bits(&candle), "{rows} rows");
+        }
     }
 }

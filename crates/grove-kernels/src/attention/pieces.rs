@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::lanes::{piece_in_lanes, PieceKeys};
 use super::{HeadLayout, Inputs, KEY_PIECE};
-use crate::threads::for_each_chunk_mut;
+use crate::threads::{balanced_order, for_each_chunk_mut};
 
 /// One piece's keys and the long rows that see exactly them, in row order.
 struct Job {
@@ -79,10 +79,24 @@ impl Inputs<'_> {
             return;
         }
         let kv_heads = self.layout.num_kv_heads;
-        let mut pieces: Vec<Option<Piece>> = (0..jobs.len() * kv_heads).map(|_| None).collect();
-        for_each_chunk_mut(&mut [&mut pieces], 1, |_, i, piece| {
+        // Piece `i` is job `i / kv_heads`'s for KV head `i % kv_heads`, costing its queries
+        // times its keys; run in an order that starts the threads on even shares.
+        let costs: Vec<usize> = (0..jobs.len() * kv_heads)
+            .map(|i| {
+                let job = &jobs[i / kv_heads];
+                job.rows.len() * piece_slots(&self.key_slots[job.rows[0]], job.piece).len()
+            })
+            .collect();
+        let order = balanced_order(&costs);
+        let mut ran: Vec<Option<Piece>> = (0..order.len()).map(|_| None).collect();
+        for_each_chunk_mut(&mut [&mut ran], 1, |_, p, piece| {
+            let i = order[p];
             piece[0] = Some(self.piece(&jobs[i / kv_heads], i % kv_heads));
         });
+        let mut pieces: Vec<Option<Piece>> = (0..order.len()).map(|_| None).collect();
+        for (&i, piece) in order.iter().zip(ran) {
+            pieces[i] = piece;
+        }
         let pieces: Vec<Piece> = pieces
             .into_iter()
             .map(|p| p.expect("every piece ran"))

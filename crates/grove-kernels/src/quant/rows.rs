@@ -2,6 +2,7 @@
 //! what each format's kernels read beside them (sums, zero points' terms).
 
 use super::{Kernel, QuantFormat};
+use crate::threads::for_each_chunk_mut;
 
 /// Activation rows quantized to 8 bits, one f32 scale per `block` values (32 for the
 /// 32-weight formats, 256 for the K-quants, matching their blocks as llama.cpp's Q8_0 / Q8_K
@@ -69,7 +70,14 @@ impl QuantizedRows {
         k: usize,
         formats: &[QuantFormat],
     ) -> Self {
-        Self::quantized_by(quantize_portable, kernel, x, rows, k, formats)
+        Self::quantized_by(
+            |x, rows| quantize_portable(x, rows.parts()),
+            kernel,
+            x,
+            rows,
+            k,
+            formats,
+        )
     }
 
     /// Rows of the sizes `kernel` and `formats` need, filled by `quantizer`.
@@ -169,16 +177,15 @@ impl QuantizedRows {
         }
     }
 
-    /// The block size and the buffers a quantizer fills: values, scales, sums of 16 and 32.
-    #[allow(clippy::type_complexity)]
-    pub(super) fn parts(&mut self) -> (usize, &mut [i8], &mut [f32], &mut [i32], &mut [i32]) {
-        (
-            self.block,
-            &mut self.q,
-            &mut self.scale,
-            &mut self.sum16,
-            &mut self.sum32,
-        )
+    /// The buffers a quantizer fills.
+    pub(super) fn parts(&mut self) -> Parts<'_> {
+        Parts {
+            block: self.block,
+            q: &mut self.q,
+            scale: &mut self.scale,
+            sum16: &mut self.sum16,
+            sum32: &mut self.sum32,
+        }
     }
 
     pub(super) fn q(&self, row: usize) -> &[i8] {
@@ -191,26 +198,91 @@ impl QuantizedRows {
     }
 }
 
+/// What a quantizer fills for some whole rows: 8-bit values, one scale per `block` values,
+/// and the sums of every 16 and 32 values.
+pub(super) struct Parts<'a> {
+    pub block: usize,
+    pub q: &'a mut [i8],
+    pub scale: &'a mut [f32],
+    pub sum16: &'a mut [i32],
+    pub sum32: &'a mut [i32],
+}
+
+impl<'a> Parts<'a> {
+    fn reborrow(&mut self) -> Parts<'_> {
+        Parts {
+            block: self.block,
+            q: self.q,
+            scale: self.scale,
+            sum16: self.sum16,
+            sum32: self.sum32,
+        }
+    }
+
+    /// The parts of each `rows` rows of `k` values (the last part may hold fewer).
+    fn by_rows(self, k: usize, rows: usize) -> impl Iterator<Item = Parts<'a>> {
+        let block = self.block;
+        let values = rows * k;
+        (self.q.chunks_mut(values))
+            .zip(self.scale.chunks_mut(values / block))
+            .zip(self.sum16.chunks_mut(values / 16))
+            .zip(self.sum32.chunks_mut(values / 32))
+            .map(move |(((q, scale), sum16), sum32)| Parts {
+                block,
+                q,
+                scale,
+                sum16,
+                sum32,
+            })
+    }
+}
+
+/// Values of a product's input below which one thread quantizes it all (a verify's rows of
+/// an MLP's wide input were a serial stretch of tens of microseconds a layer).
+const PARALLEL_MIN_VALUES: usize = 1 << 14;
+
 /// `x` in blocks of `block` values: 8-bit values `q`, one `scale` per block (absmax / 127),
-/// and the sums of every 16 and 32 values. Every decode step quantizes each product's input:
-/// as plain code this was a fifth of a 128 x 1024 one-row Q4_K product (`simd.rs` has the
-/// AVX-512 version).
+/// and the sums of every 16 and 32 values; rows in parallel where there are many values.
+/// Every decode step quantizes each product's input: as plain code this was a fifth of a
+/// 128 x 1024 one-row Q4_K product (`simd.rs` has the AVX-512 version).
 fn quantize(x: &[f32], rows: &mut QuantizedRows) {
     assert_eq!(
         x.len(),
         rows.q.len(),
         "input and quantized rows differ in size"
     );
-    #[cfg(target_arch = "x86_64")]
-    if rows.kernel != Kernel::Scalar {
-        return super::simd::quantize(x, rows);
+    let (kernel, k) = (rows.kernel, rows.k);
+    let count = x.len() / k.max(1);
+    let one = |x: &[f32], parts: Parts<'_>| {
+        #[cfg(target_arch = "x86_64")]
+        if kernel != Kernel::Scalar {
+            return super::simd::quantize(kernel, x, parts);
+        }
+        quantize_portable(x, parts)
+    };
+    if count < 2 || x.len() < PARALLEL_MIN_VALUES {
+        return one(x, rows.parts());
     }
-    quantize_portable(x, rows)
+    let per_task = count.div_ceil(rayon::current_num_threads()).max(1);
+    let mut tasks: Vec<(&[f32], Parts<'_>)> = x
+        .chunks(per_task * k)
+        .zip(rows.parts().by_rows(k, per_task))
+        .collect();
+    for_each_chunk_mut(&mut [&mut tasks], 1, |_, _, task| {
+        let (x, parts) = &mut task[0];
+        one(x, parts.reborrow());
+    });
 }
 
 /// The reference quantizer (and the one on CPUs without AVX-512).
-pub(super) fn quantize_portable(x: &[f32], rows: &mut QuantizedRows) {
-    let (block, q, scale, sum16, sum32) = rows.parts();
+pub(super) fn quantize_portable(x: &[f32], parts: Parts<'_>) {
+    let Parts {
+        block,
+        q,
+        scale,
+        sum16,
+        sum32,
+    } = parts;
     for ((values, quants), scale) in x
         .chunks_exact(block)
         .zip(q.chunks_exact_mut(block))

@@ -9,7 +9,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Kernel, QuantizedRows};
+use super::rows::Parts;
+use super::Kernel;
 
 /// How far ahead of the chunk being multiplied its weights are requested (`prefetch`). The
 /// hardware prefetcher alone left one row of decoding at 7.4 GB/s per core on a 151936 x 896
@@ -23,29 +24,35 @@ pub(super) const PREFETCH: usize = 3072;
 /// Q5_0 product from memory on two threads: 8.9-9.7 -> 6.3-6.8 ms.
 pub(super) const PREFETCH_L2: usize = 16384;
 
-/// [`super::quantize`] in AVX-512: per block the absolute maximum, then 16 values at a time
+/// The quantizer of `rows.rs` in AVX-512 (on the parts of some whole rows): per block the absolute maximum, then 16 values at a time
 /// scaled, rounded to nearest-even (`vcvtps2dq` under the default rounding mode, as the
 /// portable version's magic-number rounding), clamped to i8 and summed.
-pub(super) fn quantize(x: &[f32], rows: &mut QuantizedRows) {
+pub(super) fn quantize(kernel: Kernel, x: &[f32], parts: Parts<'_>) {
     let n = x.len();
-    assert!(rows.block.is_multiple_of(32) && n.is_multiple_of(rows.block));
-    assert!(rows.q.len() == n && rows.scale.len() == n / rows.block);
-    assert!(rows.sum16.len() == n / 16 && rows.sum32.len() == n / 32);
+    assert!(parts.block.is_multiple_of(32) && n.is_multiple_of(parts.block));
+    assert!(parts.q.len() == n && parts.scale.len() == n / parts.block);
+    assert!(parts.sum16.len() == n / 16 && parts.sum32.len() == n / 32);
     // SAFETY: the rows were made for a kernel this CPU runs (`QuantizedRows::for_kernel`'s
     // callers check); every load and store is inside the slices, whose lengths are asserted
     // above.
     unsafe {
-        match rows.kernel {
-            Kernel::Avx512Vnni | Kernel::Amx => quantize_avx512(x, rows),
-            _ => quantize_avx2(x, rows),
+        match kernel {
+            Kernel::Avx512Vnni | Kernel::Amx => quantize_avx512(x, parts),
+            _ => quantize_avx2(x, parts),
         }
     }
 }
 
 /// [`quantize`] in AVX2, 8 values at a time: the same operations, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_avx2(x: &[f32], rows: &mut QuantizedRows) {
-    let (block, q, scale, sum16, sum32) = rows.parts();
+unsafe fn quantize_avx2(x: &[f32], parts: Parts<'_>) {
+    let Parts {
+        block,
+        q,
+        scale,
+        sum16,
+        sum32,
+    } = parts;
     let (low, high) = (_mm256_set1_epi32(-128), _mm256_set1_epi32(127));
     let sign = _mm256_set1_ps(-0.0);
     for (b, d_out) in scale.iter_mut().enumerate() {
@@ -84,8 +91,14 @@ unsafe fn quantize_avx2(x: &[f32], rows: &mut QuantizedRows) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn quantize_avx512(x: &[f32], rows: &mut QuantizedRows) {
-    let (block, q, scale, sum16, sum32) = rows.parts();
+unsafe fn quantize_avx512(x: &[f32], parts: Parts<'_>) {
+    let Parts {
+        block,
+        q,
+        scale,
+        sum16,
+        sum32,
+    } = parts;
     let (low, high) = (_mm512_set1_epi32(-128), _mm512_set1_epi32(127));
     for (b, d_out) in scale.iter_mut().enumerate() {
         let start = b * block;

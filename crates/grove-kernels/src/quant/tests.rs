@@ -371,13 +371,39 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 sum16_i16: Vec::new(),
             };
             if vector {
-                super::simd::quantize(&x, &mut rows);
+                super::simd::quantize(kernel, &x, rows.parts());
             } else {
-                super::rows::quantize_portable(&x, &mut rows);
+                super::rows::quantize_portable(&x, rows.parts());
             }
             (rows.q, rows.scale, rows.sum16, rows.sum32)
         };
         assert_eq!(run(true), run(false), "block {block}, {kernel:?}");
+    }
+}
+
+/// Many rows are quantized on several threads (a part of the rows each): every row's values,
+/// scales and sums are what it gets quantized alone, on every kernel, with threads or not.
+#[test]
+fn rows_quantized_in_parallel_equal_each_row_alone() {
+    let (rows, k) = (13, 2048);
+    let x = random_input(rows, k, 5);
+    let formats = [QuantFormat::Q4K, QuantFormat::Q6K];
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    for kernel in Kernel::available() {
+        let kernel = kernel.activations();
+        let together = pool.install(|| QuantizedRows::for_kernel(kernel, &x, rows, k, &formats));
+        for r in 0..rows {
+            let row = &x[r * k..(r + 1) * k];
+            let alone = QuantizedRows::for_kernel(kernel, row, 1, k, &formats);
+            assert_eq!(together.q(r), &alone.q[..], "{kernel:?} row {r}");
+            assert_eq!(together.scale(r), &alone.scale[..], "{kernel:?} row {r}");
+            let sums = |v: &[i32], per: usize| v[r * k / per..(r + 1) * k / per].to_vec();
+            assert_eq!(sums(&together.sum16, 16), alone.sum16, "{kernel:?} row {r}");
+            assert_eq!(sums(&together.sum32, 32), alone.sum32, "{kernel:?} row {r}");
+        }
     }
 }
 
