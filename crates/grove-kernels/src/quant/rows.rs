@@ -209,6 +209,20 @@ pub(super) struct Parts<'a> {
 }
 
 impl<'a> Parts<'a> {
+    /// The block size and the buffers: values, scales, sums of 16 and 32.
+    #[allow(clippy::type_complexity)]
+    pub fn split(
+        self,
+    ) -> (
+        usize,
+        &'a mut [i8],
+        &'a mut [f32],
+        &'a mut [i32],
+        &'a mut [i32],
+    ) {
+        (self.block, self.q, self.scale, self.sum16, self.sum32)
+    }
+
     fn reborrow(&mut self) -> Parts<'_> {
         Parts {
             block: self.block,
@@ -276,13 +290,7 @@ fn quantize(x: &[f32], rows: &mut QuantizedRows) {
 
 /// The reference quantizer (and the one on CPUs without AVX-512).
 pub(super) fn quantize_portable(x: &[f32], parts: Parts<'_>) {
-    let Parts {
-        block,
-        q,
-        scale,
-        sum16,
-        sum32,
-    } = parts;
+    let (block, q, scale, sum16, sum32) = parts.split();
     for ((values, quants), scale) in x
         .chunks_exact(block)
         .zip(q.chunks_exact_mut(block))

@@ -46,13 +46,7 @@ pub(super) fn quantize(kernel: Kernel, x: &[f32], parts: Parts<'_>) {
 /// [`quantize`] in AVX2, 8 values at a time: the same operations, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_avx2(x: &[f32], parts: Parts<'_>) {
-    let Parts {
-        block,
-        q,
-        scale,
-        sum16,
-        sum32,
-    } = parts;
+    let (block, q, scale, sum16, sum32) = parts.split();
     let (low, high) = (_mm256_set1_epi32(-128), _mm256_set1_epi32(127));
     let sign = _mm256_set1_ps(-0.0);
     for (b, d_out) in scale.iter_mut().enumerate() {
@@ -92,13 +86,7 @@ unsafe fn quantize_avx2(x: &[f32], parts: Parts<'_>) {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn quantize_avx512(x: &[f32], parts: Parts<'_>) {
-    let Parts {
-        block,
-        q,
-        scale,
-        sum16,
-        sum32,
-    } = parts;
+    let (block, q, scale, sum16, sum32) = parts.split();
     let (low, high) = (_mm512_set1_epi32(-128), _mm512_set1_epi32(127));
     for (b, d_out) in scale.iter_mut().enumerate() {
         let start = b * block;
