@@ -433,9 +433,9 @@ impl Columns<'_, MaybeUninit<f32>> {
 }
 
 /// The first `len` values of a thread's scratch buffer, grown (zeroed) where it is shorter
-/// and otherwise left as the last user left them: every user overwrites what it reads, and
-/// clearing a task's block each time was a `memset` call per task (hundreds per product of
-/// a many-row verify).
+/// and otherwise left as the last user left them: every user writes what it reads first, or
+/// reads past that only into lanes or outputs it drops (clearing a product task's block each
+/// time was a `memset` call per task, hundreds per product of a many-row verify).
 pub(crate) fn scratch(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buffer.len() < len {
         buffer.resize(len, 0.0);

@@ -18,6 +18,7 @@
 use std::cell::RefCell;
 
 use super::pieces::Piece;
+use crate::threads::scratch as sized;
 
 /// `L` lanes of f32, one query each. Plain loops over the lanes, which the compiler makes
 /// vector instructions, the same operations per lane on every build. No closures: a closure
@@ -194,15 +195,6 @@ pub(super) fn piece_in_lanes<'a, const L: usize>(
     sum.truncate(count);
     SCRATCH.set(scratch);
     Piece { max, sum, out }
-}
-
-/// The first `len` elements of `buffer`, grown if shorter. Not cleared: every element a
-/// kernel reads is written first, or only feeds lanes, keys or dimensions it drops.
-fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if buffer.len() < len {
-        buffer.resize(len, 0.0);
-    }
-    &mut buffer[..len]
 }
 
 /// Each pass's queries as `[dim][block of the pass][lane]` (query `block * lanes + lane`),
