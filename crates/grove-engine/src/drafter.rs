@@ -37,8 +37,14 @@ pub trait Drafter: Send + Sync {
         features: &Tensor,
     ) -> Result<(), ModelError>;
 
+    /// The target ids the draft logits' columns stand for, when the drafter has a reduced
+    /// vocabulary (increasing); `None`: column `i` is token `i`.
+    fn vocabulary(&self) -> Option<&[TokenId]> {
+        None
+    }
+
     /// Draft logits `[block_size - 1, vocab]` for the slots after each block's anchor, all
-    /// blocks in one pass.
+    /// blocks in one pass (`vocab`: [`Drafter::vocabulary`]'s length when it has one).
     fn draft(
         &self,
         target: &dyn Model,
@@ -58,6 +64,10 @@ impl Drafter for DFlashDrafter {
 
     fn new_kv_store(&self, num_slots: usize) -> KvStore {
         DFlashDrafter::new_kv_store(self, num_slots)
+    }
+
+    fn vocabulary(&self) -> Option<&[TokenId]> {
+        self.draft_vocabulary()
     }
 
     fn extend(

@@ -578,6 +578,16 @@ impl<'a> RoundRunner<'a> {
                 .iter()
                 .map(|row| top_k_candidates(row, k, self.options.vocab_shards))
                 .collect();
+            if let Some(ids) = spec.drafter.vocabulary() {
+                // Columns of a reduced vocabulary to target ids. The map is increasing, so
+                // ties keep the order by lower id, and the log-sum-exp over the columns is
+                // the one over the whole row (the other tokens' logits are -inf).
+                for depth in &mut candidates[index] {
+                    for token in &mut depth.token_ids {
+                        *token = ids[*token as usize];
+                    }
+                }
+            }
         }
         Ok(candidates)
     }

@@ -164,8 +164,36 @@ pub fn default_target_layer_ids(target_layers: usize, num_draft: usize) -> Vec<u
 pub struct DraftOutput {
     /// `[S, hidden]` after the drafter's final norm.
     pub hidden: Tensor,
-    /// `[S - 1, vocab]`: the target's LM head on slots `1..S`.
+    /// `[S - 1, vocab]`: the LM head on slots `1..S`, over the target's vocabulary, or over
+    /// [`DFlashDrafter::draft_vocabulary`] when the drafter has a reduced one (column `i` is
+    /// target token `draft_vocabulary[i]`; every other token's logit is `-inf`).
     pub logits: Tensor,
+}
+
+impl DraftOutput {
+    /// The logits over the target's `vocab` tokens: `vocabulary`'s columns in place, `-inf`
+    /// elsewhere (`None`: they already are).
+    pub fn full_logits(
+        &self,
+        vocabulary: Option<&[TokenId]>,
+        vocab: usize,
+    ) -> Result<Tensor, ModelError> {
+        let Some(ids) = vocabulary else {
+            return Ok(self.logits.clone());
+        };
+        let small: Vec<Vec<f32>> = self.logits.to_vec2()?;
+        let mut full = vec![f32::NEG_INFINITY; small.len() * vocab];
+        for (row, values) in full.chunks_exact_mut(vocab).zip(&small) {
+            for (&id, &value) in ids.iter().zip(values) {
+                row[id as usize] = value;
+            }
+        }
+        Ok(Tensor::from_vec(
+            full,
+            (small.len(), vocab),
+            self.logits.device(),
+        )?)
+    }
 }
 
 /// A loaded drafter: weights only. Its context K/V live in a caller-owned [`KvStore`] whose
@@ -228,19 +256,6 @@ impl DraftHead {
             d2t,
             linear: Linear::from_matrix(matrix, None),
         })
-    }
-
-    /// Logits over the target's vocabulary: the draft vocabulary's, `-inf` elsewhere.
-    fn logits(&self, hidden: &Tensor, vocab: usize) -> Result<Tensor, ModelError> {
-        let small: Vec<Vec<f32>> = self.linear.forward(hidden)?.to_vec2()?;
-        let rows = small.len();
-        let mut full = vec![f32::NEG_INFINITY; rows * vocab];
-        for (row, values) in full.chunks_exact_mut(vocab).zip(&small) {
-            for (&id, &value) in self.d2t.iter().zip(values) {
-                row[id as usize] = value;
-            }
-        }
-        Ok(Tensor::from_vec(full, (rows, vocab), hidden.device())?)
     }
 }
 
@@ -311,7 +326,10 @@ impl DFlashDrafter {
                 config.mask_token_id, target_config.vocab_size
             )));
         }
-        let weights = Weights::open(directory, device)?;
+        let mut weights = Weights::open(directory, device)?;
+        if crate::drafter_manifest::DrafterManifest::q8_0_products(directory)? {
+            weights = weights.with_q8_0_products();
+        }
         let prefix = if weights.contains("fc.weight") {
             ""
         } else if weights.contains("model.fc.weight") {
@@ -346,6 +364,12 @@ impl DFlashDrafter {
 
     pub fn config(&self) -> &DFlashConfig {
         &self.config
+    }
+
+    /// The target ids a reduced draft vocabulary covers, increasing (`d2t`); `None`: the
+    /// drafter's logits cover the target's whole vocabulary.
+    pub fn draft_vocabulary(&self) -> Option<&[TokenId]> {
+        self.head.as_ref().map(|head| head.d2t.as_slice())
     }
 
     pub fn new_kv_store(&self, num_slots: usize) -> KvStore {
@@ -459,8 +483,10 @@ impl DFlashDrafter {
             .map(|i| {
                 let block = hidden.narrow(0, i * size, size)?;
                 let drafts = block.narrow(0, 1, size - 1)?;
+                // A reduced vocabulary's logits stay reduced: scattering them into the
+                // target's vocabulary would make every candidate search read -inf columns.
                 let logits = match &self.head {
-                    Some(head) => head.logits(&drafts, target.config().vocab_size)?,
+                    Some(head) => head.linear.forward(&drafts)?,
                     None => target.project_logits(&drafts)?,
                 };
                 Ok(DraftOutput {

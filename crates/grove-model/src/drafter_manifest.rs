@@ -67,6 +67,11 @@ pub struct DrafterManifest {
     pub target_name: String,
     /// The command that trained it (informational).
     pub command: String,
+    /// `"q8_0"`: the drafter's float matrices run as Q8_0 products (its drafts then differ
+    /// from the stored weights' by rounding only; what is accepted is the target's choice
+    /// either way). Absent: as stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub products: Option<String>,
 }
 
 impl DrafterManifest {
@@ -86,6 +91,22 @@ impl DrafterManifest {
                 path,
                 message: e.to_string(),
             })
+    }
+
+    /// Whether the manifest in `dir` asks for Q8_0 products; an unknown format is an error
+    /// naming the field.
+    pub fn q8_0_products(dir: &Path) -> Result<bool, ModelError> {
+        let Some(manifest) = Self::read(dir)? else {
+            return Ok(false);
+        };
+        match manifest.products.as_deref() {
+            None => Ok(false),
+            Some("q8_0") => Ok(true),
+            Some(other) => Err(ModelError::Config {
+                path: dir.join(MANIFEST_FILE),
+                message: format!("`products` is {other:?}; the one format known is \"q8_0\""),
+            }),
+        }
     }
 
     pub fn write(&self, dir: &Path) -> Result<(), ModelError> {
@@ -145,6 +166,7 @@ mod tests {
             target,
             target_name: "target.gguf".into(),
             command: "grove train-drafter".into(),
+            products: None,
         }
     }
 

@@ -27,6 +27,8 @@ pub struct Weights {
     tensors: Source,
     directory: PathBuf,
     device: Device,
+    /// Float matrices for products are quantized to Q8_0 on load ([`Weights::with_q8_0_products`]).
+    q8_0_products: bool,
 }
 
 impl std::fmt::Debug for Weights {
@@ -50,7 +52,16 @@ impl Weights {
             tensors: Source::Safetensors(tensors),
             directory: directory.to_owned(),
             device: device.clone(),
+            q8_0_products: false,
         })
+    }
+
+    /// Float matrices used in products load as Q8_0 (on a CPU, where the width is a multiple
+    /// of the kernels' chunk): for a drafter, whose outputs only steer what is verified, a
+    /// quarter of f32's bytes and the int8 kernels instead of float multiply-adds.
+    pub fn with_q8_0_products(mut self) -> Self {
+        self.q8_0_products = true;
+        self
     }
 
     /// The tensors of a GGUF file, under their HF names.
@@ -59,6 +70,7 @@ impl Weights {
             tensors: Source::Gguf(file),
             directory: path.to_owned(),
             device: device.clone(),
+            q8_0_products: false,
         }
     }
 
@@ -102,6 +114,20 @@ impl Weights {
                 }
                 return Ok(Matrix::Quantized(std::sync::Arc::new(matrix)));
             }
+        }
+        let q8_0 = self.q8_0_products
+            && purpose == MatrixUse::Products
+            && self.device.is_cpu()
+            && shape.len() == 2
+            && shape[1].is_multiple_of(grove_kernels::quant::CHUNK);
+        if q8_0 {
+            let values: Vec<f32> = self.get(name, shape)?.flatten_all()?.to_vec1()?;
+            let matrix = grove_kernels::quant::QMatrix::quantize_q8_0(&values, shape[0], shape[1])
+                .map_err(|message| ModelError::Weights {
+                    path: self.directory.clone(),
+                    message: format!("tensor `{name}`: {message}"),
+                })?;
+            return Ok(Matrix::Quantized(std::sync::Arc::new(matrix)));
         }
         // Bfloat16 checkpoints' matrices stay bfloat16 (`Matrix::dense`).
         Ok(Matrix::dense(&self.get_as_stored(name, shape)?)?)

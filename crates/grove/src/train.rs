@@ -346,6 +346,7 @@ fn run_cached(
                     .file_name()
                     .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
                 command: std::env::args().collect::<Vec<_>>().join(" "),
+                products: None,
             }
             .write(&args.out)?;
             crate::training_chart::write(&state, &args.out.join("training.png"))?;

@@ -47,6 +47,10 @@ fn token_ids(output: &Output) -> serde_json::Value {
 
 /// A random drafter for the tiny fixture under `dir`, with a manifest naming `target`.
 fn drafter(dir: &Path, target: TargetFingerprint) {
+    drafter_with_products(dir, target, None);
+}
+
+fn drafter_with_products(dir: &Path, target: TargetFingerprint, products: Option<&str>) {
     RandomDrafter::tiny(5)
         .write(&RandomCheckpoint::tiny_qwen3(TINY_MODEL_SEED), dir)
         .unwrap();
@@ -54,6 +58,7 @@ fn drafter(dir: &Path, target: TargetFingerprint) {
         target,
         target_name: "tiny-qwen3".into(),
         command: "test".into(),
+        products: products.map(str::to_owned),
     }
     .write(dir)
     .unwrap();
@@ -95,6 +100,31 @@ fn the_drafter_made_for_the_target_is_found_and_others_are_refused() {
     assert!(!output.status.success());
     assert!(
         message.contains("trained for tiny-qwen3") && message.contains("layers=9"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_drafter_run_in_q8_0_is_lossless_and_an_unknown_format_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let drafters = root.path().join("drafters");
+    let model = Decoder::load(Path::new(TINY_MODEL), &Device::Cpu).unwrap();
+    let tokenizer = TextTokenizer::load(Path::new(TINY_MODEL)).unwrap();
+    let here = TargetFingerprint::of(&model, Some(&tokenizer));
+    drafter_with_products(&drafters.join("q8"), here.clone(), Some("q8_0"));
+    let plain = token_ids(&generate(&drafters, &[]));
+    for algorithm in ["dflash", "ddtree"] {
+        let found = generate(&drafters, &["--speculative-algorithm", algorithm]);
+        assert_eq!(token_ids(&found), plain, "{algorithm}");
+    }
+
+    let odd = root.path().join("odd");
+    drafter_with_products(&odd.join("q4"), here, Some("q4_0"));
+    let output = generate(&odd, &["--speculative-algorithm", "ddtree"]);
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        message.contains("`products`") && message.contains("q4_0"),
         "{message}"
     );
 }

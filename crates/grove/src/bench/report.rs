@@ -87,9 +87,10 @@ pub fn run(args: &BenchArgs, dir: &Path) -> Result<()> {
 
 fn report(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
     let loaded = loading::load(&args.model)?;
-    let Some(drafter) = args.spec.load_drafter(&loaded)? else {
+    let Some(drafter_path) = args.spec.drafter_path(&loaded)? else {
         bail!("--report needs a drafter: --speculative-algorithm ddtree --speculative-draft-model-path DIR");
     };
+    let drafter = args.spec.load_drafter_from(&loaded, &drafter_path)?;
     let tokenizer = loaded
         .tokenizer
         .as_ref()
@@ -109,10 +110,7 @@ fn report(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
     let results = measure(&methods, &requests, repetitions, block)?;
     let report = Report {
         model: loaded.dir.display().to_string(),
-        drafter: args.spec.speculative_draft_model_path.as_ref().map_or_else(
-            || "the default pair's drafter".into(),
-            |p| p.display().to_string(),
-        ),
+        drafter: drafter_path.display().to_string(),
         threads,
         prompts: PROMPTS.len(),
         new_tokens: args.new_tokens,
