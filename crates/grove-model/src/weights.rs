@@ -57,8 +57,8 @@ impl Weights {
     }
 
     /// Float matrices used in products load as Q8_0 (on a CPU, where the width is a multiple
-    /// of the kernels' chunk): for a drafter, whose outputs only steer what is verified, a
-    /// quarter of f32's bytes and the int8 kernels instead of float multiply-adds.
+    /// of the kernels' chunk): for a drafter, whose outputs only steer what is verified, half
+    /// a bf16 matrix's bytes and the int8 kernels instead of float multiply-adds.
     pub fn with_q8_0_products(mut self) -> Self {
         self.q8_0_products = true;
         self

@@ -658,7 +658,10 @@ fn bench_report_writes_json_and_charts() {
         .iter()
         .map(|m| m["method"].as_str().unwrap())
         .collect();
-    assert_eq!(methods, ["none", "dflash", "ddtree-b1", "ddtree-b4"]);
+    assert_eq!(
+        methods,
+        ["none", "dflash", "dflash-auto", "ddtree-b1", "ddtree-b4"]
+    );
     // Speedups are medians over plain decoding's; tau is the histogram's mean.
     let results = report["methods"].as_array().unwrap();
     let median = |m: &Value| m["decode_tokens_per_s"]["median"].as_f64().unwrap();

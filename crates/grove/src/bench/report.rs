@@ -1,4 +1,5 @@
-//! `grove bench --report DIR`: none, DFlash and DDTree over a budget sweep on a fixed set of
+//! `grove bench --report DIR`: none, DFlash (whole block, and its chain length chosen each
+//! round) and DDTree over a budget sweep on a fixed set of
 //! code prompts, in one run; writes `report.json` and two charts like the DDTree paper's:
 //! speedup and tau against the tree budget, and the per-round acceptance-length distribution of
 //! DFlash and the best DDTree budget.
@@ -7,7 +8,10 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use grove_core::{SamplingParams, StopCondition};
-use grove_engine::{Budget, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{
+    Budget, DFlashSpec, Drafter, GenerateRequest, Generator, GeneratorOptions, SpecAlgorithm,
+    SpeculationSettings,
+};
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -36,7 +40,7 @@ struct MethodResult {
     /// Non-root nodes per round (0 for none; the chain length for DFlash; the ceiling for
     /// `auto`).
     budget: usize,
-    /// The budget was chosen each round (`ddtree-auto`).
+    /// The budget was chosen each round (`dflash-auto`, `ddtree-auto`).
     auto: bool,
     /// Draft nodes verified per round, on average.
     mean_budget: f64,
@@ -149,6 +153,16 @@ fn methods_to_compare<'a>(
             })?,
         ),
     ];
+    // DFlash choosing its chain length each round, as the automatic tree budget does: the
+    // fair chain to set the trees beside.
+    let settings = SpeculationSettings {
+        algorithm: SpecAlgorithm::DFlash,
+        budget: Some(Budget::Auto),
+        ..args.spec.settings()
+    };
+    let generator = Generator::new(model, Some(tokenizer), options.clone())
+        .with_speculation(settings, Some(drafter as &dyn Drafter))?;
+    methods.push(("dflash-auto".into(), generator.max_budget(), generator));
     for &budget in budgets {
         let generator = Generator::new(model, Some(tokenizer), options.clone());
         let (name, generator) = ddtree_method(args, generator, drafter, budget)?;
@@ -269,7 +283,10 @@ fn charts(report: &Report, dir: &Path) -> Result<()> {
         .iter()
         .filter(|m| m.method.starts_with("ddtree") && !m.auto)
         .collect();
-    let auto = report.methods.iter().find(|m| m.auto);
+    let auto = report
+        .methods
+        .iter()
+        .find(|m| m.auto && m.method.starts_with("ddtree"));
     let dflash = report
         .methods
         .iter()
