@@ -13,7 +13,8 @@ use grove_kv::{KvStore, PagePool, PrefixCache};
 use grove_model::layers::with_host_values;
 use grove_model::{ForwardBatch, LogitRows, Model, ModelError, Segment, TextTokenizer, Visibility};
 use grove_spec::{
-    top_k_candidates, AcceptResult, DepthCandidates, DraftTree, SegmentPlan, VerifyPlan,
+    map_to_target_ids, top_k_candidates, AcceptResult, DepthCandidates, DraftTree, SegmentPlan,
+    VerifyPlan,
 };
 
 use crate::budget::AutoBudget;
@@ -579,14 +580,7 @@ impl<'a> RoundRunner<'a> {
                 .map(|row| top_k_candidates(row, k, self.options.vocab_shards))
                 .collect();
             if let Some(ids) = spec.drafter.vocabulary() {
-                // Columns of a reduced vocabulary to target ids. The map is increasing, so
-                // ties keep the order by lower id, and the log-sum-exp over the columns is
-                // the one over the whole row (the other tokens' logits are -inf).
-                for depth in &mut candidates[index] {
-                    for token in &mut depth.token_ids {
-                        *token = ids[*token as usize];
-                    }
-                }
+                map_to_target_ids(&mut candidates[index], ids);
             }
         }
         Ok(candidates)

@@ -170,32 +170,6 @@ pub struct DraftOutput {
     pub logits: Tensor,
 }
 
-impl DraftOutput {
-    /// The logits over the target's `vocab` tokens: `vocabulary`'s columns in place, `-inf`
-    /// elsewhere (`None`: they already are).
-    pub fn full_logits(
-        &self,
-        vocabulary: Option<&[TokenId]>,
-        vocab: usize,
-    ) -> Result<Tensor, ModelError> {
-        let Some(ids) = vocabulary else {
-            return Ok(self.logits.clone());
-        };
-        let small: Vec<Vec<f32>> = self.logits.to_vec2()?;
-        let mut full = vec![f32::NEG_INFINITY; small.len() * vocab];
-        for (row, values) in full.chunks_exact_mut(vocab).zip(&small) {
-            for (&id, &value) in ids.iter().zip(values) {
-                row[id as usize] = value;
-            }
-        }
-        Ok(Tensor::from_vec(
-            full,
-            (small.len(), vocab),
-            self.logits.device(),
-        )?)
-    }
-}
-
 /// A loaded drafter: weights only. Its context K/V live in a caller-owned [`KvStore`] whose
 /// page table holds exactly the committed positions `0..start`.
 #[derive(Debug)]

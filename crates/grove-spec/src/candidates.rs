@@ -96,6 +96,18 @@ pub fn top_k_candidates(logits: &[f32], k: usize, shards: usize) -> DepthCandida
     merge_shards(&parts, k)
 }
 
+/// Turns candidates taken from a reduced vocabulary's logits (column `i` is target token
+/// `ids[i]`) into target ids. With `ids` increasing, the result equals the candidates of the
+/// target-wide row holding those logits and `-inf` elsewhere: ties still go to the lower id,
+/// and the other tokens add nothing to the log-sum-exp.
+pub fn map_to_target_ids(candidates: &mut [DepthCandidates], ids: &[TokenId]) {
+    for depth in candidates {
+        for token in &mut depth.token_ids {
+            *token = ids[*token as usize];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +145,38 @@ mod tests {
                 let (a, b) = (logits[w[0] as usize], logits[w[1] as usize]);
                 a > b || (a == b && w[0] < w[1])
             }));
+        }
+    }
+
+    #[test]
+    fn a_reduced_rows_candidates_mapped_equal_the_target_wide_rows() {
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(2);
+        let vocab = 400;
+        for reduced in [1usize, 9, 60] {
+            let mut ids: Vec<TokenId> = (0..vocab as TokenId).collect();
+            while ids.len() > reduced {
+                ids.remove(rng.random_range(0..ids.len()));
+            }
+            // Coarse values make ties common.
+            let small: Vec<f32> = (0..reduced)
+                .map(|_| (rng.random_range(0..6) as f32) * 0.5)
+                .collect();
+            let mut wide = vec![f32::NEG_INFINITY; vocab];
+            for (&id, &logit) in ids.iter().zip(&small) {
+                wide[id as usize] = logit;
+            }
+            for shards in [1, 3] {
+                let whole = top_k_candidates(&wide, 8, shards);
+                let mut mapped = vec![top_k_candidates(&small, 8, shards)];
+                map_to_target_ids(&mut mapped, &ids);
+                assert_eq!(
+                    mapped[0].token_ids,
+                    whole.token_ids[..mapped[0].token_ids.len()]
+                );
+                for (a, b) in mapped[0].log_probs.iter().zip(&whole.log_probs) {
+                    assert!((a - b).abs() < 1e-6, "{reduced} {shards}: {a} vs {b}");
+                }
+            }
         }
     }
 

@@ -13,7 +13,9 @@ mod stats;
 mod tree;
 
 pub use accept::AcceptResult;
-pub use candidates::{merge_shards, top_k_candidates, DepthCandidates, ShardCandidates};
+pub use candidates::{
+    map_to_target_ids, merge_shards, top_k_candidates, DepthCandidates, ShardCandidates,
+};
 pub use plan::{SegmentPlan, VerifyPlan};
 pub use stats::AcceptanceStats;
 pub use tree::DraftTree;

@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::args::BenchArgs;
-use super::methods::ddtree_method;
+use super::methods::speculative_method;
 use super::report::{code_requests, register_font};
 use crate::loading;
 
@@ -84,7 +84,13 @@ fn measure(args: &BenchArgs, dir: &Path, threads: usize) -> Result<()> {
     };
     let plain = Generator::new(&loaded.model, Some(tokenizer), options.clone());
     let generator = Generator::new(&loaded.model, Some(tokenizer), options);
-    let (_, auto) = ddtree_method(args, generator, &drafter, Budget::Auto)?;
+    let (_, auto) = speculative_method(
+        args,
+        generator,
+        &drafter,
+        grove_engine::SpecAlgorithm::DDTree,
+        Budget::Auto,
+    )?;
     let requests = code_requests(tokenizer, &stop_token_ids, args.new_tokens)?;
     // Warm both (the automatic budget measures its costs on its first request).
     auto.generate(&requests[0], |_| {})?;

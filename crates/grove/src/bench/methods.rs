@@ -136,28 +136,40 @@ fn methods_to_compare<'a>(
         };
         for budget in budgets {
             let generator = Generator::new(model, None, options.clone());
-            methods.push(ddtree_method(args, generator, drafter, budget)?);
+            methods.push(speculative_method(
+                args,
+                generator,
+                drafter,
+                grove_engine::SpecAlgorithm::DDTree,
+                budget,
+            )?);
         }
     }
     Ok(methods)
 }
 
-/// DDTree at `budget` (a number, or `auto`: then `ddtree-auto`), named for the tables.
-pub(super) fn ddtree_method<'a>(
+/// DFlash or DDTree at `budget` (a number, or `auto`: then `ddtree-auto`, `dflash-auto`),
+/// named for the tables.
+pub(super) fn speculative_method<'a>(
     args: &BenchArgs,
     generator: Generator<'a>,
     drafter: &'a grove_model::DFlashDrafter,
+    algorithm: grove_engine::SpecAlgorithm,
     budget: Budget,
 ) -> Result<(String, Generator<'a>)> {
     let settings = SpeculationSettings {
-        algorithm: grove_engine::SpecAlgorithm::DDTree,
+        algorithm,
         budget: Some(budget),
         ..args.spec.settings()
     };
     let generator = generator.with_speculation(settings, Some(drafter as &dyn Drafter))?;
+    let prefix = match algorithm {
+        grove_engine::SpecAlgorithm::DFlash => "dflash",
+        _ => "ddtree",
+    };
     let name = match budget {
-        Budget::Fixed(nodes) => format!("ddtree-b{nodes}"),
-        Budget::Auto => "ddtree-auto".into(),
+        Budget::Fixed(nodes) => format!("{prefix}-b{nodes}"),
+        Budget::Auto => format!("{prefix}-auto"),
     };
     Ok((name, generator))
 }

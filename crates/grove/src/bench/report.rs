@@ -9,15 +9,14 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use grove_core::{SamplingParams, StopCondition};
 use grove_engine::{
-    Budget, DFlashSpec, Drafter, GenerateRequest, Generator, GeneratorOptions, SpecAlgorithm,
-    SpeculationSettings,
+    Budget, DFlashSpec, GenerateRequest, Generator, GeneratorOptions, SpecAlgorithm,
 };
 use plotters::prelude::*;
 use serde::Serialize;
 
 use super::args::BenchArgs;
 use super::measure::Spread;
-use super::methods::ddtree_method;
+use super::methods::speculative_method;
 use crate::loading;
 
 /// Code prompts: function headers and docstrings of the kind HumanEval poses.
@@ -155,17 +154,14 @@ fn methods_to_compare<'a>(
     ];
     // DFlash choosing its chain length each round, as the automatic tree budget does: the
     // fair chain to set the trees beside.
-    let settings = SpeculationSettings {
-        algorithm: SpecAlgorithm::DFlash,
-        budget: Some(Budget::Auto),
-        ..args.spec.settings()
-    };
-    let generator = Generator::new(model, Some(tokenizer), options.clone())
-        .with_speculation(settings, Some(drafter as &dyn Drafter))?;
-    methods.push(("dflash-auto".into(), generator.max_budget(), generator));
-    for &budget in budgets {
+    let runs = std::iter::once((SpecAlgorithm::DFlash, Budget::Auto)).chain(
+        budgets
+            .iter()
+            .map(|&budget| (SpecAlgorithm::DDTree, budget)),
+    );
+    for (algorithm, budget) in runs {
         let generator = Generator::new(model, Some(tokenizer), options.clone());
-        let (name, generator) = ddtree_method(args, generator, drafter, budget)?;
+        let (name, generator) = speculative_method(args, generator, drafter, algorithm, budget)?;
         methods.push((name, generator.max_budget(), generator));
     }
     Ok(methods)
