@@ -10,12 +10,15 @@ use grove_core::TokenId;
 use grove_kv::{KvStore, PageTable};
 use grove_model::{DFlashDrafter, Model, ModelError};
 
-/// One sequence's draft request: its drafter page table and the anchor at `position`.
+/// One sequence's draft request: its drafter page table, the anchor at `position`, and how
+/// many of the slots after the anchor it wants logits for (`depths`, at most
+/// `block_size - 1`: a tree of `b` nodes is at most `b` deep).
 #[derive(Debug)]
 pub struct DraftBlock<'t> {
     pub table: &'t mut PageTable,
     pub anchor: TokenId,
     pub position: usize,
+    pub depths: usize,
 }
 
 pub trait Drafter: Send + Sync {
@@ -43,8 +46,8 @@ pub trait Drafter: Send + Sync {
         None
     }
 
-    /// Draft logits `[block_size - 1, vocab]` for the slots after each block's anchor, all
-    /// blocks in one pass (`vocab`: [`Drafter::vocabulary`]'s length when it has one).
+    /// Draft logits `[depths, vocab]` for the first `depths` slots after each block's anchor,
+    /// all blocks in one pass (`vocab`: [`Drafter::vocabulary`]'s length when it has one).
     fn draft(
         &self,
         target: &dyn Model,
@@ -85,7 +88,7 @@ impl Drafter for DFlashDrafter {
         kv: &mut KvStore,
         blocks: &mut [DraftBlock<'_>],
     ) -> Result<Vec<Tensor>, ModelError> {
-        let mut pairs: Vec<(&mut PageTable, TokenId)> = blocks
+        let mut requests: Vec<(&mut PageTable, TokenId, usize)> = blocks
             .iter_mut()
             .map(|block| {
                 debug_assert_eq!(
@@ -93,11 +96,11 @@ impl Drafter for DFlashDrafter {
                     block.position,
                     "drafter context out of step with the target"
                 );
-                (&mut *block.table, block.anchor)
+                (&mut *block.table, block.anchor, block.depths)
             })
             .collect();
         Ok(self
-            .draft_batch(target, &mut pairs, kv)?
+            .draft_batch(target, &mut requests, kv)?
             .into_iter()
             .map(|output| output.logits)
             .collect())

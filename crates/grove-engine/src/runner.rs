@@ -559,6 +559,7 @@ impl<'a> RoundRunner<'a> {
                 table: draft_table,
                 anchor: sequence.anchor,
                 position,
+                depths,
             });
             drafting.push(index);
         }
@@ -569,16 +570,15 @@ impl<'a> RoundRunner<'a> {
             .drafter
             .draft(self.model, &mut pools.draft_kv, &mut blocks)?;
         for (index, logits) in drafting.into_iter().zip(logits) {
-            let (depths, k) = shapes[index];
-            let rows: Vec<Vec<f32>> = logits
-                .narrow(0, 0, depths)
-                .and_then(|l| l.to_vec2())
-                .map_err(ModelError::from)?;
+            let k = shapes[index].1;
             // The reference drafts from raw logits at every temperature (exact: see sampler.rs).
-            candidates[index] = rows
-                .iter()
-                .map(|row| top_k_candidates(row, k, self.options.vocab_shards))
-                .collect();
+            let vocab = logits.dim(1).map_err(ModelError::from)?;
+            let top_k = |rows: &[f32]| -> Vec<DepthCandidates> {
+                rows.chunks_exact(vocab)
+                    .map(|row| top_k_candidates(row, k, self.options.vocab_shards))
+                    .collect()
+            };
+            candidates[index] = with_host_values(&logits, top_k).map_err(ModelError::from)?;
             if let Some(ids) = spec.drafter.vocabulary() {
                 map_to_target_ids(&mut candidates[index], ids);
             }

@@ -132,7 +132,11 @@ impl Method {
         match self {
             Self::Plain => (0, 0),
             Self::Chain { num_draft_tokens } => ((num_draft_tokens - 1).min(depth_cap), 1),
-            Self::Tree { budget, top_k } => ((block_size - 1).min(depth_cap), top_k.min(budget)),
+            // A tree of `budget` nodes is at most `budget` deep.
+            Self::Tree { budget, top_k } => (
+                (block_size - 1).min(depth_cap).min(budget),
+                top_k.min(budget),
+            ),
         }
     }
 }
@@ -356,12 +360,13 @@ mod tests {
     }
 
     #[test]
-    fn near_the_length_limit_rounds_draft_shallower() {
+    fn rounds_draft_no_deeper_than_the_budget_the_block_or_the_length_limit() {
         let tree = Method::Tree {
             budget: 6,
             top_k: 4,
         };
-        assert_eq!(tree.draft_shape(8, 100), (7, 4));
+        assert_eq!(tree.draft_shape(16, 100), (6, 4));
+        assert_eq!(tree.draft_shape(6, 100), (5, 4));
         assert_eq!(tree.draft_shape(8, 3), (2, 4));
         assert_eq!(tree.draft_shape(8, 1), (0, 4));
         let chain = Method::Chain {

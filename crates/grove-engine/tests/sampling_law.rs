@@ -300,6 +300,7 @@ fn draft_table(target: &Decoder, drafter: &DFlashDrafter) -> Result<Vec<TokenId>
                 table: &mut table,
                 anchor: t1,
                 position: PROMPT.len(),
+                depths: 1,
             }];
             let logits = Drafter::draft(drafter, target, &mut draft_kv, &mut blocks)?;
             Ok(logits[0].get(0)?.argmax(0)?.to_scalar::<u32>()?)

@@ -432,6 +432,102 @@ impl Columns<'_, MaybeUninit<f32>> {
     }
 }
 
+impl<'a> Columns<'a, MaybeUninit<f32>> {
+    /// The columns filled in place by `compute`, which writes every value of the rows it is
+    /// lent (the quantized products' kernels store each output once): no block in between,
+    /// whose copy to the columns was a second pass over every output of a many-row product.
+    pub fn fill_rows(&mut self, compute: impl FnOnce(OutRows<'_>)) {
+        compute(OutRows {
+            // SAFETY: `for_each_columns_mut` made `base` a `[rows, n]` matrix and gave this
+            // task columns `first..first + width` of it, inside every row.
+            #[allow(unsafe_code)]
+            base: unsafe { self.base.add(self.first) }.cast::<f32>(),
+            stride: self.n,
+            width: self.width,
+            rows: self.rows,
+            lent: std::marker::PhantomData,
+        });
+    }
+}
+
+/// `rows` rows of `width` floats, row `r` at `r * stride` from the first: a task's columns
+/// of an output whose other columns other tasks write (so no one slice may hold them), or a
+/// block of its own. Lent to one writer while it lives; rows come out one at a time.
+pub struct OutRows<'a> {
+    base: *mut f32,
+    stride: usize,
+    width: usize,
+    rows: usize,
+    lent: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> OutRows<'a> {
+    /// `block` as `[rows, block.len() / rows]`.
+    pub fn block(block: &'a mut [f32], rows: usize) -> Self {
+        assert!(
+            rows > 0 && block.len().is_multiple_of(rows),
+            "a block of {} values is not {rows} rows",
+            block.len()
+        );
+        Self {
+            base: block.as_mut_ptr(),
+            stride: block.len() / rows,
+            width: block.len() / rows,
+            rows,
+            lent: std::marker::PhantomData,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// How far apart the rows start.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// Row 0's first value: row `r`'s `width` values start `r * stride` after it, and
+    /// nothing else of the allocation between them is the writer's.
+    pub fn as_mut_ptr(&mut self) -> *mut f32 {
+        self.base
+    }
+
+    /// Row `r`'s values.
+    pub fn row(&mut self, r: usize) -> &mut [f32] {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        // SAFETY: row `r` is inside what was lent (`fill_rows`, `block`); `&mut self` lends
+        // one row at a time.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base.add(r * self.stride), self.width)
+        }
+    }
+
+    /// Rows `from..from + rows`, lent on while the result lives.
+    pub fn part(&mut self, from: usize, rows: usize) -> OutRows<'_> {
+        assert!(
+            rows > 0 && from + rows <= self.rows,
+            "rows {from}..{} of {}",
+            from + rows,
+            self.rows
+        );
+        OutRows {
+            // SAFETY: row `from` is inside what was lent.
+            #[allow(unsafe_code)]
+            base: unsafe { self.base.add(from * self.stride) },
+            stride: self.stride,
+            width: self.width,
+            rows,
+            lent: std::marker::PhantomData,
+        }
+    }
+}
+
 /// The first `len` values of a thread's scratch buffer, grown (zeroed) where it is shorter
 /// and otherwise left as the last user left them: every user writes what it reads first, or
 /// reads past that only into lanes or outputs it drops (clearing a product task's block each

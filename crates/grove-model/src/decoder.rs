@@ -174,6 +174,19 @@ impl Model for Decoder {
         Ok(self.lm_head.weight().rows(ids)?)
     }
 
+    fn quantized_head_rows(
+        &self,
+        ids: &[u32],
+    ) -> Result<Option<grove_kernels::quant::QMatrix>, ModelError> {
+        match self.lm_head.weight() {
+            Matrix::Quantized(matrix) => matrix
+                .gather_rows(ids)
+                .map(Some)
+                .map_err(|message| ModelError::InvalidBatch(format!("LM head rows: {message}"))),
+            Matrix::Dense(_) => Ok(None),
+        }
+    }
+
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<ForwardOutput, ModelError> {
         self.check_batch(batch)?;
         // A step of a small model is hundreds of short parallel sections: the other compute

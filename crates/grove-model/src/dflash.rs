@@ -191,6 +191,20 @@ struct DraftHead {
 }
 
 impl DraftHead {
+    /// A dense head's rows `d2t`: drafts only steer what is verified, so they are kept at
+    /// Q8_0 (a quarter of f32's reads) wherever the kernels take their width.
+    fn dense_rows(target: &dyn Model, d2t: &[TokenId], size: usize) -> Result<Matrix, String> {
+        let rows = target.head_rows(d2t).map_err(|e| e.to_string())?;
+        let hidden = target.config().hidden_size;
+        match rows.flatten_all().and_then(|r| r.to_vec1::<f32>()) {
+            Ok(values) if hidden.is_multiple_of(grove_kernels::quant::CHUNK) => {
+                let q = grove_kernels::quant::QMatrix::quantize_q8_0(&values, size, hidden)?;
+                Ok(Matrix::Quantized(std::sync::Arc::new(q)))
+            }
+            _ => Matrix::dense(&rows).map_err(|e| e.to_string()),
+        }
+    }
+
     fn load(
         weights: &Weights,
         prefix: &str,
@@ -215,16 +229,14 @@ impl DraftHead {
             }
             d2t.push(id as TokenId);
         }
-        let rows = target.head_rows(&d2t).map_err(|e| e.to_string())?;
-        let hidden = target.config().hidden_size;
-        // Drafts only steer what is verified, so the head is kept at Q8_0 (a quarter of f32's
-        // reads) wherever the kernels take its width.
-        let matrix = match rows.flatten_all().and_then(|r| r.to_vec1::<f32>()) {
-            Ok(values) if hidden.is_multiple_of(grove_kernels::quant::CHUNK) => {
-                let q = grove_kernels::quant::QMatrix::quantize_q8_0(&values, size, hidden)?;
-                Matrix::Quantized(std::sync::Arc::new(q))
-            }
-            _ => Matrix::dense(&rows).map_err(|e| e.to_string())?,
+        let matrix = match target
+            .quantized_head_rows(&d2t)
+            .map_err(|e| e.to_string())?
+        {
+            // The target's own blocks: the values the drafter was trained against (a Q6_K head
+            // reads 0.82 bytes a weight).
+            Some(rows) => Matrix::Quantized(std::sync::Arc::new(rows)),
+            None => Self::dense_rows(target, &d2t, size)?,
         };
         Ok(Self {
             d2t,
@@ -397,16 +409,19 @@ impl DFlashDrafter {
         table: &mut PageTable,
         kv: &mut KvStore,
     ) -> Result<DraftOutput, ModelError> {
-        let mut outputs = self.draft_batch(target, &mut [(table, anchor)], kv)?;
+        let depths = self.config.block_size - 1;
+        let mut outputs = self.draft_batch(target, &mut [(table, anchor, depths)], kv)?;
         Ok(outputs.pop().expect("one block in, one out"))
     }
 
-    /// One drafter forward over the blocks of several sequences, each `(table, anchor)` with
-    /// its block at positions `table.len()..`; returns one [`DraftOutput`] per block.
+    /// One drafter forward over the blocks of several sequences, each `(table, anchor,
+    /// depths)` with its block at positions `table.len()..`; returns one [`DraftOutput`] per
+    /// block, with logits for the first `depths` slots after the anchor (the LM head is most
+    /// of a block's cost: a tree of `b` nodes reads at most `b` depths).
     pub fn draft_batch(
         &self,
         target: &dyn Model,
-        blocks: &mut [(&mut PageTable, TokenId)],
+        blocks: &mut [(&mut PageTable, TokenId, usize)],
         kv: &mut KvStore,
     ) -> Result<Vec<DraftOutput>, ModelError> {
         grove_kernels::threads::with_threads_awake(|| self.draft_batch_awake(target, blocks, kv))
@@ -415,16 +430,22 @@ impl DFlashDrafter {
     fn draft_batch_awake(
         &self,
         target: &dyn Model,
-        blocks: &mut [(&mut PageTable, TokenId)],
+        blocks: &mut [(&mut PageTable, TokenId, usize)],
         kv: &mut KvStore,
     ) -> Result<Vec<DraftOutput>, ModelError> {
         let size = self.config.block_size;
-        for (table, _) in blocks.iter_mut() {
+        for (table, _, depths) in blocks.iter_mut() {
+            if !(1..size).contains(depths) {
+                return Err(ModelError::InvalidBatch(format!(
+                    "draft depths {depths} outside 1..={} (block_size - 1)",
+                    size - 1
+                )));
+            }
             table.reserve(size)?;
         }
         let tokens: Vec<Vec<TokenId>> = blocks
             .iter()
-            .map(|(_, anchor)| {
+            .map(|(_, anchor, _)| {
                 std::iter::once(*anchor)
                     .chain(std::iter::repeat_n(self.config.mask_token_id, size - 1))
                     .collect()
@@ -432,12 +453,12 @@ impl DFlashDrafter {
             .collect();
         let positions: Vec<Vec<usize>> = blocks
             .iter()
-            .map(|(table, _)| (table.len()..table.len() + size).collect())
+            .map(|(table, _, _)| (table.len()..table.len() + size).collect())
             .collect();
         let segments = blocks
             .iter()
             .zip(tokens.iter().zip(&positions))
-            .map(|((table, _), (tokens, positions))| Segment {
+            .map(|((table, _, _), (tokens, positions))| Segment {
                 table,
                 context_len: table.len(),
                 tokens,
@@ -453,10 +474,12 @@ impl DFlashDrafter {
         let flat: Vec<TokenId> = tokens.concat();
         let (hidden, _) = self.layers.forward(target.embed(&flat)?, &batch, kv)?;
         let hidden = self.norm.forward(&hidden)?;
-        (0..blocks.len())
-            .map(|i| {
+        blocks
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, _, depths))| {
                 let block = hidden.narrow(0, i * size, size)?;
-                let drafts = block.narrow(0, 1, size - 1)?;
+                let drafts = block.narrow(0, 1, depths)?;
                 // A reduced vocabulary's logits stay reduced: scattering them into the
                 // target's vocabulary would make every candidate search read -inf columns.
                 let logits = match &self.head {

@@ -52,6 +52,15 @@ pub trait Model: Send + Sync {
     /// from its target's).
     fn head_rows(&self, ids: &[u32]) -> Result<candle_core::Tensor, ModelError>;
 
+    /// Rows `ids` of the LM head kept in its block format, where the head is quantized: the
+    /// same values as [`Model::head_rows`], in a fraction of the bytes a product reads.
+    fn quantized_head_rows(
+        &self,
+        _ids: &[u32],
+    ) -> Result<Option<grove_kernels::quant::QMatrix>, ModelError> {
+        Ok(None)
+    }
+
     /// Runs every row of `batch`, writing their K/V into `kv`.
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<ForwardOutput, ModelError>;
 }

@@ -6,7 +6,9 @@
 mod common;
 
 use anyhow::{Context, Result};
-use candle_core::Device;
+use std::collections::HashMap;
+
+use candle_core::{Device, Tensor};
 use common::{golden_dir, max_abs_diff};
 use grove_kv::PagePool;
 use grove_model::dflash::default_target_layer_ids;
@@ -19,8 +21,8 @@ fn no_tokenizer(_: &str) -> Option<u32> {
     None
 }
 
-#[test]
-fn drafter_hidden_and_logits_match_the_reference() -> Result<()> {
+/// The golden cases and tensors, the target and its drafter.
+fn golden_pair() -> Result<(Value, HashMap<String, Tensor>, Decoder, DFlashDrafter)> {
     let dir = golden_dir();
     let cases: Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("cases.json")).context("golden cases")?,
@@ -28,6 +30,12 @@ fn drafter_hidden_and_logits_match_the_reference() -> Result<()> {
     let tensors = candle_core::safetensors::load(dir.join("tensors.safetensors"), &Device::Cpu)?;
     let target = Decoder::load(&dir.join("target"), &Device::Cpu)?;
     let drafter = DFlashDrafter::load(&dir.join("drafter"), &target, no_tokenizer, &Device::Cpu)?;
+    Ok((cases, tensors, target, drafter))
+}
+
+#[test]
+fn drafter_hidden_and_logits_match_the_reference() -> Result<()> {
+    let (cases, tensors, target, drafter) = golden_pair()?;
     assert_eq!(drafter.config().block_size, 8);
     assert_eq!(drafter.config().target_layer_ids, vec![0, 2]);
 
@@ -66,6 +74,43 @@ fn drafter_hidden_and_logits_match_the_reference() -> Result<()> {
             let expected: Vec<u32> = serde_json::from_value(round["draft_argmax"].clone())?;
             assert_eq!(argmax, expected, "{label}");
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_block_drafted_to_fewer_depths_gives_the_first_rows_of_its_logits() -> Result<()> {
+    let (cases, tensors, target, drafter) = golden_pair()?;
+    let round = &cases["cases"][0]["dflash"]["rounds"][0];
+    let pool = PagePool::new(256, 1)?;
+    let mut kv = drafter.new_kv_store(pool.num_slots());
+    let mut table = pool.new_table();
+    drafter.extend_context(
+        &tensors[round["target_hidden_in"].as_str().unwrap()],
+        &mut table,
+        &mut kv,
+    )?;
+    let anchor = round["block_input_ids"][0].as_u64().unwrap() as u32;
+    let full = drafter.draft(&target, anchor, &mut table, &mut kv)?.logits;
+    for depths in [1, 3, 7] {
+        let mut blocks = [(&mut table, anchor, depths)];
+        let part = drafter
+            .draft_batch(&target, &mut blocks, &mut kv)?
+            .remove(0);
+        assert_eq!(part.logits.dims()[0], depths);
+        let expected: Vec<Vec<f32>> = full.narrow(0, 0, depths)?.to_vec2()?;
+        assert_eq!(part.logits.to_vec2::<f32>()?, expected, "{depths} depths");
+    }
+    for depths in [0, 8] {
+        let mut blocks = [(&mut table, anchor, depths)];
+        let refused = drafter
+            .draft_batch(&target, &mut blocks, &mut kv)
+            .unwrap_err();
+        let message = refused.to_string();
+        assert!(
+            message.contains(&format!("draft depths {depths} outside 1..=7")),
+            "{message}"
+        );
     }
     Ok(())
 }

@@ -9,6 +9,8 @@
 
 use grove_core::TokenId;
 
+use crate::scan::{log_sum_exp, top_k};
+
 /// The top-K of one depth, best first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DepthCandidates {
@@ -24,16 +26,6 @@ pub struct ShardCandidates {
     pub log_sum_exp: f32,
 }
 
-/// `log(sum(exp(x)))` over a slice, max-shifted, accumulated in f32 like `torch.logsumexp`.
-fn log_sum_exp(values: impl Iterator<Item = f32> + Clone) -> f32 {
-    let max = values.clone().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        return max;
-    }
-    let sum: f32 = values.map(|v| (v - max).exp()).sum();
-    max + sum.ln()
-}
-
 /// Orders (token, logit) best first: higher logit, then lower id.
 fn better(a: (TokenId, f32), b: (TokenId, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
@@ -41,28 +33,18 @@ fn better(a: (TokenId, f32), b: (TokenId, f32)) -> std::cmp::Ordering {
 
 /// The best `k` of a shard whose first logit is token `offset`.
 pub fn shard_top_k(logits: &[f32], offset: TokenId, k: usize) -> ShardCandidates {
-    let mut indexed: Vec<(TokenId, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (offset + i as TokenId, l))
-        .collect();
-    let k = k.min(indexed.len());
-    if k > 0 && k < indexed.len() {
-        indexed.select_nth_unstable_by(k - 1, |a, b| better(*a, *b));
-        indexed.truncate(k);
-    }
-    indexed.sort_by(|a, b| better(*a, *b));
-    indexed.truncate(k);
+    let (token_ids, logits_kept) = top_k(logits, offset, k).into_iter().unzip();
     ShardCandidates {
-        token_ids: indexed.iter().map(|&(t, _)| t).collect(),
-        logits: indexed.iter().map(|&(_, l)| l).collect(),
-        log_sum_exp: log_sum_exp(logits.iter().copied()),
+        token_ids,
+        logits: logits_kept,
+        log_sum_exp: log_sum_exp(logits),
     }
 }
 
 /// Merges shard results into the global top-`k` with log-probabilities.
 pub fn merge_shards(shards: &[ShardCandidates], k: usize) -> DepthCandidates {
-    let log_sum_exp = log_sum_exp(shards.iter().map(|s| s.log_sum_exp));
+    let shard_sums: Vec<f32> = shards.iter().map(|s| s.log_sum_exp).collect();
+    let log_sum_exp = log_sum_exp(&shard_sums);
     let mut all: Vec<(TokenId, f32)> = shards
         .iter()
         .flat_map(|s| s.token_ids.iter().copied().zip(s.logits.iter().copied()))

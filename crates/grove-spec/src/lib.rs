@@ -9,6 +9,7 @@
 mod accept;
 mod candidates;
 mod plan;
+mod scan;
 mod stats;
 mod tree;
 

@@ -88,10 +88,12 @@ pub(crate) fn measure_costs(
         .extend(&mut pools.draft_kv, &mut draft_table, &features)?;
     let position = draft_table.len();
     for attempt in 0..2 {
+        // Every depth, as an automatic budget drafts.
         let mut blocks = [DraftBlock {
             table: &mut draft_table,
             anchor: 0,
             position,
+            depths: spec.drafter.block_size() - 1,
         }];
         let begin = Instant::now();
         spec.drafter

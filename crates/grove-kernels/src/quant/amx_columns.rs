@@ -26,6 +26,7 @@ use super::amx_tiles::{Config, Hardware, Tiles, ROWS, ROW_BYTES};
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd_columns::Share;
 use super::{Kernel, QuantFormat, QuantizedRows};
+use crate::threads::OutRows;
 
 /// Fewer activation rows than this go through the VNNI kernel: a tile product of one row
 /// wastes 15 of its 16. Not yet measured on an AMX machine (see docs/benchmarks.md): 4 is
@@ -431,24 +432,20 @@ unsafe fn on_hardware(format: QuantFormat, share: &Share<'_>, rows: usize) {
     run_format(&mut Hardware, format, share, rows);
 }
 
-/// `out[r * stride + j]` = weight row `j` of the strips in `bytes` (`j < outputs`) dotted with
-/// activation row `first + r`, for `r < rows`: `simd_columns::dot_strips` on AMX tiles. The
-/// activations are the VNNI kernel's (`Kernel::activations`).
-#[allow(clippy::too_many_arguments)]
+/// Row `r` of `out` = weight rows `j < outputs` of the strips in `bytes` dotted with
+/// activation row `first + r`, for every row `out` lends: `simd_columns::dot_strips` on AMX
+/// tiles. The activations are the VNNI kernel's (`Kernel::activations`).
 pub(super) fn dot_strips(
     format: QuantFormat,
     bytes: &[u8],
     outputs: usize,
     acts: &QuantizedRows,
     first: usize,
-    rows: usize,
-    out: &mut [f32],
-    stride: usize,
+    out: OutRows<'_>,
 ) {
+    let rows = out.rows();
     let kernel = Kernel::Amx.activations();
-    let share = Share::new(
-        kernel, format, bytes, outputs, acts, first, rows, out, stride,
-    );
+    let share = Share::new(kernel, format, bytes, outputs, acts, first, out);
     // SAFETY: Kernel::Amx runs only where the CPU has AMX and AVX-512 (and Linux granted the
     // tiles); `Share::new` checked the strips, rows and outputs every pointer stays in.
     unsafe { on_hardware(format, &share, rows) }

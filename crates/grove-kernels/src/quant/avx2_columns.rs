@@ -34,6 +34,7 @@ use super::columns::{at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::simd_columns::{Acts, Share};
 use super::{columns, Kernel, QuantFormat, QuantizedRows};
+use crate::threads::OutRows;
 
 /// Rows of a strip in one pass: the 32-bit lanes of a 256-bit vector.
 const HALF: usize = STRIP / 2;
@@ -722,33 +723,21 @@ unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
     }
 }
 
-/// `out[r * stride + j]` = weight row `j` of the strips in `bytes` (`j < outputs`) dotted with
-/// activation row `first + r`, for `r < rows`: `simd_columns::dot_strips` in AVX2.
-#[allow(clippy::too_many_arguments)]
+/// Row `r` of `out` = weight rows `j < outputs` of the strips in `bytes` dotted with
+/// activation row `first + r`, for every row `out` lends: `simd_columns::dot_strips` in AVX2.
 pub(super) fn dot_strips(
     format: QuantFormat,
     bytes: &[u8],
     outputs: usize,
     acts: &QuantizedRows,
     first: usize,
-    rows: usize,
-    out: &mut [f32],
-    stride: usize,
+    out: OutRows<'_>,
 ) {
-    let share = Share::new(
-        Kernel::Avx2,
-        format,
-        bytes,
-        outputs,
-        acts,
-        first,
-        rows,
-        out,
-        stride,
-    );
+    let rows = out.rows();
+    let share = Share::new(Kernel::Avx2, format, bytes, outputs, acts, first, out);
     // SAFETY: the caller (Kernel::detect) checked the features; `Share::new` checked that
     // `bytes` holds whole strips of `k`-weight rows, that rows `first..first + rows` exist in
-    // `acts`, quantized for `format`, and that every row's `outputs` columns are inside `out`;
+    // `acts`, quantized for `format`, and that `out` lends `rows` rows of `outputs` columns;
     // every store writes only the strip's rows that exist.
     unsafe {
         match format {

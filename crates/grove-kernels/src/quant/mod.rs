@@ -41,6 +41,8 @@ pub use rows::QuantizedRows;
 
 use rayon::prelude::*;
 
+use crate::threads::OutRows;
+
 /// Weights per chunk (one 512-bit vector of bytes).
 pub const CHUNK: usize = 64;
 /// Weights per lane: `vpdpbusd` sums four byte products into one 32-bit lane.
@@ -458,6 +460,24 @@ impl QMatrix {
         gguf_bytes(self.format, self.k, self.row(j))
     }
 
+    /// Rows `ids` of this matrix as a matrix of their own, in its format and this CPU's
+    /// layout: their weights exactly, in the bytes the format takes.
+    pub fn gather_rows(&self, ids: &[u32]) -> Result<Self, String> {
+        let mut bytes = Vec::with_capacity(ids.len() * self.row_bytes);
+        for &id in ids {
+            if id as usize >= self.n {
+                return Err(format!("row {id} out of range for {} rows", self.n));
+            }
+            bytes.extend_from_slice(&self.gguf_row(id as usize));
+        }
+        Self::new(
+            self.format,
+            ids.len(),
+            self.k,
+            Bytes::Owned(Arc::new(bytes)),
+        )
+    }
+
     /// Weight row `j` as f32 into `out` (`k` values).
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
         scalar::dequantize_row(self.format, &self.gguf_row(j), out);
@@ -490,17 +510,10 @@ impl QMatrix {
         outputs.pop().expect("one matrix, one output")
     }
 
-    /// Weight rows `first..first + w` (`w = outputs.len() / rows`) dotted with every
-    /// activation row, into `outputs` as `[rows, w]`.
-    fn task(
-        &self,
-        kernel: Kernel,
-        acts: &QuantizedRows,
-        rows: usize,
-        first: usize,
-        outputs: &mut [f32],
-    ) {
-        let w = outputs.len() / rows;
+    /// Weight rows `first..first + w` (`w = out.width()`) dotted with every activation row,
+    /// into `out`'s rows.
+    fn task(&self, kernel: Kernel, acts: &QuantizedRows, first: usize, mut out: OutRows<'_>) {
+        let (rows, w) = (out.rows(), out.width());
         let kernel = self.runs_on(kernel);
         #[cfg(target_arch = "x86_64")]
         if kernel != Kernel::Scalar && matches!(self.layout, Layout::Columns(_)) {
@@ -508,11 +521,11 @@ impl QMatrix {
             let strips = self.strips(first / columns::STRIP, columns::strips(w));
             if kernel == Kernel::Amx && rows >= amx_columns::MIN_ROWS {
                 // Tiles of 16 rows: the tile holds a block's activations, L1 need not.
-                amx_columns::dot_strips(self.format, strips, w, acts, 0, rows, outputs, w);
+                amx_columns::dot_strips(self.format, strips, w, acts, 0, out);
                 return;
             }
             if kernel != Kernel::Avx2 {
-                simd_columns::dot_strips(self.format, strips, w, acts, 0, rows, outputs, w);
+                simd_columns::dot_strips(self.format, strips, w, acts, 0, out);
                 return;
             }
             // AVX2 reads Q5_0's fifth bits only as planes (no kernel hands it a matrix).
@@ -522,24 +535,15 @@ impl QMatrix {
             );
             for block_start in (0..rows).step_by(AVX2_ROWS_PER_BLOCK) {
                 let block_rows = AVX2_ROWS_PER_BLOCK.min(rows - block_start);
-                let out = &mut outputs[block_start * w..];
-                avx2_columns::dot_strips(
-                    self.format,
-                    strips,
-                    w,
-                    acts,
-                    block_start,
-                    block_rows,
-                    out,
-                    w,
-                );
+                let block = out.part(block_start, block_rows);
+                avx2_columns::dot_strips(self.format, strips, w, acts, block_start, block);
             }
             return;
         }
         for offset in 0..w {
             let row = gguf_bytes(self.format, self.k, self.row(first + offset));
             for r in 0..rows {
-                outputs[r * w + offset] = scalar::dot(self.format, &row, acts, r);
+                out.row(r)[offset] = scalar::dot(self.format, &row, acts, r);
             }
         }
     }

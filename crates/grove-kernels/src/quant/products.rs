@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use super::{Kernel, QMatrix, QuantFormat, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
-use crate::threads::{for_each_columns_mut, scratch, Columns};
+use crate::threads::{for_each_columns_mut, scratch, Columns, OutRows};
 
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
 /// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
@@ -50,7 +50,7 @@ pub fn matmul_many_with(
         .collect();
     let run = |m: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
         let first = index * WEIGHT_ROWS_PER_TASK;
-        columns.fill(|products| matrices[m].task(kernel, acts[m], rows, first, products));
+        columns.fill_rows(|out| matrices[m].task(kernel, acts[m], first, out));
     };
     let size: usize = matrices.iter().map(|m| m.n * k * rows).sum();
     let parallel = size >= PARALLEL_MIN_WORK;
@@ -106,14 +106,14 @@ pub fn matmul_gated_with(
     let run = |_: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
         let first = index * WEIGHT_ROWS_PER_TASK;
         let w = columns.width();
-        columns.fill(|out| {
+        columns.fill_rows(|mut out| {
             PRODUCTS.with_borrow_mut(|(gates, ups)| {
                 let (gates, ups) = (scratch(gates, w * rows), scratch(ups, w * rows));
-                gate_matrix.task(kernel, gate_acts, rows, first, gates);
-                up_matrix.task(kernel, up_acts, rows, first, ups);
+                gate_matrix.task(kernel, gate_acts, first, OutRows::block(gates, rows));
+                up_matrix.task(kernel, up_acts, first, OutRows::block(ups, rows));
                 let pairs = gates.chunks_exact(w).zip(ups.chunks_exact(w));
-                for ((gates, ups), out) in pairs.zip(out.chunks_exact_mut(w)) {
-                    gate(gates, ups, out);
+                for (r, (gates, ups)) in pairs.enumerate() {
+                    gate(gates, ups, out.row(r));
                 }
             })
         });

@@ -19,6 +19,7 @@ use std::arch::x86_64::*;
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::{Kernel, QuantFormat, QuantizedRows, ACT_ROWS_PER_BLOCK};
+use crate::threads::OutRows;
 
 /// Raw pointers into `R` activation rows, so the inner loops do no slicing.
 pub(super) struct Acts<const R: usize> {
@@ -554,7 +555,7 @@ impl Format for Q6K {
 
 /// A product's share: `count` strips laid end to end at `strips` (the last with `last` rows)
 /// against activation rows `first..` of `acts`, row `first + r`'s outputs at
-/// `out + r * stride` (strip `s`'s at `+ 16 s`).
+/// `out + r * stride` (strip `s`'s at `+ 16 s`), lent to the share (`OutRows`).
 pub(super) struct Share<'a> {
     pub strips: *const u8,
     pub count: usize,
@@ -652,9 +653,8 @@ unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
 
 impl<'a> Share<'a> {
     /// The share of `dot_strips` (either kernel's), its sizes checked: `bytes` holds whole
-    /// strips of `outputs` rows, `acts` rows `first..first + rows` exist and were quantized
-    /// for `format` on `kernel`, and `out` has room for every row's `outputs` at `stride`.
-    #[allow(clippy::too_many_arguments)]
+    /// strips of `outputs` rows, `acts` rows `first..first + out.rows()` exist and were
+    /// quantized for `format` on `kernel`, and `out`'s rows are `outputs` wide.
     pub fn new(
         kernel: Kernel,
         format: QuantFormat,
@@ -662,14 +662,13 @@ impl<'a> Share<'a> {
         outputs: usize,
         acts: &'a QuantizedRows,
         first: usize,
-        rows: usize,
-        out: &'a mut [f32],
-        stride: usize,
+        mut out: OutRows<'a>,
     ) -> Self {
         let count = columns::strips(outputs);
+        let rows = out.rows();
         assert_eq!(bytes.len(), count * columns::strip_bytes(format, acts.k));
         assert!(rows > 0 && outputs > 0 && (first + rows) * acts.k <= acts.q.len());
-        assert!(out.len() >= (rows - 1) * stride + outputs && stride >= outputs);
+        assert_eq!(out.width(), outputs, "outputs");
         assert!(
             acts.serves(kernel)
                 && acts.block == format.activation_block()
@@ -683,39 +682,27 @@ impl<'a> Share<'a> {
             last: outputs - (count - 1) * STRIP,
             acts,
             first,
+            stride: out.stride(),
             out: out.as_mut_ptr(),
-            stride,
         }
     }
 }
 
-/// `out[r * stride + j]` = weight row `j` of the strips in `bytes` (`j < outputs`) dotted with
-/// activation row `first + r`, for `r < rows`.
-#[allow(clippy::too_many_arguments)]
+/// Row `r` of `out` = weight rows `j < outputs` of the strips in `bytes` dotted with
+/// activation row `first + r`, for every row `out` lends.
 pub(super) fn dot_strips(
     format: QuantFormat,
     bytes: &[u8],
     outputs: usize,
     acts: &QuantizedRows,
     first: usize,
-    rows: usize,
-    out: &mut [f32],
-    stride: usize,
+    out: OutRows<'_>,
 ) {
-    let share = Share::new(
-        Kernel::Avx512Vnni,
-        format,
-        bytes,
-        outputs,
-        acts,
-        first,
-        rows,
-        out,
-        stride,
-    );
+    let rows = out.rows();
+    let share = Share::new(Kernel::Avx512Vnni, format, bytes, outputs, acts, first, out);
     // SAFETY: the caller (Kernel::detect) checked the features; `Share::new` checked that
     // `bytes` holds whole strips of `k`-weight rows, that rows `first..first + rows` exist in
-    // `acts`, quantized for `format`, and that every row's `outputs` columns are inside `out`;
+    // `acts`, quantized for `format`, and that `out` lends `rows` rows of `outputs` columns;
     // every store is masked to those columns.
     unsafe {
         match format {

@@ -172,6 +172,33 @@ fn the_column_layout_keeps_every_block() {
 }
 
 #[test]
+fn gathered_rows_keep_their_blocks_in_either_layout() {
+    for (format, layout) in layouts() {
+        let (n, k) = (40, 512);
+        let matrix = in_layout(&QMatrix::random(format, n, k, 9), layout);
+        let ids = [39u32, 0, 17, 17, 5];
+        let gathered = matrix.gather_rows(&ids).unwrap();
+        assert_eq!(
+            (gathered.format(), gathered.dims()),
+            (format, (ids.len(), k))
+        );
+        let name = format!("{} {layout:?}", format.name());
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(
+                gathered.gguf_row(i),
+                matrix.gguf_row(id as usize),
+                "{name} row {i}"
+            );
+        }
+        let refused = matrix.gather_rows(&[3, n as u32]).unwrap_err();
+        assert!(
+            refused.contains("row 40 out of range for 40 rows"),
+            "{refused}"
+        );
+    }
+}
+
+#[test]
 fn a_mapped_source_released_while_copied_still_reads_the_same() {
     // Large enough for several slabs and whole pages to release.
     let (n, k) = (8195, 2048);
@@ -450,7 +477,8 @@ fn emulated_amx(matrix: &QMatrix, x: &[f32], rows: usize) -> Vec<f32> {
     let strips = matrix.strips(0, columns::strips(n));
     let mut out = vec![f32::NAN; rows * n];
     let kernel = Kernel::Amx.activations();
-    let share = Share::new(kernel, format, strips, n, &acts, 0, rows, &mut out, n);
+    let lent = crate::threads::OutRows::block(&mut out, rows);
+    let share = Share::new(kernel, format, strips, n, &acts, 0, lent);
     super::amx_columns::emulated(format, &share, rows);
     out
 }
