@@ -400,7 +400,8 @@ impl<'a> RoundRunner<'a> {
         let vocab = logits.dim(1).map_err(ModelError::from)?;
         let accept_all = |logits: &[f32]| -> Result<Vec<Vec<TokenId>>, EngineError> {
             let mut emitted = Vec::with_capacity(batch.len());
-            for ((sequence, tree), segment) in batch.iter_mut().zip(&trees).zip(&plan.segments) {
+            let rounds = batch.iter_mut().zip(&trees).zip(&plan.segments);
+            for (((sequence, tree), segment), drafted) in rounds.zip(&candidates) {
                 let rows =
                     &logits[segment.logits_rows.start * vocab..][..tree.tokens.len() * vocab];
                 let id = sequence.id;
@@ -416,6 +417,8 @@ impl<'a> RoundRunner<'a> {
                 }
                 if sequence.auto && sequence.draft_now {
                     sequence.budget.drafted(accepted as f64, tree.len());
+                    let depth = tree.depths.iter().copied().max().unwrap_or(0);
+                    sequence.budget.reached(depth, drafted.len());
                 }
                 let commit = commit_start.elapsed();
                 timings.commit += commit;
@@ -533,7 +536,12 @@ impl<'a> RoundRunner<'a> {
         let block_size = spec.drafter.block_size();
         let shapes: Vec<(usize, usize)> = batch
             .iter()
-            .map(|s| s.method.draft_shape(block_size, s.remaining()))
+            .map(|s| {
+                let (most, k) = s.method.draft_shape(block_size, s.remaining());
+                // An automatic budget drafts as deep as its trees have lately gone.
+                let depths = if s.auto { s.budget.depths(most) } else { most };
+                (depths, k)
+            })
             .collect();
         let mut blocks = Vec::new();
         let mut drafting = Vec::new();

@@ -42,6 +42,9 @@ const DORMANT_AFTER: u32 = 3;
 /// Weight of a drafted round in a sequence's recent value.
 const VALUE_EMA: f64 = 0.3;
 
+/// The fewest depths an automatic budget drafts to once it knows how deep its trees go.
+const MIN_DEPTHS: usize = 4;
+
 /// What drafting gave a sequence lately, and when it looks again.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct SequenceBudget {
@@ -57,6 +60,9 @@ pub(crate) struct SequenceBudget {
     looked: bool,
     /// It keeps no drafter context: drafting did not pay, so it decodes plainly.
     dormant: bool,
+    /// How deep its verified trees went lately, less one per drafted round since (`None`:
+    /// not known, or a tree reached the depth drafted: draft every depth).
+    reach: Option<usize>,
 }
 
 impl SequenceBudget {
@@ -119,6 +125,26 @@ impl SequenceBudget {
             self.looked = false;
             self.skipped += 1;
         }
+    }
+
+    /// The depths to draft to, of at most `most`: twice its recent reach and two more (at
+    /// least [`MIN_DEPTHS`]). A tree of `m` nodes is at most `m` deep, and each depth costs
+    /// the drafter's LM head a row (most of a draft on a real target); a tree that reaches
+    /// the depths drafted opens every depth for the next round.
+    pub fn depths(&self, most: usize) -> usize {
+        self.reach
+            .map_or(most, |reach| (2 * reach + 2).max(MIN_DEPTHS))
+            .min(most)
+    }
+
+    /// Folds in how deep a drafted round's verified tree went (`depth`) of the `drafted`
+    /// depths it had.
+    pub fn reached(&mut self, depth: usize, drafted: usize) {
+        self.reach = match self.reach {
+            _ if depth >= drafted => None,
+            Some(reach) => Some(depth.max(reach.saturating_sub(1))),
+            None => Some(depth),
+        };
     }
 
     /// Folds in a drafted round: `accepted` drafts of `rows` verified nodes (what drafting
@@ -276,6 +302,25 @@ mod tests {
         assert_eq!(looks[0], FIRST_SKIP);
         assert!(gaps.windows(2).all(|w| w[1] >= w[0]), "{gaps:?}");
         assert_eq!(*gaps.last().unwrap(), MAX_SKIP + 1);
+    }
+
+    #[test]
+    fn drafts_reach_twice_as_deep_as_trees_went_lately_and_all_the_way_when_one_hits_the_end() {
+        let mut state = SequenceBudget::default();
+        assert_eq!(state.depths(15), 15, "nothing known: every depth");
+        state.reached(5, 15);
+        assert_eq!(state.depths(15), 12);
+        assert_eq!(state.depths(10), 10, "never past the most");
+        // Shallower trees lower the reach one round at a time.
+        for (depth, expected) in [(1, 10), (2, 8), (0, 6), (0, 4), (0, MIN_DEPTHS)] {
+            state.reached(depth, state.depths(15));
+            assert_eq!(state.depths(15), expected, "after a tree {depth} deep");
+        }
+        // A tree as deep as what was drafted: the next round drafts every depth.
+        state.reached(MIN_DEPTHS, state.depths(15));
+        assert_eq!(state.depths(15), 15);
+        state.reached(3, 15);
+        assert_eq!(state.depths(15), 8);
     }
 
     #[test]
