@@ -51,12 +51,12 @@ pub(super) unsafe fn piece_avx2<'a>(
     scale: f32,
     keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
 ) -> Option<Piece> {
-    let (q, d, key, n) = (queries, head_dim, &keys.key, keys.n);
+    let (q, d) = (queries, head_dim);
     in_form(queries, d, keys, MOST_QUERIES, |tiles, s| match q.len() {
-        1 => scores_avx2::<1, 8>(q, d, scale, key, n, tiles, s),
-        2 => scores_avx2::<2, 4>(q, d, scale, key, n, tiles, s),
-        3 => scores_avx2::<3, 2>(q, d, scale, key, n, tiles, s),
-        _ => scores_avx2::<4, 2>(q, d, scale, key, n, tiles, s),
+        1 => scores_avx2::<1, 8>(q, d, scale, keys, tiles, s),
+        2 => scores_avx2::<2, 4>(q, d, scale, keys, tiles, s),
+        3 => scores_avx2::<3, 2>(q, d, scale, keys, tiles, s),
+        _ => scores_avx2::<4, 2>(q, d, scale, keys, tiles, s),
     })
 }
 
@@ -70,18 +70,16 @@ pub(super) unsafe fn piece_avx512<'a>(
     scale: f32,
     keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
 ) -> Option<Piece> {
-    let (q, d, key, n) = (queries, head_dim, &keys.key, keys.n);
-    in_form(queries, d, keys, MOST_QUERIES_512, |tiles, s| {
-        match q.len() {
-            1 => scores_avx512::<1, 8>(q, d, scale, key, n, tiles, s),
-            2 => scores_avx512::<2, 6>(q, d, scale, key, n, tiles, s),
-            3 => scores_avx512::<3, 4>(q, d, scale, key, n, tiles, s),
-            4 => scores_avx512::<4, 4>(q, d, scale, key, n, tiles, s),
-            5 => scores_avx512::<5, 2>(q, d, scale, key, n, tiles, s),
-            6 => scores_avx512::<6, 2>(q, d, scale, key, n, tiles, s),
-            7 => scores_avx512::<7, 2>(q, d, scale, key, n, tiles, s),
-            _ => scores_avx512::<8, 2>(q, d, scale, key, n, tiles, s),
-        }
+    let (q, d) = (queries, head_dim);
+    in_form(queries, d, keys, MOST_QUERIES_512, |tiles, s| match q.len() {
+        1 => scores_avx512::<1, 8>(q, d, scale, keys, tiles, s),
+        2 => scores_avx512::<2, 6>(q, d, scale, keys, tiles, s),
+        3 => scores_avx512::<3, 4>(q, d, scale, keys, tiles, s),
+        4 => scores_avx512::<4, 4>(q, d, scale, keys, tiles, s),
+        5 => scores_avx512::<5, 2>(q, d, scale, keys, tiles, s),
+        6 => scores_avx512::<6, 2>(q, d, scale, keys, tiles, s),
+        7 => scores_avx512::<7, 2>(q, d, scale, keys, tiles, s),
+        _ => scores_avx512::<8, 2>(q, d, scale, keys, tiles, s),
     })
 }
 
@@ -140,18 +138,19 @@ fn softmax_and_sums<'a>(
 }
 
 /// The scaled dots of `Q` queries with the piece's `n` keys into `scores` (`[query][key]`),
-/// `T` tiles of 8 keys at a time (`Q * T` chains of multiply-adds in registers).
+/// `T` tiles of 8 keys at a time (`Q * T` chains of multiply-adds in registers). The value
+/// rows are asked into L2 a group ahead: the weighted sums read them next.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scores_avx2<'a, const Q: usize, const T: usize>(
     queries: &[&[f32]],
     d: usize,
     scale: f32,
-    key: &impl Fn(usize) -> &'a [f32],
-    n: usize,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
     tiles: &mut Vec<f32>,
     scores: &mut [f32],
 ) {
     use std::arch::x86_64::*;
+    let (key, n) = (&keys.key, keys.n);
     assert!(queries.len() == Q && d.is_multiple_of(8) && scores.len() == Q * n);
     tiles.resize(T * d * 8, 0.0);
     let queries: [&[f32]; Q] = std::array::from_fn(|q| &queries[q][..d]);
@@ -160,6 +159,7 @@ unsafe fn scores_avx2<'a, const Q: usize, const T: usize>(
         // store lie a page apart on models with many KV heads: past the hardware prefetcher).
         for k in first + 8 * T..(first + 16 * T).min(n) {
             super::prefetch(key(k).as_ptr().cast(), 4 * d);
+            super::prefetch_l2((keys.value)(k).as_ptr().cast(), 4 * d);
         }
         for t in 0..T {
             // Past the last key, the first key of the group again: its scores are dropped.
@@ -278,18 +278,20 @@ unsafe fn dots_avx512<const Q: usize, const T: usize>(
 }
 
 /// [`scores_avx2`] with 16 keys a tile: each tile's two halves of 8 keys transposed into
-/// `[dim][16 keys]`, and each multiply-add a query element broadcast against 16 keys.
+/// `[dim][16 keys]`, and each multiply-add a query element broadcast against 16 keys. The
+/// value rows are asked into L2 a group ahead too: the weighted sums read them next, and a
+/// piece's fit there (from memory, as a long context's are, they waited on every row).
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn scores_avx512<'a, const Q: usize, const T: usize>(
     queries: &[&[f32]],
     d: usize,
     scale: f32,
-    key: &impl Fn(usize) -> &'a [f32],
-    n: usize,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
     tiles: &mut Vec<f32>,
     scores: &mut [f32],
 ) {
     use std::arch::x86_64::*;
+    let (key, n) = (&keys.key, keys.n);
     assert!(queries.len() == Q && d.is_multiple_of(8) && scores.len() == Q * n);
     tiles.resize(T * d * 16, 0.0);
     let queries: [*const f32; Q] = std::array::from_fn(|q| queries[q][..d].as_ptr());
@@ -303,6 +305,7 @@ unsafe fn scores_avx512<'a, const Q: usize, const T: usize>(
                     // requests at once (up to 96 keys) ran slower from memory.
                     if k + 16 * T < n {
                         super::prefetch(key(k + 16 * T).as_ptr().cast(), 4 * d);
+                        super::prefetch_l2((keys.value)(k + 16 * T).as_ptr().cast(), 4 * d);
                     }
                     let key = key(if k < n { k } else { first });
                     assert_eq!(key.len(), d, "a key is not head_dim long");

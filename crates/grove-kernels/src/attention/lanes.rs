@@ -223,6 +223,11 @@ fn pack_keys<'a>(
 ) {
     let to = sized(to, keys.n.div_ceil(TILE) * d * TILE);
     for (i, tile) in (0..keys.n).step_by(TILE).zip(to.chunks_exact_mut(d * TILE)) {
+        // The next tile's keys, and its values into L2 for `pack_values` after.
+        for k in i + TILE..(i + 2 * TILE).min(keys.n) {
+            super::prefetch((keys.key)(k).as_ptr().cast(), 4 * d);
+            super::prefetch_l2((keys.value)(k).as_ptr().cast(), 4 * d);
+        }
         // Past the last key, the first key again (its scores are dropped).
         let rows: [&[f32]; TILE] = std::array::from_fn(|k| {
             let key = (keys.key)(if i + k < keys.n { i + k } else { i });
@@ -325,12 +330,14 @@ struct Direct<'k, K, V> {
     d: usize,
 }
 
-impl<'a, K: Fn(usize) -> &'a [f32], V> KeyTiles for Direct<'_, K, V> {
+impl<'a, K: Fn(usize) -> &'a [f32], V: Fn(usize) -> &'a [f32]> KeyTiles for Direct<'_, K, V> {
     #[inline(always)]
     fn tile(&self, first: usize) -> impl Iterator<Item = [f32; TILE]> {
         let (n, d) = (self.keys.n, self.d);
         for k in first + TILE..(first + 2 * TILE).min(n) {
             super::prefetch((self.keys.key)(k).as_ptr().cast(), 4 * d);
+            // The weighted sums read the values next: into L2, where a piece's fit.
+            super::prefetch_l2((self.keys.value)(k).as_ptr().cast(), 4 * d);
         }
         // Past the last key, the first key again: no branch per element.
         let keys: [&[f32]; TILE] = std::array::from_fn(|k| {
