@@ -71,15 +71,17 @@ pub(super) unsafe fn piece_avx512<'a>(
     keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
 ) -> Option<Piece> {
     let (q, d) = (queries, head_dim);
-    in_form(queries, d, keys, MOST_QUERIES_512, |tiles, s| match q.len() {
-        1 => scores_avx512::<1, 8>(q, d, scale, keys, tiles, s),
-        2 => scores_avx512::<2, 6>(q, d, scale, keys, tiles, s),
-        3 => scores_avx512::<3, 4>(q, d, scale, keys, tiles, s),
-        4 => scores_avx512::<4, 4>(q, d, scale, keys, tiles, s),
-        5 => scores_avx512::<5, 2>(q, d, scale, keys, tiles, s),
-        6 => scores_avx512::<6, 2>(q, d, scale, keys, tiles, s),
-        7 => scores_avx512::<7, 2>(q, d, scale, keys, tiles, s),
-        _ => scores_avx512::<8, 2>(q, d, scale, keys, tiles, s),
+    in_form(queries, d, keys, MOST_QUERIES_512, |tiles, s| {
+        match q.len() {
+            1 => scores_avx512::<1, 8>(q, d, scale, keys, tiles, s),
+            2 => scores_avx512::<2, 6>(q, d, scale, keys, tiles, s),
+            3 => scores_avx512::<3, 4>(q, d, scale, keys, tiles, s),
+            4 => scores_avx512::<4, 4>(q, d, scale, keys, tiles, s),
+            5 => scores_avx512::<5, 2>(q, d, scale, keys, tiles, s),
+            6 => scores_avx512::<6, 2>(q, d, scale, keys, tiles, s),
+            7 => scores_avx512::<7, 2>(q, d, scale, keys, tiles, s),
+            _ => scores_avx512::<8, 2>(q, d, scale, keys, tiles, s),
+        }
     })
 }
 

@@ -151,31 +151,29 @@ const AHEAD: usize = 16;
 /// results).
 #[inline(always)]
 fn prefetch(p: *const i8, bytes: usize) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    for line in (0..bytes).step_by(64) {
-        // SAFETY: a prefetch never faults, whatever the address.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                p.wrapping_add(line),
-            )
-        };
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = (p, bytes);
+    request::<false>(p, bytes);
 }
 
 /// Requests the cache lines of `bytes` bytes from `p` into L2 (a hint, as [`prefetch`]).
 #[inline(always)]
 fn prefetch_l2(p: *const i8, bytes: usize) {
+    request::<true>(p, bytes);
+}
+
+/// [`prefetch`], or [`prefetch_l2`] where `L2`.
+#[inline(always)]
+fn request<const L2: bool>(p: *const i8, bytes: usize) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     for line in (0..bytes).step_by(64) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
         // SAFETY: a prefetch never faults, whatever the address.
         #[allow(unsafe_code)]
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                p.wrapping_add(line),
-            )
+            if L2 {
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(line))
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line))
+            }
         };
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
