@@ -497,14 +497,19 @@ impl<'a> OutRows<'a> {
         self.base
     }
 
-    /// Row `r`'s values.
-    pub fn row(&mut self, r: usize) -> &mut [f32] {
+    /// Row `r`'s values, to be written (they may not be yet: [`Columns::fill_rows`] lends
+    /// fresh memory).
+    pub fn row(&mut self, r: usize) -> &mut [MaybeUninit<f32>] {
         assert!(r < self.rows, "row {r} of {}", self.rows);
         // SAFETY: row `r` is inside what was lent (`fill_rows`, `block`); `&mut self` lends
-        // one row at a time.
+        // one row at a time; `MaybeUninit<f32>` has f32's layout, and writing one keeps what
+        // was initialized so.
         #[allow(unsafe_code)]
         unsafe {
-            std::slice::from_raw_parts_mut(self.base.add(r * self.stride), self.width)
+            std::slice::from_raw_parts_mut(
+                self.base.add(r * self.stride).cast::<MaybeUninit<f32>>(),
+                self.width,
+            )
         }
     }
 

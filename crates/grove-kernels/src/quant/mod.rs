@@ -543,7 +543,7 @@ impl QMatrix {
         for offset in 0..w {
             let row = gguf_bytes(self.format, self.k, self.row(first + offset));
             for r in 0..rows {
-                out.row(r)[offset] = scalar::dot(self.format, &row, acts, r);
+                out.row(r)[offset].write(scalar::dot(self.format, &row, acts, r));
             }
         }
     }
