@@ -164,7 +164,8 @@ pub fn default_target_layer_ids(target_layers: usize, num_draft: usize) -> Vec<u
 pub struct DraftOutput {
     /// `[S, hidden]` after the drafter's final norm.
     pub hidden: Tensor,
-    /// `[S - 1, vocab]`: the LM head on slots `1..S`, over the target's vocabulary, or over
+    /// `[depths, vocab]` (`S - 1` depths from [`DFlashDrafter::draft`]): the LM head on slots
+    /// `1..=depths`, over the target's vocabulary, or over
     /// [`DFlashDrafter::draft_vocabulary`] when the drafter has a reduced one (column `i` is
     /// target token `draft_vocabulary[i]`; every other token's logit is `-inf`).
     pub logits: Tensor,
@@ -434,13 +435,13 @@ impl DFlashDrafter {
         kv: &mut KvStore,
     ) -> Result<Vec<DraftOutput>, ModelError> {
         let size = self.config.block_size;
-        for (table, _, depths) in blocks.iter_mut() {
-            if !(1..size).contains(depths) {
-                return Err(ModelError::InvalidBatch(format!(
-                    "draft depths {depths} outside 1..={} (block_size - 1)",
-                    size - 1
-                )));
-            }
+        if let Some((_, _, depths)) = blocks.iter().find(|b| !(1..size).contains(&b.2)) {
+            return Err(ModelError::InvalidBatch(format!(
+                "draft depths {depths} outside 1..={} (block_size - 1)",
+                size - 1
+            )));
+        }
+        for (table, _, _) in blocks.iter_mut() {
             table.reserve(size)?;
         }
         let tokens: Vec<Vec<TokenId>> = blocks
