@@ -430,9 +430,7 @@ impl Columns<'_, MaybeUninit<f32>> {
             }
         });
     }
-}
 
-impl<'a> Columns<'a, MaybeUninit<f32>> {
     /// The columns filled in place by `compute`, which writes every value of the rows it is
     /// lent (the quantized products' kernels store each output once): no block in between,
     /// whose copy to the columns was a second pass over every output of a many-row product.
