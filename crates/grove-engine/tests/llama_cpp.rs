@@ -5,8 +5,10 @@
 //! tokens on 5 prompts per model, or each divergence is a near-tie (both implementations' logits
 //! of both tokens are printed and must be within [`NEAR_TIE`]). On seeded random qwen2, qwen3
 //! and llama files (architectures without an installed real file): every logit of a greedy
-//! continuation. llama.cpp runs with its KV cache in f32 here (grove's precision; its default
-//! f16 cache moved Gemma logits by up to 0.36).
+//! continuation. llama.cpp runs with its KV cache in f32 here (its default f16 cache also rounds
+//! the queries, and moved Gemma logits by up to 0.36); grove runs the real files as it loads
+//! them (an f16 cache: keys and values rounded, arithmetic in f32) and the random ones with an
+//! f32 cache, so their logits can be held to f32 rounding.
 //!
 //! Skipped with a printed reason when a model file or llama-cpp-python is absent, unless
 //! `GROVE_REQUIRE_LLAMA_CPP=1` (CI sets it and installs both).
@@ -22,7 +24,7 @@ use candle_core::Device;
 use common::{model, repo_root, required};
 use grove_core::TokenId;
 use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
-use grove_kv::PagePool;
+use grove_kv::{KvDtype, PagePool};
 use grove_model::{ChatMessage, Decoder, ForwardBatch, LogitRows, Model, Segment, TextTokenizer};
 use serde_json::{json, Value};
 
@@ -364,7 +366,7 @@ fn qwen2_5_coder_1_5b_q5_k_m_agrees_with_llama_cpp() -> Result<()> {
 /// 3.1's RoPE factors, the Q/K permutation) checkpoints written as F32 GGUF files
 /// (`grove_testkit::gguf_writer`). On llama.cpp's greedy continuation of a prompt, every step's
 /// logits (all but the lowest) must equal grove's to f32 rounding: the same weights, no
-/// quantized activations on either side.
+/// quantized activations on either side, both KV caches in f32.
 #[test]
 fn random_qwen2_qwen3_and_llama_files_agree_with_llama_cpp() -> Result<()> {
     use candle_core::quantized::GgmlDType;
@@ -402,7 +404,7 @@ fn random_qwen2_qwen3_and_llama_files_agree_with_llama_cpp() -> Result<()> {
         spec.write(dir.path())?;
         let path = dir.path().join(format!("{arch}.gguf"));
         write_gguf(dir.path(), &spec, arch, GgmlDType::F32, &path);
-        let model = Decoder::load(&path, &Device::Cpu)?;
+        let model = Decoder::load(&path, &Device::Cpu)?.with_kv_dtype(KvDtype::F32);
         let answer = reference(json!({
             "command": "greedy", "model": path, "prompts": [prompt],
             "max_new_tokens": STEPS, "top": VOCAB - 1,

@@ -7,7 +7,7 @@
 //! a later request starting with the same tokens shares them instead of prefilling again.
 //!
 //! The crate knows nothing of models: a [`KvStore`] is, per layer and KV head, one K row and
-//! one V row of `head_dim` floats per slot.
+//! one V row of `head_dim` values per slot, in f32 or f16 ([`KvDtype`]).
 // `unsafe` lives in grove-kernels only.
 #![forbid(unsafe_code)]
 
@@ -17,7 +17,7 @@ mod store;
 
 pub use pool::{PagePool, PageTable};
 pub use prefix::{PrefixCache, PrefixCacheStats, PrefixMatch};
-pub use store::KvStore;
+pub use store::{KvDtype, KvStore};
 
 /// A physical page of the pool.
 pub type PageId = u32;

@@ -311,10 +311,12 @@ mod tests {
             page_size in 1usize..5,
             base in 0usize..9,
             picks in proptest::collection::vec(any::<bool>(), 1..20),
+            half in any::<bool>(),
         ) {
             let rows = picks.len();
             let pool = PagePool::new(64, page_size).unwrap();
-            let mut store = KvStore::new(2, pool.num_slots(), 1, 3);
+            let dtype = if half { crate::KvDtype::F16 } else { crate::KvDtype::F32 };
+            let mut store = KvStore::with_dtype(2, pool.num_slots(), 1, 3, dtype);
             let mut table = pool.new_table();
             table.reserve(base + rows).unwrap();
             table.append(base);
@@ -331,11 +333,11 @@ mod tests {
             for (m, &node) in path.iter().enumerate() {
                 let (keys, values) = store.layer(1);
                 let slot = table.slot(base + m);
-                prop_assert_eq!(keys[slot * 3], (base + node) as f32);
-                prop_assert_eq!(values[slot * 3 + 2], (base + node) as f32);
+                prop_assert_eq!(keys.get(slot * 3), (base + node) as f32);
+                prop_assert_eq!(values.get(slot * 3 + 2), (base + node) as f32);
             }
             for i in 0..base {
-                prop_assert_eq!(store.layer(0).0[table.slot(i) * 3], i as f32);
+                prop_assert_eq!(store.layer(0).0.get(table.slot(i) * 3), i as f32);
             }
             prop_assert_eq!(table.pages().len(), pool.pages_for(base + path.len()));
             prop_assert_eq!(pool.free_pages(), 64 - table.pages().len());

@@ -1,3 +1,92 @@
+use grove_kernels::attention::KvRows;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+/// How a [`KvStore`] keeps its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// The projections' own values: what the golden references were computed with.
+    F32,
+    /// Rounded to the nearest half (what llama.cpp keeps by default): half the memory, and
+    /// half the bytes attention reads over a long context.
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes a stored value takes.
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Per layer, all key rows or all value rows.
+#[derive(Debug)]
+enum Rows {
+    F32(Vec<Vec<f32>>),
+    F16(Vec<Vec<f16>>),
+}
+
+impl Rows {
+    fn new(dtype: KvDtype, num_layers: usize, len: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => Self::F32((0..num_layers).map(|_| vec![0.0; len]).collect()),
+            KvDtype::F16 => Self::F16((0..num_layers).map(|_| vec![f16::ZERO; len]).collect()),
+        }
+    }
+
+    fn num_layers(&self) -> usize {
+        match self {
+            Self::F32(layers) => layers.len(),
+            Self::F16(layers) => layers.len(),
+        }
+    }
+
+    fn layer(&self, layer: usize) -> KvRows<'_> {
+        match self {
+            Self::F32(layers) => KvRows::F32(&layers[layer]),
+            Self::F16(layers) => KvRows::F16(&layers[layer]),
+        }
+    }
+
+    /// `row` into `layer` from `at` on, rounded to the nearest half where they are f16.
+    fn write(&mut self, layer: usize, at: usize, row: &[f32]) {
+        match self {
+            Self::F32(layers) => layers[layer][at..at + row.len()].copy_from_slice(row),
+            Self::F16(layers) => {
+                layers[layer][at..at + row.len()].convert_from_f32_slice(row);
+            }
+        }
+    }
+
+    /// In every layer, `len` values from `from` copied to `to`.
+    fn copy_within(&mut self, from: usize, len: usize, to: usize) {
+        match self {
+            Self::F32(layers) => layers
+                .iter_mut()
+                .for_each(|rows| rows.copy_within(from..from + len, to)),
+            Self::F16(layers) => layers
+                .iter_mut()
+                .for_each(|rows| rows.copy_within(from..from + len, to)),
+        }
+    }
+}
+
 /// Key and value rows for every slot of a pool, per layer, each KV head's rows together:
 /// `[num_layers][num_heads, num_slots, head_dim]`.
 ///
@@ -6,27 +95,43 @@
 /// [`crate::PageTable`]. Head by head because attention reads one KV head's keys for a run of
 /// slots at a time: laid slot by slot, a model with 8 KV heads of 128 had each head's row of a
 /// slot 4 KiB from the next, a page apart, and its decode read them at half the memory's pace.
-/// Stored in f32 because CPU matmuls and attention run in f32 here (bf16 is widened and slow
-/// on this CPU).
+/// Kept in f32 or f16 ([`KvDtype`]); attention runs in f32 either way.
 #[derive(Debug)]
 pub struct KvStore {
-    keys: Vec<Vec<f32>>,   // [num_layers][num_heads * num_slots * head_dim]
-    values: Vec<Vec<f32>>, // [num_layers][num_heads * num_slots * head_dim]
+    keys: Rows,
+    values: Rows,
+    dtype: KvDtype,
     num_heads: usize,
     head_dim: usize,
     num_slots: usize,
 }
 
 impl KvStore {
+    /// An f32 store.
     pub fn new(num_layers: usize, num_slots: usize, num_heads: usize, head_dim: usize) -> Self {
-        let layer = || vec![0f32; num_heads * num_slots * head_dim];
+        Self::with_dtype(num_layers, num_slots, num_heads, head_dim, KvDtype::F32)
+    }
+
+    pub fn with_dtype(
+        num_layers: usize,
+        num_slots: usize,
+        num_heads: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        let len = num_heads * num_slots * head_dim;
         Self {
-            keys: (0..num_layers).map(|_| layer()).collect(),
-            values: (0..num_layers).map(|_| layer()).collect(),
+            keys: Rows::new(dtype, num_layers, len),
+            values: Rows::new(dtype, num_layers, len),
+            dtype,
             num_heads,
             head_dim,
             num_slots,
         }
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
     }
 
     /// Floats of one slot's row in every head: `num_heads * head_dim`.
@@ -39,12 +144,12 @@ impl KvStore {
     }
 
     pub fn num_layers(&self) -> usize {
-        self.keys.len()
+        self.keys.num_layers()
     }
 
     /// Bytes held by the store.
     pub fn bytes(&self) -> usize {
-        2 * self.keys.len() * self.num_slots * self.kv_width() * std::mem::size_of::<f32>()
+        2 * self.num_layers() * self.num_slots * self.kv_width() * self.dtype.size()
     }
 
     /// Where head `head`'s row of `slot` starts in a layer.
@@ -60,51 +165,78 @@ impl KvStore {
         for head in 0..self.num_heads {
             let at = self.at(head, slot);
             let part = head * d..(head + 1) * d;
-            self.keys[layer][at..at + d].copy_from_slice(&key[part.clone()]);
-            self.values[layer][at..at + d].copy_from_slice(&value[part]);
+            self.keys.write(layer, at, &key[part.clone()]);
+            self.values.write(layer, at, &value[part]);
         }
     }
 
     /// All key rows and all value rows of `layer`: head `h`'s row of slot `s` at
     /// `(h * num_slots + s) * head_dim`.
-    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.keys[layer], &self.values[layer])
+    pub fn layer(&self, layer: usize) -> (KvRows<'_>, KvRows<'_>) {
+        (self.keys.layer(layer), self.values.layer(layer))
     }
 
     /// Copies the rows of `source` into `destination` in every layer and head (KV compaction).
     pub fn copy_slot(&mut self, source: usize, destination: usize) {
         let (d, heads, slots) = (self.head_dim, self.num_heads, self.num_slots);
-        for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            for head in 0..heads {
-                let from = (head * slots + source) * d;
-                rows.copy_within(from..from + d, (head * slots + destination) * d);
-            }
+        for head in 0..heads {
+            let from = (head * slots + source) * d;
+            let to = (head * slots + destination) * d;
+            self.keys.copy_within(from, d, to);
+            self.values.copy_within(from, d, to);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::KvStore;
+    use super::{KvDtype, KvStore};
+
+    /// Every value of a layer's rows, widened.
+    fn all(rows: grove_kernels::attention::KvRows<'_>) -> Vec<f32> {
+        (0..rows.len()).map(|i| rows.get(i)).collect()
+    }
 
     #[test]
     fn rows_go_head_by_head_and_copies_move_every_head() {
-        let mut store = KvStore::new(1, 3, 2, 2);
-        store.write(0, 1, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]);
-        let (keys, values) = store.layer(0);
-        // Head 0: slots 0, 1, 2; then head 1.
-        assert_eq!(
-            keys,
-            [0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0]
-        );
-        assert_eq!(values[2..4], [5.0, 6.0]);
-        assert_eq!(values[8..10], [7.0, 8.0]);
-        store.copy_slot(1, 2);
-        let (keys, _) = store.layer(0);
-        assert_eq!(
-            keys,
-            [0.0, 0.0, 1.0, 2.0, 1.0, 2.0, 0.0, 0.0, 3.0, 4.0, 3.0, 4.0]
-        );
-        assert_eq!(store.bytes(), 2 * 3 * 4 * 4);
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let mut store = KvStore::with_dtype(1, 3, 2, 2, dtype);
+            store.write(0, 1, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]);
+            let (keys, values) = store.layer(0);
+            // Head 0: slots 0, 1, 2; then head 1.
+            assert_eq!(
+                all(keys),
+                [0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0]
+            );
+            let values = all(values);
+            assert_eq!(values[2..4], [5.0, 6.0]);
+            assert_eq!(values[8..10], [7.0, 8.0]);
+            store.copy_slot(1, 2);
+            assert_eq!(
+                all(store.layer(0).0),
+                [0.0, 0.0, 1.0, 2.0, 1.0, 2.0, 0.0, 0.0, 3.0, 4.0, 3.0, 4.0],
+                "{dtype}"
+            );
+            assert_eq!(store.bytes(), 2 * 3 * 4 * dtype.size());
+            assert_eq!(store.dtype(), dtype);
+        }
+    }
+
+    #[test]
+    fn half_rows_hold_the_nearest_half() {
+        let mut store = KvStore::with_dtype(2, 1, 1, 4, KvDtype::F16);
+        // Halfway between 1 and the next half (1 + 2^-10) rounds to even; past the largest
+        // half (65504) is infinite, as llama.cpp's f16 cache stores it.
+        let row = [1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), -0.1, 1e6];
+        store.write(1, 0, &row, &row);
+        let expected: Vec<f32> = row
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_f32())
+            .collect();
+        assert_eq!(all(store.layer(1).1), expected);
+        assert_eq!(expected[0], 1.0);
+        assert_eq!(expected[1], 1.0 + 2.0 * 2f32.powi(-10));
+        assert_eq!(expected[3], f32::INFINITY);
+        assert_eq!(all(store.layer(0).0), [0.0; 4]);
     }
 }

@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-pub use grove_kernels::attention::HeadLayout;
+pub use grove_kernels::attention::{HeadLayout, KvRows};
 
 use crate::forward::{ForwardBatch, Visibility};
 
@@ -127,15 +127,15 @@ impl KeyPlan {
 /// `softmax(scale * q K^T) V` for every row and head of `plan`, over the row's visible keys
 /// that lie within `window` positions of it (all of them when `None`). `queries` is
 /// `[rows, heads * d]` (already rotated); `keys`/`values` are a layer of the KV store,
-/// `[slots, kv_heads * d]`. Returns `[rows, heads * d]`.
+/// `[kv_heads, slots, d]`. Returns `[rows, heads * d]`.
 pub fn attend(
     plan: &KeyPlan,
     layout: HeadLayout,
     scale: f32,
     window: Option<usize>,
     queries: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: KvRows<'_>,
+    values: KvRows<'_>,
 ) -> Vec<f32> {
     let key_slots = plan.key_slots(window);
     grove_kernels::attention::attend(&key_slots, layout, scale, queries, keys, values)
@@ -174,7 +174,8 @@ mod tests {
             num_kv_heads: 1,
             head_dim: 2,
         };
-        attend(&plan, layout, 1.0, window, &queries, &keys, &values)
+        let (keys, values) = (KvRows::F32(&keys), KvRows::F32(&values));
+        attend(&plan, layout, 1.0, window, &queries, keys, values)
     }
 
     /// The softmax-weighted mean of `v_i` over keys `first..=last`.

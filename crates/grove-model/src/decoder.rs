@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use candle_core::{Device, Module, Tensor};
-use grove_kv::KvStore;
+use grove_kv::{KvDtype, KvStore};
 
 use crate::config::DecoderConfig;
 use crate::forward::{ForwardBatch, ForwardOutput, Visibility};
@@ -23,6 +23,8 @@ pub struct Decoder {
     norm: RmsNorm,
     lm_head: Linear,
     device: Device,
+    /// How the KV stores it makes keep their rows.
+    kv_dtype: KvDtype,
 }
 
 impl Decoder {
@@ -33,7 +35,9 @@ impl Decoder {
             let file = crate::gguf::GgufFile::open(directory)?;
             let config = file.config()?;
             let weights = Weights::gguf(file.without_tokenizer(), directory, device);
-            return Self::from_weights(config, &weights, device);
+            // f16 KV, as llama.cpp keeps for the same files.
+            let decoder = Self::from_weights(config, &weights, device)?;
+            return Ok(decoder.with_kv_dtype(KvDtype::F16));
         }
         let config_path = directory.join("config.json");
         if !config_path.is_file() {
@@ -81,7 +85,15 @@ impl Decoder {
             lm_head,
             config,
             device: device.clone(),
+            kv_dtype: KvDtype::F32,
         })
+    }
+
+    /// The same model making KV stores of `dtype` (loaded: f16 for a GGUF file, f32 for a
+    /// safetensors checkpoint, whose references were computed in f32).
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = dtype;
+        self
     }
 
     pub fn decoder_config(&self) -> &DecoderConfig {
@@ -149,12 +161,17 @@ impl Model for Decoder {
     }
 
     fn new_kv_store(&self, num_slots: usize) -> KvStore {
-        KvStore::new(
+        KvStore::with_dtype(
             self.config.num_layers,
             num_slots,
             self.config.num_kv_heads,
             self.config.head_dim,
+            self.kv_dtype,
         )
+    }
+
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {

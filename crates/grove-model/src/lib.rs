@@ -29,7 +29,7 @@ pub use forward::{ForwardBatch, ForwardOutput, LogitRows, Segment, Visibility};
 pub use rope::Rope;
 pub use tokenizer::{ChatMessage, TextTokenizer};
 
-use grove_kv::KvStore;
+use grove_kv::{KvDtype, KvStore};
 
 /// A network that runs the forward contract. The model holds weights only.
 pub trait Model: Send + Sync {
@@ -37,6 +37,9 @@ pub trait Model: Send + Sync {
 
     /// A KV store shaped for this model with `num_slots` slots.
     fn new_kv_store(&self, num_slots: usize) -> KvStore;
+
+    /// How [`Model::new_kv_store`]'s stores keep their rows.
+    fn kv_dtype(&self) -> KvDtype;
 
     /// Token embeddings, `[tokens, hidden]` (the DFlash drafter borrows the target's).
     fn embed(&self, tokens: &[u32]) -> Result<candle_core::Tensor, ModelError>;

@@ -6,7 +6,7 @@
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use grove_kv::PagePool;
+use grove_kv::{KvDtype, PagePool};
 use grove_model::config::Family;
 use grove_model::gguf::GgufFile;
 use grove_model::{Decoder, ForwardBatch, LogitRows, Model, Segment};
@@ -76,19 +76,39 @@ fn gguf_checkpoints_compute_what_their_safetensors_compute() {
         // The llama checkpoint has Llama 3.1's RoPE scaling: its GGUF file carries it as
         // `rope_freqs.weight`.
         spec.write(dir.path()).unwrap();
-        let reference = logits(&Decoder::load(dir.path(), &Device::Cpu).unwrap(), &tokens);
+        let safetensors = Decoder::load(dir.path(), &Device::Cpu).unwrap();
+        assert_eq!(
+            safetensors.kv_dtype(),
+            KvDtype::F32,
+            "a checkpoint's KV is f32"
+        );
+        let reference = logits(&safetensors, &tokens);
         let scale = max_abs(&reference);
-        // F32 tensors: the same numbers. Q8_0 (8-bit blocks of 32): quantization error only,
-        // a few percent of the logits' range.
-        for (dtype, tolerance) in [(GgmlDType::F32, 1e-4), (GgmlDType::Q8_0, 0.05 * scale)] {
+        // F32 tensors with an f32 KV cache: the same numbers. Q8_0 (8-bit blocks of 32):
+        // quantization error only, a few percent of the logits' range. A GGUF file loads with
+        // an f16 KV cache: keys and values rounded to halves (11 bits) move the logits a
+        // little.
+        for (dtype, kv, tolerance) in [
+            (GgmlDType::F32, KvDtype::F32, 1e-4),
+            (GgmlDType::F32, KvDtype::F16, 5e-3 * scale),
+            (GgmlDType::Q8_0, KvDtype::F16, 0.05 * scale),
+        ] {
             let path = dir.path().join(format!("model-{dtype:?}.gguf"));
             write_gguf(dir.path(), &spec, arch, dtype, &path);
             let model = Decoder::load(&path, &Device::Cpu).unwrap();
+            assert_eq!(model.kv_dtype(), KvDtype::F16, "a GGUF file's KV is f16");
+            let model = model.with_kv_dtype(kv);
             let diff = max_abs(&(logits(&model, &tokens) - &reference).unwrap());
             assert!(
                 diff < tolerance,
-                "{arch} {dtype:?}: logits differ by {diff} (range {scale})"
+                "{arch} {dtype:?}, {kv} KV: logits differ by {diff} (range {scale})"
             );
+            if kv == KvDtype::F16 {
+                assert!(
+                    diff > 0.0,
+                    "{arch} {dtype:?}: the f16 cache rounded nothing"
+                );
+            }
         }
         // Its tokenizer comes from the metadata.
         let file = GgufFile::open(&dir.path().join("model-F32.gguf")).unwrap();

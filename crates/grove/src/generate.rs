@@ -141,6 +141,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
         OutputFormat::Json => {
             let mut json = serde_json::to_value(&output)?;
             json["kernels"] = crate::kernels();
+            json["kv_cache_dtype"] = grove_model::Model::kv_dtype(&loaded.model).name().into();
             println!("{json}");
         }
         OutputFormat::Text => {

@@ -7,6 +7,7 @@ use candle_core::Device;
 use clap::Args;
 use grove_core::TokenId;
 use grove_engine::{Budget, Drafter, Generator, SpeculationSettings};
+use grove_kv::KvDtype;
 use grove_model::drafter_manifest::{find_drafter, DrafterManifest, TargetFingerprint};
 use grove_model::tokenizer::{generation_sampling, generation_stop_ids};
 use grove_model::{DFlashDrafter, Decoder, Model, TextTokenizer};
@@ -57,6 +58,19 @@ pub struct ModelArgs {
     /// `chat_template`, a GGUF file's `tokenizer.chat_template`), e.g. for a file without one.
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+    /// How the KV cache keeps keys and values: f16 (half the memory and half the bytes
+    /// attention reads over a long context; llama.cpp's default) or f32. auto: f16 for a GGUF
+    /// file, f32 for a safetensors checkpoint (the precision its references were made in).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = KvCacheDtype::Auto)]
+    pub kv_cache_dtype: KvCacheDtype,
+}
+
+/// `--kv-cache-dtype`'s values (vLLM's flag name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheDtype {
+    Auto,
+    F32,
+    F16,
 }
 
 impl ModelArgs {
@@ -301,6 +315,19 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
 }
 
 fn load_model(args: &ModelArgs) -> Result<Loaded> {
+    let mut loaded = load_weights(args)?;
+    let dtype = match args.kv_cache_dtype {
+        KvCacheDtype::Auto => None,
+        KvCacheDtype::F32 => Some(KvDtype::F32),
+        KvCacheDtype::F16 => Some(KvDtype::F16),
+    };
+    if let Some(dtype) = dtype {
+        loaded.model = loaded.model.with_kv_dtype(dtype);
+    }
+    Ok(loaded)
+}
+
+fn load_weights(args: &ModelArgs) -> Result<Loaded> {
     let dir = args.model_dir();
     if grove_model::gguf::is_gguf(&dir) {
         // The tokenizer first: building it peaks at several times its final size, and the

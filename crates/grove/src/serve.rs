@@ -92,9 +92,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .unwrap_or_else(|| default_model_name(&loaded.dir));
     let model_path = loaded.dir.display().to_string();
     let config = loaded.model.config();
-    let kv_bytes_per_token = config.num_layers * 2 * config.kv_width() * 4;
+    let kv_dtype = grove_model::Model::kv_dtype(&loaded.model);
+    let kv_bytes_per_token = config.num_layers * 2 * config.kv_width() * kv_dtype.size();
     eprintln!(
-        "grove serve: KV pool: {} tokens, {:.1} MiB",
+        "grove serve: KV pool: {} tokens of {kv_dtype}, {:.1} MiB",
         args.max_total_tokens,
         (args.max_total_tokens * kv_bytes_per_token) as f64 / (1 << 20) as f64
     );

@@ -116,7 +116,8 @@ fn the_embedded_default_pair_generates_text_and_chat() {
 }
 
 /// `tiny-model --gguf` writes the checkpoint twice, as safetensors and as an F32 GGUF file,
-/// and both generate the same greedy tokens.
+/// and both generate the same greedy tokens, whichever KV cache each keeps (f32 for the
+/// checkpoint, f16 for the file unless `--kv-cache-dtype` says otherwise).
 #[test]
 fn tiny_model_writes_a_gguf_file_that_generates_what_its_checkpoint_does() {
     let dir = tempfile::tempdir().unwrap();
@@ -124,7 +125,7 @@ fn tiny_model_writes_a_gguf_file_that_generates_what_its_checkpoint_does() {
     let (out, gguf) = (out.to_str().unwrap(), gguf.to_str().unwrap());
     let output = grove(&["tiny-model", "--out", out, "--seed", "5", "--gguf", gguf]);
     assert!(output.status.success(), "{}", stderr(&output));
-    let tokens = |model: &str| -> Value {
+    let tokens = |model: &str, cache: &str, expected_cache: &str| -> Value {
         let output = grove(&[
             "generate",
             "--model-path",
@@ -134,16 +135,29 @@ fn tiny_model_writes_a_gguf_file_that_generates_what_its_checkpoint_does() {
             "--max-new-tokens",
             "8",
             "--ignore-eos",
+            "--kv-cache-dtype",
+            cache,
             "--format",
             "json",
         ]);
         assert!(output.status.success(), "{}", stderr(&output));
         let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(json["kv_cache_dtype"], expected_cache, "{model} {cache}");
         json["token_ids"].clone()
     };
-    let from_safetensors = tokens(out);
+    let from_safetensors = tokens(out, "auto", "f32");
     assert_eq!(from_safetensors.as_array().map(Vec::len), Some(8));
-    assert_eq!(tokens(gguf), from_safetensors);
+    assert_eq!(tokens(gguf, "auto", "f16"), from_safetensors);
+    assert_eq!(tokens(gguf, "f32", "f32"), from_safetensors);
+    assert_eq!(tokens(out, "F16", "f16"), from_safetensors);
+    // A usage error (clap's exit code 2) naming the flag and the values it takes.
+    let refused = grove(&["generate", "--kv-cache-dtype", "bf16", "--prompt", "x"]);
+    let message = stderr(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{message}");
+    assert!(
+        message.contains("--kv-cache-dtype") && message.contains("auto, f32, f16"),
+        "{message}"
+    );
 }
 
 /// Without `--max-new-tokens`, generation runs until a stop token or the full context (as

@@ -8,8 +8,12 @@
 mod across;
 mod lanes;
 mod pieces;
+mod rows;
 
 use std::cell::RefCell;
+
+pub use rows::KvRows;
+use rows::{Buffers, Listed};
 
 use crate::dense::scaled_dots_many;
 use crate::threads::for_each_chunk_mut;
@@ -44,14 +48,15 @@ impl HeadLayout {
 /// (`key_slots[row]`, in order). `queries` is `[rows, heads * d]` (already rotated);
 /// `keys`/`values` are a layer of the KV store, `[kv_heads, slots, d]` (a head's rows of
 /// consecutive slots side by side: read in runs). Returns `[rows, heads * d]`.
-pub fn attend(
+pub fn attend<'a>(
     key_slots: &[Vec<usize>],
     layout: HeadLayout,
     scale: f32,
     queries: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: impl Into<KvRows<'a>>,
+    values: impl Into<KvRows<'a>>,
 ) -> Vec<f32> {
+    let (keys, values) = (keys.into(), values.into());
     let HeadLayout {
         num_heads,
         num_kv_heads,
@@ -109,18 +114,19 @@ pub fn attend(
         let queries: Vec<&[f32]> = heads
             .map(|head| &queries[row * row_width + head * head_dim..][..head_dim])
             .collect();
-        let at = |slot: usize| (kv_head * num_slots + slot) * head_dim;
-        let key = |slot: usize| &keys[at(slot)..][..head_dim];
-        let value = |slot: usize| &values[at(slot)..][..head_dim];
         let n = slots.len();
+        let head_rows = kv_head * num_slots;
+        let mut buffers = Buffers::take();
+        let keys = Listed::new(keys, slots, head_rows, head_dim, &mut buffers.keys);
+        let values = Listed::new(values, slots, head_rows, head_dim, &mut buffers.values);
         SCORES.with_borrow_mut(|scores| {
             scores.clear();
             scores.resize(queries.len() * n, 0.0);
-            scaled_dots_many(&queries, |i| key(slots[i]), scale, scores);
+            scaled_dots_many(&queries, |i| keys.row(i), scale, scores);
             for scores in scores.chunks_exact_mut(n.max(1)) {
                 softmax_in_place(scores);
             }
-            weighted_sums::<false>(out, head_dim, scores, |i| value(slots[i]));
+            weighted_sums::<false>(out, head_dim, scores, |i| values.row(i));
         });
     };
     let work: usize = key_slots
@@ -186,8 +192,8 @@ struct Inputs<'a> {
     layout: HeadLayout,
     scale: f32,
     queries: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
+    keys: KvRows<'a>,
+    values: KvRows<'a>,
 }
 
 /// `outs[j] += weights[j * n + i] * value(i)` for each value in order, element by element
@@ -516,6 +522,22 @@ mod tests {
         (ours, exact)
     }
 
+    /// Six query heads on two KV heads of `head_dim`.
+    fn six_on_two(head_dim: usize) -> HeadLayout {
+        HeadLayout {
+            num_heads: 6,
+            num_kv_heads: 2,
+            head_dim,
+        }
+    }
+
+    /// `n` values of a sine wave of `amplitude` starting at `seed`.
+    fn wave(n: usize, seed: f32, amplitude: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32 + seed) * 0.377).sin() * amplitude)
+            .collect()
+    }
+
     fn on_threads<T: Send>(threads: usize, run: impl FnOnce() -> T + Send) -> T {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -528,22 +550,10 @@ mod tests {
     /// the bits each row gets alone, on any number of threads.
     #[test]
     fn rows_sharing_pieces_get_the_bits_they_get_alone() {
-        let layout = HeadLayout {
-            num_heads: 6,
-            num_kv_heads: 2,
-            head_dim: 16,
-        };
+        let layout = six_on_two(16);
         let (width, kv_width) = (6 * 16, 2 * 16);
-        let slots_total = 1200;
-        let wave = |n: usize, seed: f32| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i as f32 + seed) * 0.377).sin() * 1.5)
-                .collect()
-        };
-        let (keys, values) = (
-            wave(slots_total * kv_width, 1.0),
-            wave(slots_total * kv_width, 2.0),
-        );
+        let wave = |n: usize, seed: f32| wave(n, seed, 1.5);
+        let (keys, values) = (wave(1200 * kv_width, 1.0), wave(1200 * kv_width, 2.0));
         // A context of 900 slots in scattered order, then a small tree: each row sees the
         // context and its ancestors (slots 900..). Then causal prompt rows across a piece
         // boundary, and a short row between them.
@@ -575,6 +585,58 @@ mod tests {
                 attend(&key_slots, layout, scale, &queries, &keys, &values)
             });
             assert_eq!(bits(&together), bits(&alone), "{threads} threads");
+        }
+    }
+
+    /// Keys and values as f16, and as f32 rows holding the same (rounded) values.
+    fn halves(values: &[f32]) -> (Vec<half::f16>, Vec<f32>) {
+        let halves: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let widened = halves.iter().map(|h| h.to_f32()).collect();
+        (halves, widened)
+    }
+
+    /// f16 rows are widened before any arithmetic: every kind of row (short, decode rows in
+    /// pieces, tree rows sharing pieces, a prompt's causal rows) gets the bits it gets from f32
+    /// rows holding the rounded values, on any number of threads.
+    #[test]
+    fn half_rows_give_the_bits_of_f32_rows_of_their_values() {
+        let layout = six_on_two(64);
+        let (width, kv_width) = (6 * 64, 2 * 64);
+        let wave = |n: usize, seed: f32| wave(n, seed, 1.7);
+        let (keys, values) = (wave(1100 * kv_width, 1.0), wave(1100 * kv_width, 2.0));
+        let ((half_keys, wide_keys), (half_values, wide_values)) = (halves(&keys), halves(&values));
+        let context: Vec<usize> = (0..900).map(|i| (i * 7) % 900).collect();
+        let tree_paths: [&[usize]; 4] = [&[900], &[900, 901], &[900, 902], &[903]];
+        let mut key_slots: Vec<Vec<usize>> = (tree_paths.iter())
+            .map(|path| context.iter().chain(path.iter()).copied().collect())
+            .collect();
+        key_slots.push((0..40).rev().collect());
+        key_slots.push((500..700).collect());
+        key_slots.extend((510..514).map(|len| (0..len).collect::<Vec<_>>()));
+        key_slots.push((0..1050).collect());
+        let queries = wave(key_slots.len() * width, 3.0);
+        let scale = 0.2;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let of_f32 = attend(
+            &key_slots,
+            layout,
+            scale,
+            &queries,
+            &wide_keys,
+            &wide_values,
+        );
+        for threads in [1, 3] {
+            let of_f16 = on_threads(threads, || {
+                let (keys, values) = (KvRows::F16(&half_keys), KvRows::F16(&half_values));
+                attend(&key_slots, layout, scale, &queries, keys, values)
+            });
+            assert_eq!(bits(&of_f16), bits(&of_f32), "{threads} threads");
+        }
+        // The rounding is real: the unrounded rows give other bits, close by.
+        let unrounded = attend(&key_slots, layout, scale, &queries, &keys, &values);
+        assert_ne!(bits(&unrounded), bits(&of_f32));
+        for (a, b) in unrounded.iter().zip(&of_f32) {
+            assert!((a - b).abs() < 5e-3, "{a} vs {b}");
         }
     }
 

@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::lanes::{piece_in_lanes, PieceKeys};
-use super::{HeadLayout, Inputs, KEY_PIECE};
+use super::{Buffers, HeadLayout, Inputs, Listed, KEY_PIECE};
 use crate::threads::{balanced_order, for_each_chunk_mut};
 
 /// One piece's keys and the long rows that see exactly them, in row order.
@@ -201,7 +201,6 @@ impl Inputs<'_> {
         let group = layout.group();
         let (kv_width, row_width) = (layout.num_kv_heads * head_dim, layout.num_heads * head_dim);
         let num_slots = self.keys.len() / kv_width;
-        let at = |slot: usize| (kv_head * num_slots + slot) * head_dim;
         let slots = piece_slots(&self.key_slots[job.rows[0]], job.piece);
         let queries: Vec<&[f32]> = (job.rows.iter())
             .flat_map(|&row| {
@@ -210,11 +209,26 @@ impl Inputs<'_> {
                     .map(move |head| &self.queries[row * row_width + head * head_dim..][..head_dim])
             })
             .collect();
+        let mut buffers = Buffers::take();
+        let head_rows = kv_head * num_slots;
+        let keys = Listed::new(self.keys, slots, head_rows, head_dim, &mut buffers.keys);
+        let values = Listed::new(self.values, slots, head_rows, head_dim, &mut buffers.values);
         let keys = PieceKeys {
             n: slots.len(),
-            key: |i: usize| &self.keys[at(slots[i])..][..head_dim],
-            value: |i: usize| &self.values[at(slots[i])..][..head_dim],
+            key: |i: usize| keys.row(i),
+            value: |i: usize| values.row(i),
         };
+        self.piece_of::<L, ACROSS>(&queries, &keys)
+    }
+
+    /// [`Self::piece_portable`] once the piece's queries and rows are listed.
+    #[inline(always)]
+    fn piece_of<'a, const L: usize, const ACROSS: bool>(
+        &self,
+        queries: &[&[f32]],
+        keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    ) -> Piece {
+        let head_dim = self.layout.head_dim;
         #[cfg(target_arch = "x86_64")]
         if ACROSS {
             // SAFETY: only `piece_avx2` (L = 8) and `piece_avx512` (L = 16) ask for this form,
@@ -222,16 +236,16 @@ impl Inputs<'_> {
             #[allow(unsafe_code)]
             let piece = unsafe {
                 if L == 16 {
-                    super::across::piece_avx512(&queries, head_dim, self.scale, &keys)
+                    super::across::piece_avx512(queries, head_dim, self.scale, keys)
                 } else {
-                    super::across::piece_avx2(&queries, head_dim, self.scale, &keys)
+                    super::across::piece_avx2(queries, head_dim, self.scale, keys)
                 }
             };
             if let Some(piece) = piece {
                 return piece;
             }
         }
-        piece_in_lanes::<L>(&queries, head_dim, self.scale, &keys)
+        piece_in_lanes::<L>(queries, head_dim, self.scale, keys)
     }
 }
 
@@ -274,6 +288,7 @@ mod tests {
 
     #[test]
     fn a_piece_in_vectors_has_the_portable_bits() {
+        use crate::attention::KvRows;
         let layout = HeadLayout {
             num_heads: 4,
             num_kv_heads: 2,
@@ -292,8 +307,24 @@ mod tests {
             layout,
             scale: 0.2,
             queries: &queries,
-            keys: &keys,
-            values: &values,
+            keys: (&keys).into(),
+            values: (&values).into(),
+        };
+        // The same rows kept as f16 against f32 rows of the rounded values.
+        let half =
+            |v: &[f32]| -> Vec<half::f16> { v.iter().map(|&x| half::f16::from_f32(x)).collect() };
+        let (half_keys, half_values) = (half(&keys), half(&values));
+        let widen = |v: &[half::f16]| -> Vec<f32> { v.iter().map(|h| h.to_f32()).collect() };
+        let (wide_keys, wide_values) = (widen(&half_keys), widen(&half_values));
+        let halves = Inputs {
+            keys: KvRows::F16(&half_keys),
+            values: KvRows::F16(&half_values),
+            ..inputs
+        };
+        let widened = Inputs {
+            keys: (&wide_keys).into(),
+            values: (&wide_values).into(),
+            ..inputs
         };
         use crate::cpu::{level, Level};
         let test = "a_piece_in_vectors_has_the_portable_bits";
@@ -307,21 +338,24 @@ mod tests {
                 piece,
                 rows: vec![0, 1],
             };
-            for kv_head in 0..2 {
-                let (a, b) = (
-                    inputs.piece(&job, kv_head),
-                    inputs.piece_portable::<8, false>(&job, kv_head),
-                );
+            for (kv_head, half) in [(0, false), (1, false), (0, true), (1, true)] {
+                let (a, b) = if half {
+                    let vector = halves.piece(&job, kv_head);
+                    (vector, widened.piece_portable::<8, false>(&job, kv_head))
+                } else {
+                    let vector = inputs.piece(&job, kv_head);
+                    (vector, inputs.piece_portable::<8, false>(&job, kv_head))
+                };
                 assert_eq!(bits(&a.max), bits(&b.max));
                 assert_eq!(
                     bits(&a.sum),
                     bits(&b.sum),
-                    "piece {piece}, KV head {kv_head}"
+                    "piece {piece}, KV head {kv_head}, f16 {half}"
                 );
                 assert_eq!(
                     bits(&a.out),
                     bits(&b.out),
-                    "piece {piece}, KV head {kv_head}"
+                    "piece {piece}, KV head {kv_head}, f16 {half}"
                 );
             }
         }

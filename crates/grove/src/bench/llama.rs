@@ -50,6 +50,7 @@ struct Comparison {
     decode_ratio: f64,
     /// Bytes of the KV pool grove allocated for one request of this size.
     grove_kv_bytes: u64,
+    grove_kv_dtype: &'static str,
     /// Grove's peak RSS / (file + KV pool).
     grove_rss_over_file_and_kv: f64,
     /// Median of the tests, one per repetition.
@@ -107,7 +108,9 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
     let llama_cpp = theirs.side(llama_rss);
     let file_bytes = std::fs::metadata(&path)?.len();
     let kv_tokens = (args.prompt_tokens + args.new_tokens) as u64;
-    let grove_kv_bytes = kv_tokens * config.num_layers as u64 * config.kv_width() as u64 * 2 * 4;
+    let value_bytes = model.kv_dtype().size() as u64;
+    let grove_kv_bytes =
+        kv_tokens * config.num_layers as u64 * config.kv_width() as u64 * 2 * value_bytes;
     let bandwidth = Spread::of(bandwidths);
     let floor = bandwidth.median * 1e9 / weight_bytes_per_token as f64;
     let best_floor = bandwidth.max * 1e9 / weight_bytes_per_token as f64;
@@ -121,6 +124,7 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
         prefill_ratio: grove.prefill_tokens_per_s.median / llama_cpp.prefill_tokens_per_s.median,
         decode_ratio: grove.decode_tokens_per_s.median / llama_cpp.decode_tokens_per_s.median,
         grove_kv_bytes,
+        grove_kv_dtype: model.kv_dtype().name(),
         grove_rss_over_file_and_kv: grove_rss as f64 / (file_bytes + grove_kv_bytes) as f64,
         memory_read_gb_per_s: bandwidth.median,
         memory_read_gb_per_s_max: bandwidth.max,
@@ -380,7 +384,8 @@ fn print(report: &Comparison) {
         report.prefill_ratio, report.decode_ratio
     );
     eprintln!(
-        "  grove peak RSS / (file + KV pool of {:.1} MB): {:.2}",
+        "  grove peak RSS / (file + {} KV pool of {:.1} MB): {:.2}",
+        report.grove_kv_dtype,
         report.grove_kv_bytes as f64 / 1e6,
         report.grove_rss_over_file_and_kv
     );

@@ -46,6 +46,7 @@ struct MethodReport {
 struct BenchReport {
     model: String,
     kernels: serde_json::Value,
+    kv_cache_dtype: &'static str,
     drafter: Option<String>,
     threads: usize,
     page_size: usize,
@@ -83,6 +84,7 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
     let report = BenchReport {
         model: loaded.dir.display().to_string(),
         kernels: crate::kernels(),
+        kv_cache_dtype: model.kv_dtype().name(),
         drafter: args
             .spec
             .speculative_draft_model_path
@@ -234,10 +236,11 @@ fn method_reports(methods: &[(String, Generator)], samples: Vec<Samples>) -> Vec
 fn print_report(report: &BenchReport) {
     let spread = |s: &Spread| format!("{:>8.1} (min {:.1}, max {:.1})", s.median, s.min, s.max);
     eprintln!(
-        "model {} | threads {} | page size {} | {}",
+        "model {} | threads {} | page size {} | KV {} | {}",
         report.model,
         report.threads,
         report.page_size,
+        report.kv_cache_dtype,
         crate::kernels_line()
     );
     eprintln!(

@@ -1,0 +1,269 @@
+//! How attention reads a layer's K/V rows: as the store keeps them (f32 or f16), and for f16
+//! widened into a task's buffer first, so the kernels see f32 rows either way.
+
+use std::cell::RefCell;
+
+use half::f16;
+
+use super::{prefetch, AHEAD};
+
+/// A layer's key or value rows as the KV store keeps them, `[kv_heads, slots, d]`.
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    /// Half precision (what llama.cpp keeps by default): half the bytes a step reads over a
+    /// long context. The rows a task reads are widened (exactly) into f32 first, so the
+    /// arithmetic and its bits are those of f32 rows holding the same values.
+    F16(&'a [f16]),
+}
+
+impl KvRows<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(rows) => rows.len(),
+            Self::F16(rows) => rows.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value `i`, widened.
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            Self::F32(rows) => rows[i],
+            Self::F16(rows) => rows[i].to_f32(),
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for KvRows<'a> {
+    fn from(rows: &'a [f32]) -> Self {
+        Self::F32(rows)
+    }
+}
+
+impl<'a> From<&'a Vec<f32>> for KvRows<'a> {
+    fn from(rows: &'a Vec<f32>) -> Self {
+        Self::F32(rows)
+    }
+}
+
+/// The rows of a list of slots of one KV head, by place in the list: read where they lie
+/// (f32), or from the buffer they were widened into (f16, `[n, d]`).
+#[derive(Clone, Copy)]
+pub(super) struct Listed<'a> {
+    rows: &'a [f32],
+    /// The listed slots where `rows` is the layer; `None` where it is the buffer.
+    slots: Option<&'a [usize]>,
+    /// Where the KV head's rows start in `rows`, in rows (`kv_head * num_slots`).
+    first: usize,
+    d: usize,
+}
+
+impl<'a> Listed<'a> {
+    /// The rows of `slots` in `layer` from row `first` on (a KV head's), widened into
+    /// `buffer` where they are f16.
+    pub(super) fn new(
+        layer: KvRows<'a>,
+        slots: &'a [usize],
+        first: usize,
+        d: usize,
+        buffer: &'a mut Vec<f32>,
+    ) -> Self {
+        match layer {
+            KvRows::F32(rows) => Self {
+                rows,
+                slots: Some(slots),
+                first,
+                d,
+            },
+            KvRows::F16(rows) => {
+                widen_rows(rows, slots, first, d, buffer);
+                Self {
+                    rows: buffer,
+                    slots: None,
+                    first: 0,
+                    d,
+                }
+            }
+        }
+    }
+
+    /// The row of the `i`-th listed slot.
+    #[inline(always)]
+    pub(super) fn row(&self, i: usize) -> &'a [f32] {
+        let at = match self.slots {
+            Some(slots) => (self.first + slots[i]) * self.d,
+            None => i * self.d,
+        };
+        &self.rows[at..][..self.d]
+    }
+}
+
+/// Rows `first + slots[i]` of `rows` (each `d` long) widened to f32 into `to`, `[n, d]`. A
+/// half's widening is exact, so every path gives the same values.
+fn widen_rows(rows: &[f16], slots: &[usize], first: usize, d: usize, to: &mut Vec<f32>) {
+    // Grown only: the buffer is written whole below.
+    if to.len() != slots.len() * d {
+        to.resize(slots.len() * d, 0.0);
+    }
+    for (i, out) in to.chunks_exact_mut(d.max(1)).enumerate() {
+        // Slots lie wherever a sequence's pages are: ask for the rows ahead.
+        if let Some(&ahead) = slots.get(i + AHEAD) {
+            prefetch(rows[(first + ahead) * d..].as_ptr().cast(), 2 * d);
+        }
+        widen(&rows[(first + slots[i]) * d..][..d], out);
+    }
+}
+
+/// `from` widened into `to` (as long): 16 or 8 at a time where the CPU converts in vectors.
+fn widen(from: &[f16], to: &mut [f32]) {
+    assert_eq!(
+        from.len(),
+        to.len(),
+        "widening into a row of another length"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::allows(crate::cpu::Level::Avx2) {
+        // SAFETY: the level includes AVX2 and F16C (and AVX-512 F where chosen), found on
+        // this CPU.
+        #[allow(unsafe_code)]
+        unsafe {
+            if crate::cpu::allows(crate::cpu::Level::Avx512) {
+                widen_avx512(from, to)
+            } else {
+                widen_avx2(from, to)
+            }
+        };
+        return;
+    }
+    for (to, from) in to.iter_mut().zip(from) {
+        *to = from.to_f32();
+    }
+}
+
+/// [`widen`] 16 at a time (`vcvtph2ps`), the rest one by one.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn widen_avx512(from: &[f16], to: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let whole = from.len() / 16 * 16;
+    for at in (0..whole).step_by(16) {
+        // SAFETY: `at + 16 <= whole <= from.len() == to.len()` (checked by `widen`).
+        let halves = _mm256_loadu_si256(from.as_ptr().add(at).cast());
+        _mm512_storeu_ps(to.as_mut_ptr().add(at), _mm512_cvtph_ps(halves));
+    }
+    for (to, from) in to[whole..].iter_mut().zip(&from[whole..]) {
+        *to = from.to_f32();
+    }
+}
+
+/// [`widen`] 8 at a time, the rest one by one.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen_avx2(from: &[f16], to: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let whole = from.len() / 8 * 8;
+    for at in (0..whole).step_by(8) {
+        // SAFETY: `at + 8 <= whole <= from.len() == to.len()` (checked by `widen`).
+        let halves = _mm_loadu_si128(from.as_ptr().add(at).cast());
+        _mm256_storeu_ps(to.as_mut_ptr().add(at), _mm256_cvtph_ps(halves));
+    }
+    for (to, from) in to[whole..].iter_mut().zip(&from[whole..]) {
+        *to = from.to_f32();
+    }
+}
+
+thread_local! {
+    static BUFFERS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// This thread's buffers for widened f16 keys and values, taken out while in use (a task may
+/// run another on its thread while it waits) and put back when dropped. Not a closure's
+/// argument: a closure in the kernels' `#[inline(always)]` bodies would be compiled without
+/// their callers' target features.
+pub(super) struct Buffers {
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+}
+
+impl Buffers {
+    pub(super) fn take() -> Self {
+        let (keys, values) = BUFFERS.take();
+        Self { keys, values }
+    }
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        let taken = (
+            std::mem::take(&mut self.keys),
+            std::mem::take(&mut self.values),
+        );
+        BUFFERS.set(taken);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_half_widens_to_its_value_on_every_path() {
+        use crate::cpu::{level, Level};
+        let test = "every_half_widens_to_its_value_on_every_path";
+        crate::skip_without("avx2", level() >= Level::Avx2, test);
+        crate::skip_without("avx512", level() >= Level::Avx512, test);
+        // Every bit pattern, in a row whose length is not a whole number of vectors.
+        let halves: Vec<f16> = (0..=u16::MAX)
+            .map(f16::from_bits)
+            .chain([f16::ONE])
+            .collect();
+        let mut ours = vec![0f32; halves.len()];
+        widen(&halves, &mut ours);
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = (level() >= Level::Avx2).then(|| {
+            let mut avx2 = vec![0f32; halves.len()];
+            // SAFETY: this CPU has AVX2 and F16C (the level).
+            #[allow(unsafe_code)]
+            unsafe {
+                widen_avx2(&halves, &mut avx2)
+            };
+            avx2
+        });
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx2: Option<Vec<f32>> = None;
+        for (paths, widened) in [Some(&ours), avx2.as_ref()]
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for (half, &value) in halves.iter().zip(widened) {
+                let exact = half.to_f32();
+                if exact.is_nan() {
+                    assert!(value.is_nan(), "path {paths}: {:#x}", half.to_bits());
+                } else {
+                    assert_eq!(value.to_bits(), exact.to_bits(), "path {paths}: {half}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn listed_rows_are_the_slots_rows_in_list_order() {
+        // Two KV heads of 3 slots, d = 2; head 1's rows of slots 2 and 0.
+        let values: Vec<f32> = (0..12).map(|i| i as f32 * 0.5).collect();
+        let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+        let slots = [2, 0];
+        let mut buffer = vec![9.0; 1];
+        for layer in [KvRows::F32(&values), KvRows::F16(&halves)] {
+            let listed = Listed::new(layer, &slots, 3, 2, &mut buffer);
+            assert_eq!(listed.row(0), [5.0, 5.5]);
+            assert_eq!(listed.row(1), [3.0, 3.5]);
+        }
+    }
+}
