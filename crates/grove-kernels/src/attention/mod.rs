@@ -12,8 +12,8 @@ mod rows;
 
 use std::cell::RefCell;
 
+use rows::Buffers;
 pub use rows::KvRows;
-use rows::{Buffers, Listed};
 
 use crate::dense::scaled_dots_many;
 use crate::threads::for_each_chunk_mut;
@@ -99,10 +99,6 @@ pub fn attend<'a>(
         .min(rayon::current_num_threads().div_ceil(rows * num_kv_heads))
         .max(1);
     let part_len = group.div_ceil(parts);
-    thread_local! {
-        /// A task's scores, `[its query heads, keys]`.
-        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    }
     let attend_part = |row_kv: usize, part: usize, out: &mut [f32]| {
         let (row, kv_head) = (row_kv / num_kv_heads, row_kv % num_kv_heads);
         let slots = &key_slots[row];
@@ -114,20 +110,24 @@ pub fn attend<'a>(
         let queries: Vec<&[f32]> = heads
             .map(|head| &queries[row * row_width + head * head_dim..][..head_dim])
             .collect();
-        let n = slots.len();
+        let (n, d) = (slots.len(), head_dim);
         let head_rows = kv_head * num_slots;
-        let mut buffers = Buffers::take();
-        let keys = Listed::new(keys, slots, head_rows, head_dim, &mut buffers.keys);
-        let values = Listed::new(values, slots, head_rows, head_dim, &mut buffers.values);
-        SCORES.with_borrow_mut(|scores| {
-            scores.clear();
-            scores.resize(queries.len() * n, 0.0);
-            scaled_dots_many(&queries, |i| keys.row(i), scale, scores);
-            for scores in scores.chunks_exact_mut(n.max(1)) {
-                softmax_in_place(scores);
+        let (queries, outs) = (&queries[..], out);
+        match (keys, values) {
+            // Read where they lie.
+            (KvRows::F32(keys), KvRows::F32(values)) => {
+                let at = |i: usize| (head_rows + slots[i]) * d;
+                let (key, value) = (|i| &keys[at(i)..][..d], |i| &values[at(i)..][..d]);
+                attend_short(queries, n, scale, outs, key, value);
             }
-            weighted_sums::<false>(out, head_dim, scores, |i| values.row(i));
-        });
+            // Widened into this thread's buffers first.
+            kv => {
+                let mut buffers = Buffers::take();
+                let (keys, values) = buffers.gather(kv, slots, head_rows, d);
+                let (key, value) = (|i| &keys[i * d..][..d], |i| &values[i * d..][..d]);
+                attend_short(queries, n, scale, outs, key, value);
+            }
+        }
     };
     let work: usize = key_slots
         .iter()
@@ -147,6 +147,32 @@ pub fn attend<'a>(
         }
     }
     output
+}
+
+/// A short row's query heads of one KV head (`queries`, outputs `outs`, `[q, d]`) over its
+/// `n` keys and values, the normalize-then-sum form.
+fn attend_short<'a>(
+    queries: &[&[f32]],
+    n: usize,
+    scale: f32,
+    outs: &mut [f32],
+    key: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [f32],
+) {
+    thread_local! {
+        /// A task's scores, `[its query heads, keys]`.
+        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    }
+    let d = outs.len() / queries.len().max(1);
+    SCORES.with_borrow_mut(|scores| {
+        scores.clear();
+        scores.resize(queries.len() * n, 0.0);
+        scaled_dots_many(queries, key, scale, scores);
+        for scores in scores.chunks_exact_mut(n.max(1)) {
+            softmax_in_place(scores);
+        }
+        weighted_sums::<false>(outs, d, scores, value);
+    });
 }
 
 /// Values ahead of the one in use whose lines are requested: rows of a layer's KV store lie

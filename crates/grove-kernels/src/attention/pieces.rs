@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::lanes::{piece_in_lanes, PieceKeys};
-use super::{Buffers, HeadLayout, Inputs, Listed, KEY_PIECE};
+use super::{Buffers, HeadLayout, Inputs, KvRows, KEY_PIECE};
 use crate::threads::{balanced_order, for_each_chunk_mut};
 
 /// One piece's keys and the long rows that see exactly them, in row order.
@@ -209,16 +209,30 @@ impl Inputs<'_> {
                     .map(move |head| &self.queries[row * row_width + head * head_dim..][..head_dim])
             })
             .collect();
-        let mut buffers = Buffers::take();
-        let head_rows = kv_head * num_slots;
-        let keys = Listed::new(self.keys, slots, head_rows, head_dim, &mut buffers.keys);
-        let values = Listed::new(self.values, slots, head_rows, head_dim, &mut buffers.values);
-        let keys = PieceKeys {
-            n: slots.len(),
-            key: |i: usize| keys.row(i),
-            value: |i: usize| values.row(i),
-        };
-        self.piece_of::<L, ACROSS>(&queries, &keys)
+        let (n, d, head_rows) = (slots.len(), head_dim, kv_head * num_slots);
+        match (self.keys, self.values) {
+            // Read where they lie.
+            (KvRows::F32(keys), KvRows::F32(values)) => {
+                let at = |i: usize| (head_rows + slots[i]) * d;
+                let keys = PieceKeys {
+                    n,
+                    key: |i: usize| &keys[at(i)..][..d],
+                    value: |i: usize| &values[at(i)..][..d],
+                };
+                self.piece_of::<L, ACROSS>(&queries, &keys)
+            }
+            // Widened into this thread's buffers first.
+            kv => {
+                let mut buffers = Buffers::take();
+                let (keys, values) = buffers.gather(kv, slots, head_rows, d);
+                let keys = PieceKeys {
+                    n,
+                    key: |i: usize| &keys[i * d..][..d],
+                    value: |i: usize| &values[i * d..][..d],
+                };
+                self.piece_of::<L, ACROSS>(&queries, &keys)
+            }
+        }
     }
 
     /// [`Self::piece_portable`] once the piece's queries and rows are listed.
@@ -288,7 +302,6 @@ mod tests {
 
     #[test]
     fn a_piece_in_vectors_has_the_portable_bits() {
-        use crate::attention::KvRows;
         let layout = HeadLayout {
             num_heads: 4,
             num_kv_heads: 2,

@@ -1,5 +1,6 @@
-//! How attention reads a layer's K/V rows: as the store keeps them (f32 or f16), and for f16
-//! widened into a task's buffer first, so the kernels see f32 rows either way.
+//! How attention reads a layer's K/V rows as the store keeps them: f32 rows where they lie, f16
+//! rows widened into the task's buffers first (a piece or a short row at a time), so the
+//! kernels run on f32 rows either way and give the bits f32 rows of the same values give.
 
 use std::cell::RefCell;
 
@@ -50,71 +51,37 @@ impl<'a> From<&'a Vec<f32>> for KvRows<'a> {
     }
 }
 
-/// The rows of a list of slots of one KV head, by place in the list: read where they lie
-/// (f32), or from the buffer they were widened into (f16, `[n, d]`).
-#[derive(Clone, Copy)]
-pub(super) struct Listed<'a> {
-    rows: &'a [f32],
-    /// The listed slots where `rows` is the layer; `None` where it is the buffer.
-    slots: Option<&'a [usize]>,
-    /// Where the KV head's rows start in `rows`, in rows (`kv_head * num_slots`).
+/// Rows `first + slots[i]` of `rows` (each `d` long) into `to` as f32, `[n, d]`: f16 rows
+/// widened (exactly, so every path gives the same values), f32 rows copied.
+pub(super) fn gather_rows(
+    rows: KvRows<'_>,
+    slots: &[usize],
     first: usize,
     d: usize,
-}
-
-impl<'a> Listed<'a> {
-    /// The rows of `slots` in `layer` from row `first` on (a KV head's), widened into
-    /// `buffer` where they are f16.
-    pub(super) fn new(
-        layer: KvRows<'a>,
-        slots: &'a [usize],
-        first: usize,
-        d: usize,
-        buffer: &'a mut Vec<f32>,
-    ) -> Self {
-        match layer {
-            KvRows::F32(rows) => Self {
-                rows,
-                slots: Some(slots),
-                first,
-                d,
-            },
-            KvRows::F16(rows) => {
-                widen_rows(rows, slots, first, d, buffer);
-                Self {
-                    rows: buffer,
-                    slots: None,
-                    first: 0,
-                    d,
-                }
-            }
-        }
-    }
-
-    /// The row of the `i`-th listed slot.
-    #[inline(always)]
-    pub(super) fn row(&self, i: usize) -> &'a [f32] {
-        let at = match self.slots {
-            Some(slots) => (self.first + slots[i]) * self.d,
-            None => i * self.d,
-        };
-        &self.rows[at..][..self.d]
-    }
-}
-
-/// Rows `first + slots[i]` of `rows` (each `d` long) widened to f32 into `to`, `[n, d]`. A
-/// half's widening is exact, so every path gives the same values.
-fn widen_rows(rows: &[f16], slots: &[usize], first: usize, d: usize, to: &mut Vec<f32>) {
-    // Grown only: the buffer is written whole below.
+    to: &mut Vec<f32>,
+) {
+    // Resized only when the length changes: every row is written below.
     if to.len() != slots.len() * d {
         to.resize(slots.len() * d, 0.0);
     }
     for (i, out) in to.chunks_exact_mut(d.max(1)).enumerate() {
+        let at = (first + slots[i]) * d;
         // Slots lie wherever a sequence's pages are: ask for the rows ahead.
-        if let Some(&ahead) = slots.get(i + AHEAD) {
-            prefetch(rows[(first + ahead) * d..].as_ptr().cast(), 2 * d);
+        let ahead = slots.get(i + AHEAD).map(|&slot| (first + slot) * d);
+        match rows {
+            KvRows::F16(rows) => {
+                if let Some(ahead) = ahead {
+                    prefetch(rows[ahead..].as_ptr().cast(), 2 * d);
+                }
+                widen(&rows[at..][..d], out);
+            }
+            KvRows::F32(rows) => {
+                if let Some(ahead) = ahead {
+                    prefetch(rows[ahead..].as_ptr().cast(), 4 * d);
+                }
+                out.copy_from_slice(&rows[at..][..d]);
+            }
         }
-        widen(&rows[(first + slots[i]) * d..][..d], out);
     }
 }
 
@@ -196,6 +163,20 @@ impl Buffers {
         let (keys, values) = BUFFERS.take();
         Self { keys, values }
     }
+
+    /// The keys and values of `slots` from row `first` on (a KV head's) gathered into the
+    /// buffers as f32, `[n, d]` each ([`gather_rows`]).
+    pub(super) fn gather(
+        &mut self,
+        (keys, values): (KvRows<'_>, KvRows<'_>),
+        slots: &[usize],
+        first: usize,
+        d: usize,
+    ) -> (&[f32], &[f32]) {
+        gather_rows(keys, slots, first, d, &mut self.keys);
+        gather_rows(values, slots, first, d, &mut self.values);
+        (&self.keys, &self.values)
+    }
 }
 
 impl Drop for Buffers {
@@ -254,16 +235,18 @@ mod tests {
     }
 
     #[test]
-    fn listed_rows_are_the_slots_rows_in_list_order() {
+    fn gathered_rows_are_the_slots_rows_in_list_order() {
         // Two KV heads of 3 slots, d = 2; head 1's rows of slots 2 and 0.
         let values: Vec<f32> = (0..12).map(|i| i as f32 * 0.5).collect();
         let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
-        let slots = [2, 0];
         let mut buffer = vec![9.0; 1];
         for layer in [KvRows::F32(&values), KvRows::F16(&halves)] {
-            let listed = Listed::new(layer, &slots, 3, 2, &mut buffer);
-            assert_eq!(listed.row(0), [5.0, 5.5]);
-            assert_eq!(listed.row(1), [3.0, 3.5]);
+            gather_rows(layer, &[2, 0], 3, 2, &mut buffer);
+            assert_eq!(buffer, [5.0, 5.5, 3.0, 3.5]);
         }
+        let mut buffers = Buffers::take();
+        let (keys, values) = (KvRows::F16(&halves), KvRows::F32(&values));
+        let (keys, values) = buffers.gather((keys, values), &[1], 0, 2);
+        assert_eq!((keys, values), (&[1.0, 1.5][..], &[1.0, 1.5][..]));
     }
 }
