@@ -28,7 +28,7 @@ use std::cell::RefCell;
 
 use super::lanes::{exp_nonpositive, PieceKeys};
 use super::pieces::Piece;
-use super::{weighted_sums_laid, WeightLayout};
+use super::{weighted_sums_laid, Element, WeightLayout};
 
 /// The most queries this form takes at 8 lanes; past it the lanes form fills enough of its
 /// lanes.
@@ -44,43 +44,43 @@ thread_local! {
 
 /// The piece in this form, where it applies: at most [`MOST_QUERIES`] queries and a head
 /// dimension of whole 8-element vectors. Called only where the CPU has AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn piece_avx2<'a>(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn piece_avx2<'a, E: Element>(
     queries: &[&[f32]],
     head_dim: usize,
     scale: f32,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
 ) -> Option<Piece> {
     let (q, d) = (queries, head_dim);
     in_form(queries, d, keys, MOST_QUERIES, |tiles, s| match q.len() {
-        1 => scores_avx2::<1, 8>(q, d, scale, keys, tiles, s),
-        2 => scores_avx2::<2, 4>(q, d, scale, keys, tiles, s),
-        3 => scores_avx2::<3, 2>(q, d, scale, keys, tiles, s),
-        _ => scores_avx2::<4, 2>(q, d, scale, keys, tiles, s),
+        1 => scores_avx2::<1, 8, E>(q, d, scale, keys, tiles, s),
+        2 => scores_avx2::<2, 4, E>(q, d, scale, keys, tiles, s),
+        3 => scores_avx2::<3, 2, E>(q, d, scale, keys, tiles, s),
+        _ => scores_avx2::<4, 2, E>(q, d, scale, keys, tiles, s),
     })
 }
 
 /// The same form in 512-bit vectors (16 keys a vector), for at most [`MOST_QUERIES_512`]
 /// queries and a head dimension of whole 8-element vectors. Called only where the CPU has
 /// AVX-512 F (and AVX2 and FMA, which every such CPU has: `cpu::Level::Avx512`).
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn piece_avx512<'a>(
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn piece_avx512<'a, E: Element>(
     queries: &[&[f32]],
     head_dim: usize,
     scale: f32,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
 ) -> Option<Piece> {
     let (q, d) = (queries, head_dim);
     in_form(queries, d, keys, MOST_QUERIES_512, |tiles, s| {
         match q.len() {
-            1 => scores_avx512::<1, 8>(q, d, scale, keys, tiles, s),
-            2 => scores_avx512::<2, 6>(q, d, scale, keys, tiles, s),
-            3 => scores_avx512::<3, 4>(q, d, scale, keys, tiles, s),
-            4 => scores_avx512::<4, 4>(q, d, scale, keys, tiles, s),
-            5 => scores_avx512::<5, 2>(q, d, scale, keys, tiles, s),
-            6 => scores_avx512::<6, 2>(q, d, scale, keys, tiles, s),
-            7 => scores_avx512::<7, 2>(q, d, scale, keys, tiles, s),
-            _ => scores_avx512::<8, 2>(q, d, scale, keys, tiles, s),
+            1 => scores_avx512::<1, 8, E>(q, d, scale, keys, tiles, s),
+            2 => scores_avx512::<2, 6, E>(q, d, scale, keys, tiles, s),
+            3 => scores_avx512::<3, 4, E>(q, d, scale, keys, tiles, s),
+            4 => scores_avx512::<4, 4, E>(q, d, scale, keys, tiles, s),
+            5 => scores_avx512::<5, 2, E>(q, d, scale, keys, tiles, s),
+            6 => scores_avx512::<6, 2, E>(q, d, scale, keys, tiles, s),
+            7 => scores_avx512::<7, 2, E>(q, d, scale, keys, tiles, s),
+            _ => scores_avx512::<8, 2, E>(q, d, scale, keys, tiles, s),
         }
     })
 }
@@ -89,10 +89,10 @@ pub(super) unsafe fn piece_avx512<'a>(
 /// whole 8-element vectors, at least one key): `scores_of(tiles, scores)` fills the scores
 /// (`[query][key]`) with the form's kernel, then the softmax and the weighted sums.
 #[inline(always)]
-fn in_form<'a>(
+fn in_form<'a, E: Element>(
     queries: &[&[f32]],
     d: usize,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
     most: usize,
     scores_of: impl FnOnce(&mut Vec<f32>, &mut [f32]),
 ) -> Option<Piece> {
@@ -113,11 +113,11 @@ fn in_form<'a>(
 /// The piece from its scores (`[query][key]`, `count` queries): the lanes form's order, the
 /// largest from minus infinity, then each term, and the running sum key after key.
 #[inline(always)]
-fn softmax_and_sums<'a>(
+fn softmax_and_sums<'a, E: Element>(
     mut scores: Vec<f32>,
     count: usize,
     d: usize,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
 ) -> Piece {
     let n = keys.n;
     let (mut max, mut sum) = (vec![0f32; count], vec![0f32; count]);
@@ -135,19 +135,19 @@ fn softmax_and_sums<'a>(
         query: n,
         key: 1,
     };
-    weighted_sums_laid::<true>(&mut out, d, &scores, layout, &keys.value);
+    weighted_sums_laid::<true, _>(&mut out, d, &scores, layout, &keys.value);
     Piece { max, sum, out }
 }
 
 /// The scaled dots of `Q` queries with the piece's `n` keys into `scores` (`[query][key]`),
 /// `T` tiles of 8 keys at a time (`Q * T` chains of multiply-adds in registers). The value
 /// rows are asked into L2 a group ahead: the weighted sums read them next.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn scores_avx2<'a, const Q: usize, const T: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_avx2<'a, const Q: usize, const T: usize, E: Element>(
     queries: &[&[f32]],
     d: usize,
     scale: f32,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
     tiles: &mut Vec<f32>,
     scores: &mut [f32],
 ) {
@@ -160,12 +160,12 @@ unsafe fn scores_avx2<'a, const Q: usize, const T: usize>(
         // The next group's keys, requested while this one's multiply (rows of a layer's KV
         // store lie a page apart on models with many KV heads: past the hardware prefetcher).
         for k in first + 8 * T..(first + 16 * T).min(n) {
-            super::prefetch(key(k).as_ptr().cast(), 4 * d);
-            super::prefetch_l2((keys.value)(k).as_ptr().cast(), 4 * d);
+            super::prefetch(key(k).as_ptr().cast(), size_of::<E>() * d);
+            super::prefetch_l2((keys.value)(k).as_ptr().cast(), size_of::<E>() * d);
         }
         for t in 0..T {
             // Past the last key, the first key of the group again: its scores are dropped.
-            let rows: [&[f32]; 8] = std::array::from_fn(|j| {
+            let rows: [&[E]; 8] = std::array::from_fn(|j| {
                 let k = first + 8 * t + j;
                 let key = key(if k < n { k } else { first });
                 assert_eq!(key.len(), d, "a key is not head_dim long");
@@ -204,8 +204,8 @@ unsafe fn scores_avx2<'a, const Q: usize, const T: usize>(
 /// Eight keys' elements as `[dim][key]` into `to` (`d * 8` floats): each 8 x 8 block by
 /// unpacking pairs, shuffling quarters and swapping halves.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn transpose_tile(rows: &[&[f32]; 8], to: &mut [f32]) {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose_tile<E: Element>(rows: &[&[E]; 8], to: &mut [f32]) {
     let d = rows[0].len();
     assert!(to.len() == d * 8);
     transpose_into(rows, to.as_mut_ptr(), 8);
@@ -217,14 +217,14 @@ unsafe fn transpose_tile(rows: &[&[f32]; 8], to: &mut [f32]) {
 /// # Safety
 /// AVX2 and FMA; every row `d` long and `to` valid for `(d - 1) * stride + 8` floats.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn transpose_into(rows: &[&[f32]; 8], to: *mut f32, stride: usize) {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose_into<E: Element>(rows: &[&[E]; 8], to: *mut f32, stride: usize) {
     use std::arch::x86_64::*;
     let d = rows[0].len();
     assert!(d.is_multiple_of(8) && rows.iter().all(|r| r.len() == d));
     for c in (0..d).step_by(8) {
         // SAFETY: `c + 8 <= d` and every row is `d` long (checked); `to` as the caller says.
-        let r: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(rows[j].as_ptr().add(c)));
+        let r: [__m256; 8] = std::array::from_fn(|j| E::load8(rows[j].as_ptr().add(c)));
         // Pairs of keys: elements 0, 1, 4, 5 (low) and 2, 3, 6, 7 (high) interleaved.
         let low: [__m256; 4] = std::array::from_fn(|p| _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]));
         let high: [__m256; 4] = std::array::from_fn(|p| _mm256_unpackhi_ps(r[2 * p], r[2 * p + 1]));
@@ -283,12 +283,12 @@ unsafe fn dots_avx512<const Q: usize, const T: usize>(
 /// `[dim][16 keys]`, and each multiply-add a query element broadcast against 16 keys. The
 /// value rows are asked into L2 a group ahead too: the weighted sums read them next, and a
 /// piece's fit there (from memory, as a long context's are, they waited on every row).
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn scores_avx512<'a, const Q: usize, const T: usize>(
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn scores_avx512<'a, const Q: usize, const T: usize, E: Element>(
     queries: &[&[f32]],
     d: usize,
     scale: f32,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
     tiles: &mut Vec<f32>,
     scores: &mut [f32],
 ) {
@@ -301,13 +301,16 @@ unsafe fn scores_avx512<'a, const Q: usize, const T: usize>(
         for t in 0..T {
             for half in 0..2 {
                 // Past the last key, the first key of the group again: its scores are dropped.
-                let rows: [&[f32]; 8] = std::array::from_fn(|j| {
+                let rows: [&[E]; 8] = std::array::from_fn(|j| {
                     let k = first + 16 * t + 8 * half + j;
                     // The key a group ahead, asked for as each key is read: a whole group's
                     // requests at once (up to 96 keys) ran slower from memory.
                     if k + 16 * T < n {
-                        super::prefetch(key(k + 16 * T).as_ptr().cast(), 4 * d);
-                        super::prefetch_l2((keys.value)(k + 16 * T).as_ptr().cast(), 4 * d);
+                        super::prefetch(key(k + 16 * T).as_ptr().cast(), size_of::<E>() * d);
+                        super::prefetch_l2(
+                            (keys.value)(k + 16 * T).as_ptr().cast(),
+                            size_of::<E>() * d,
+                        );
                     }
                     let key = key(if k < n { k } else { first });
                     assert_eq!(key.len(), d, "a key is not head_dim long");
@@ -342,44 +345,84 @@ mod tests {
     use super::super::lanes::tests::{bits, wave};
     use super::*;
 
-    type Rows<'a> = &'a dyn Fn(usize) -> &'a [f32];
-    type Form = for<'a> fn(&[&[f32]], usize, &PieceKeys<Rows<'a>, Rows<'a>>) -> Option<Piece>;
+    type Rows<'a, E> = &'a dyn Fn(usize) -> &'a [E];
+    type Form<E> =
+        for<'a> fn(&[&[f32]], usize, &PieceKeys<Rows<'a, E>, Rows<'a, E>>) -> Option<Piece>;
 
     /// A form against the lanes form (`L` lanes): every count of queries up to `most`, head
-    /// dimensions `ds`, pieces of `ns` keys; past `most` queries, and for a head dimension of
-    /// partial vectors, the form declines.
-    fn check_form<const L: usize>(most: usize, ds: &[usize], ns: &[usize], form: Form) {
+    /// dimensions `ds`, pieces of `ns` keys, over f32 rows (`form`) and over f16 rows
+    /// (`halves`, against the lanes form over f32 rows of the same values); past `most`
+    /// queries, and for a head dimension of partial vectors, the form declines.
+    fn check_form<const L: usize>(
+        most: usize,
+        ds: &[usize],
+        ns: &[usize],
+        form: Form<f32>,
+        halves: Form<half::f16>,
+    ) {
         for &d in ds {
             for &n in ns {
                 let (keys, values) = (wave(n * d, 1.0), wave(n * d, 2.0));
-                let key = |i: usize| &keys[i * d..(i + 1) * d];
-                let value = |i: usize| &values[i * d..(i + 1) * d];
+                let half = |v: &[f32]| -> Vec<half::f16> {
+                    v.iter().map(|&x| half::f16::from_f32(x)).collect()
+                };
+                let (half_keys, half_values) = (half(&keys), half(&values));
+                let widen =
+                    |v: &[half::f16]| -> Vec<f32> { v.iter().map(|h| h.to_f32()).collect() };
+                let (wide_keys, wide_values) = (widen(&half_keys), widen(&half_values));
+                let (key, value) = (
+                    |i: usize| &keys[i * d..][..d],
+                    |i: usize| &values[i * d..][..d],
+                );
                 let piece = PieceKeys {
                     n,
-                    key: &key as Rows<'_>,
-                    value: &value as Rows<'_>,
+                    key: &key as Rows<'_, f32>,
+                    value: &value as Rows<'_, f32>,
+                };
+                let wide_key = |i: usize| &wide_keys[i * d..][..d];
+                let wide_value = |i: usize| &wide_values[i * d..][..d];
+                let widened = PieceKeys {
+                    n,
+                    key: &wide_key as Rows<'_, f32>,
+                    value: &wide_value as Rows<'_, f32>,
+                };
+                let half_key = |i: usize| &half_keys[i * d..(i + 1) * d];
+                let half_value = |i: usize| &half_values[i * d..(i + 1) * d];
+                let halved = PieceKeys {
+                    n,
+                    key: &half_key as Rows<'_, half::f16>,
+                    value: &half_value as Rows<'_, half::f16>,
                 };
                 let all = wave((most + 1) * d, 3.0);
                 let queries: Vec<&[f32]> = all.chunks_exact(d).collect();
                 for count in 1..=most {
+                    let queries = &queries[..count];
                     let case = format!("{L} lanes, d {d}, n {n}, {count} queries");
-                    let reference = piece_in_lanes::<L>(&queries[..count], d, 0.3, &piece);
-                    let ours = form(&queries[..count], d, &piece).expect("the form applies");
-                    assert_eq!(bits(&ours.max), bits(&reference.max), "{case}");
-                    assert_eq!(bits(&ours.sum), bits(&reference.sum), "{case}");
-                    assert_eq!(bits(&ours.out), bits(&reference.out), "{case}");
+                    let reference = piece_in_lanes::<L>(queries, d, 0.3, &piece);
+                    let ours = form(queries, d, &piece).expect("the form applies");
+                    assert_same(&ours, &reference, &case);
+                    let reference = piece_in_lanes::<L>(queries, d, 0.3, &widened);
+                    let ours = halves(queries, d, &halved).expect("the form applies");
+                    assert_same(&ours, &reference, &format!("{case}, f16 rows"));
                 }
                 assert!(form(&queries[..most + 1], d, &piece).is_none());
+                assert!(halves(&queries[..most + 1], d, &halved).is_none());
             }
         }
         let odd = wave(12, 1.0);
         let row = |_: usize| &odd[..12];
         let piece = PieceKeys {
             n: 1,
-            key: &row as Rows<'_>,
-            value: &row as Rows<'_>,
+            key: &row as Rows<'_, f32>,
+            value: &row as Rows<'_, f32>,
         };
         assert!(form(&[&odd[..12]], 12, &piece).is_none());
+    }
+
+    fn assert_same(ours: &Piece, reference: &Piece, case: &str) {
+        assert_eq!(bits(&ours.max), bits(&reference.max), "{case}");
+        assert_eq!(bits(&ours.sum), bits(&reference.sum), "{case}");
+        assert_eq!(bits(&ours.out), bits(&reference.out), "{case}");
     }
 
     /// Every count of queries it takes, head dimensions of 1 to 32 vectors and pieces of 1 to
@@ -392,10 +435,14 @@ mod tests {
             return;
         }
         let ns = [1, 7, 8, 9, 31, 33, 64, 65, 200, 256];
-        check_form::<8>(MOST_QUERIES, &[8, 32, 64, 128, 256], &ns, |q, d, piece| {
-            // SAFETY: AVX2 and FMA are present (checked above).
-            unsafe { piece_avx2(q, d, 0.3, piece) }
-        });
+        // SAFETY (both): AVX2, FMA and F16C are present (checked above: the level).
+        check_form::<8>(
+            MOST_QUERIES,
+            &[8, 32, 64, 128, 256],
+            &ns,
+            |q, d, piece| unsafe { piece_avx2(q, d, 0.3, piece) },
+            |q, d, piece| unsafe { piece_avx2(q, d, 0.3, piece) },
+        );
     }
 
     /// The 16-lane form: every count of queries it takes (Qwen2.5's 6 and 7 query heads per
@@ -409,9 +456,13 @@ mod tests {
             return;
         }
         let ns = [1, 15, 16, 17, 31, 32, 33, 47, 95, 97, 200, 256];
-        check_form::<16>(MOST_QUERIES_512, &[8, 64, 128, 256], &ns, |q, d, piece| {
-            // SAFETY: AVX-512 F, AVX2 and FMA are present (checked above).
-            unsafe { piece_avx512(q, d, 0.3, piece) }
-        });
+        // SAFETY (both): AVX-512 F, AVX2, FMA and F16C are present (checked above: the level).
+        check_form::<16>(
+            MOST_QUERIES_512,
+            &[8, 64, 128, 256],
+            &ns,
+            |q, d, piece| unsafe { piece_avx512(q, d, 0.3, piece) },
+            |q, d, piece| unsafe { piece_avx512(q, d, 0.3, piece) },
+        );
     }
 }

@@ -157,7 +157,7 @@ pub(super) fn piece_in_lanes<'a, const L: usize>(
             query: 1,
             key: blocks * L,
         };
-        super::weighted_sums_laid::<true>(&mut out, d, scores, layout, &keys.value);
+        super::weighted_sums_laid::<true, _>(&mut out, d, scores, layout, &keys.value);
     } else {
         pack_keys(&mut s.keys, keys, d);
         pack_values(&mut s.values, keys, d);

@@ -12,8 +12,8 @@ mod rows;
 
 use std::cell::RefCell;
 
-use rows::Buffers;
 pub use rows::KvRows;
+use rows::{Buffers, Element};
 
 use crate::dense::scaled_dots_many;
 use crate::threads::for_each_chunk_mut;
@@ -252,7 +252,7 @@ fn weighted_sums<'a, const FUSED: bool>(
         query: n,
         key: 1,
     };
-    weighted_sums_laid::<FUSED>(outs, width, weights, layout, value);
+    weighted_sums_laid::<FUSED, _>(outs, width, weights, layout, value);
 }
 
 /// Where query `j`'s weight of value `i` lies: `weights[j * query + i * key]`, `i < n`.
@@ -264,13 +264,13 @@ struct WeightLayout {
 }
 
 /// [`weighted_sums`] with the weights laid out as `layout` says (the piece kernel's terms
-/// are `[key][query]`).
-fn weighted_sums_laid<'a, const FUSED: bool>(
+/// are `[key][query]`), over value rows of f32 or of f16 widened as they are loaded.
+fn weighted_sums_laid<'a, const FUSED: bool, E: Element>(
     outs: &mut [f32],
     width: usize,
     weights: &[f32],
     layout: WeightLayout,
-    value: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [E],
 ) {
     let queries = outs.len().checked_div(width).unwrap_or(0);
     if queries == 0 {
@@ -287,16 +287,16 @@ fn weighted_sums_laid<'a, const FUSED: bool>(
     #[cfg(target_arch = "x86_64")]
     if width.is_multiple_of(16) && crate::cpu::allows(crate::cpu::Level::Avx512) {
         #[allow(unsafe_code)]
-        return unsafe { all_queries_avx512::<FUSED>(outs, width, weights, layout, &value) };
+        return unsafe { all_queries_avx512::<FUSED, _>(outs, width, weights, layout, &value) };
     }
     #[cfg(target_arch = "x86_64")]
     if width.is_multiple_of(8) && crate::cpu::allows(crate::cpu::Level::Avx2) {
         #[allow(unsafe_code)]
-        return unsafe { all_queries_avx2::<FUSED>(outs, width, weights, layout, &value) };
+        return unsafe { all_queries_avx2::<FUSED, _>(outs, width, weights, layout, &value) };
     }
     for (j, out) in outs.chunks_exact_mut(width).enumerate() {
         let weights = (0..n).map(|i| weights[j * query + i * key]);
-        weighted_sum_portable::<FUSED>(out, weights, (0..n).map(&value));
+        weighted_sum_portable::<FUSED, _>(out, weights, (0..n).map(&value));
     }
 }
 
@@ -310,16 +310,16 @@ fn weighted_sums_laid<'a, const FUSED: bool>(
 #[cfg(target_arch = "x86_64")]
 macro_rules! weighted_sums_in {
     ($all:ident, $sums:ident, $tile:ident, $features:literal, $vector:ident, $lanes:literal,
-     $wide:literal, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $mul:ident,
+     $wide:literal, $load:ident, $widen:ident, $store:ident, $set1:ident, $fmadd:ident, $mul:ident,
      $add:ident) => {
         #[allow(unsafe_code)]
         #[target_feature(enable = $features)]
-        unsafe fn $all<'a, const FUSED: bool>(
+        unsafe fn $all<'a, const FUSED: bool, E: Element>(
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
             layout: WeightLayout,
-            value: &impl Fn(usize) -> &'a [f32],
+            value: &impl Fn(usize) -> &'a [E],
         ) {
             let queries = outs.len() / width;
             let mut first = 0;
@@ -329,36 +329,36 @@ macro_rules! weighted_sums_in {
                 // A decode row's query heads of a KV head in one pass where the registers
                 // hold them: Qwen2.5's 6 or 7 read the values twice instead of four times.
                 first += match queries - first {
-                    1 => $sums::<1, 4, FUSED>(outs, width, weights, layout, value),
-                    2 | 3 => $sums::<2, 4, FUSED>(outs, width, weights, layout, value),
-                    5 if $wide => $sums::<5, 4, FUSED>(outs, width, weights, layout, value),
-                    6 if $wide => $sums::<6, 4, FUSED>(outs, width, weights, layout, value),
-                    7 if $wide => $sums::<7, 3, FUSED>(outs, width, weights, layout, value),
-                    8.. if $wide => $sums::<8, 3, FUSED>(outs, width, weights, layout, value),
-                    _ => $sums::<4, 4, FUSED>(outs, width, weights, layout, value),
+                    1 => $sums::<1, 4, FUSED, E>(outs, width, weights, layout, value),
+                    2 | 3 => $sums::<2, 4, FUSED, E>(outs, width, weights, layout, value),
+                    5 if $wide => $sums::<5, 4, FUSED, E>(outs, width, weights, layout, value),
+                    6 if $wide => $sums::<6, 4, FUSED, E>(outs, width, weights, layout, value),
+                    7 if $wide => $sums::<7, 3, FUSED, E>(outs, width, weights, layout, value),
+                    8.. if $wide => $sums::<8, 3, FUSED, E>(outs, width, weights, layout, value),
+                    _ => $sums::<4, 4, FUSED, E>(outs, width, weights, layout, value),
                 };
             }
         }
 
         #[allow(unsafe_code)]
         #[target_feature(enable = $features)]
-        unsafe fn $sums<'a, const Q: usize, const TILE: usize, const FUSED: bool>(
+        unsafe fn $sums<'a, const Q: usize, const TILE: usize, const FUSED: bool, E: Element>(
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
             layout: WeightLayout,
-            value: &impl Fn(usize) -> &'a [f32],
+            value: &impl Fn(usize) -> &'a [E],
         ) -> usize {
             // `TILE`: vectors of each output per pass over the values (at most 4).
             let vectors = width / $lanes;
             let full = vectors / TILE * TILE;
             for first in (0..full).step_by(TILE) {
-                $tile::<Q, TILE, FUSED>(outs, width, weights, layout, value, first);
+                $tile::<Q, TILE, FUSED, E>(outs, width, weights, layout, value, first);
             }
             match vectors - full {
-                1 => $tile::<Q, 1, FUSED>(outs, width, weights, layout, value, full),
-                2 => $tile::<Q, 2, FUSED>(outs, width, weights, layout, value, full),
-                3 => $tile::<Q, 3, FUSED>(outs, width, weights, layout, value, full),
+                1 => $tile::<Q, 1, FUSED, E>(outs, width, weights, layout, value, full),
+                2 => $tile::<Q, 2, FUSED, E>(outs, width, weights, layout, value, full),
+                3 => $tile::<Q, 3, FUSED, E>(outs, width, weights, layout, value, full),
                 _ => {}
             }
             Q
@@ -367,12 +367,12 @@ macro_rules! weighted_sums_in {
         #[allow(unsafe_code)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn $tile<'a, const Q: usize, const N: usize, const FUSED: bool>(
+        unsafe fn $tile<'a, const Q: usize, const N: usize, const FUSED: bool, E: Element>(
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
             layout: WeightLayout,
-            value: &impl Fn(usize) -> &'a [f32],
+            value: &impl Fn(usize) -> &'a [E],
             first: usize,
         ) {
             use std::arch::x86_64::*;
@@ -393,12 +393,12 @@ macro_rules! weighted_sums_in {
                 // The first pass over the values asks for whole rows ahead; the later
                 // passes find them in cache.
                 if first == 0 && i + AHEAD < n {
-                    prefetch(value(i + AHEAD).as_ptr().cast(), 4 * width);
+                    prefetch(value(i + AHEAD).as_ptr().cast(), size_of::<E>() * width);
                 }
                 let value = value(i);
                 assert_eq!(value.len(), width, "value and output differ in length");
                 let v: [std::arch::x86_64::$vector; N] = std::array::from_fn(|t| unsafe {
-                    $load(value.as_ptr().add($lanes * (first + t)))
+                    E::$widen(value.as_ptr().add($lanes * (first + t)))
                 });
                 for (j, acc) in acc.iter_mut().enumerate() {
                     let weight = $set1(weights[j * query + i * key]);
@@ -430,6 +430,7 @@ weighted_sums_in!(
     16,
     true,
     _mm512_loadu_ps,
+    load16,
     _mm512_storeu_ps,
     _mm512_set1_ps,
     _mm512_fmadd_ps,
@@ -441,11 +442,12 @@ weighted_sums_in!(
     all_queries_avx2,
     weighted_sums_avx2,
     weighted_tile_avx2,
-    "avx2,fma",
+    "avx2,fma,f16c",
     __m256,
     8,
     false,
     _mm256_loadu_ps,
+    load8,
     _mm256_storeu_ps,
     _mm256_set1_ps,
     _mm256_fmadd_ps,
@@ -454,15 +456,16 @@ weighted_sums_in!(
 );
 
 #[inline(always)]
-fn weighted_sum_portable<'a, const FUSED: bool>(
+fn weighted_sum_portable<'a, const FUSED: bool, E: Element>(
     out: &mut [f32],
     weights: impl Iterator<Item = f32>,
-    values: impl Iterator<Item = &'a [f32]>,
+    values: impl Iterator<Item = &'a [E]>,
 ) {
     for (weight, value) in weights.zip(values) {
         for (o, v) in out.iter_mut().zip(value) {
+            let v = v.widen();
             *o = if FUSED {
-                weight.mul_add(*v, *o)
+                weight.mul_add(v, *o)
             } else {
                 *o + weight * v
             };
@@ -726,7 +729,7 @@ mod tests {
                 let mut ours = start.clone();
                 weighted_sums::<FUSED>(&mut ours, width, &weights, value);
                 let mut portable = start.clone();
-                weighted_sum_portable::<FUSED>(
+                weighted_sum_portable::<FUSED, _>(
                     &mut portable,
                     weights.iter().copied(),
                     (0..count).map(value),
@@ -751,7 +754,7 @@ mod tests {
                             query: count,
                             key: 1,
                         };
-                        all_queries_avx2::<FUSED>(&mut avx2, width, &weights, layout, &value)
+                        all_queries_avx2::<FUSED, _>(&mut avx2, width, &weights, layout, &value)
                     };
                     assert_eq!(bits(&avx2), bits(&portable), "AVX2, {width} {count}");
                 }
@@ -767,7 +770,7 @@ mod tests {
                     for (j, ours) in ours.chunks_exact(width).enumerate() {
                         let mut portable = start.clone();
                         let weights = &weights[j * count..(j + 1) * count];
-                        weighted_sum_portable::<FUSED>(
+                        weighted_sum_portable::<FUSED, _>(
                             &mut portable,
                             weights.iter().copied(),
                             (0..count).map(value),

@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::lanes::{piece_in_lanes, PieceKeys};
-use super::{Buffers, HeadLayout, Inputs, KvRows, KEY_PIECE};
+use super::{Buffers, Element, HeadLayout, Inputs, KvRows, KEY_PIECE};
 use crate::threads::{balanced_order, for_each_chunk_mut};
 
 /// One piece's keys and the long rows that see exactly them, in row order.
@@ -221,8 +221,21 @@ impl Inputs<'_> {
                 };
                 self.piece_of::<L, ACROSS>(&queries, &keys)
             }
-            // Widened into this thread's buffers first.
+            // A few queries (a decode row's) read f16 rows where they lie, widened as they are
+            // loaded; the lanes form's many queries (a tree's, a prompt's) read them widened
+            // into this thread's buffers first, once for all of them.
             kv => {
+                if let (true, KvRows::F16(keys), KvRows::F16(values)) = (ACROSS, kv.0, kv.1) {
+                    let at = |i: usize| (head_rows + slots[i]) * d;
+                    let keys = PieceKeys {
+                        n,
+                        key: |i: usize| &keys[at(i)..][..d],
+                        value: |i: usize| &values[at(i)..][..d],
+                    };
+                    if let Some(piece) = self.across::<L, _>(&queries, &keys) {
+                        return piece;
+                    }
+                }
                 let mut buffers = Buffers::take();
                 let (keys, values) = buffers.gather(kv, slots, head_rows, d);
                 let keys = PieceKeys {
@@ -242,24 +255,39 @@ impl Inputs<'_> {
         queries: &[&[f32]],
         keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
     ) -> Piece {
-        let head_dim = self.layout.head_dim;
-        #[cfg(target_arch = "x86_64")]
         if ACROSS {
-            // SAFETY: only `piece_avx2` (L = 8) and `piece_avx512` (L = 16) ask for this form,
-            // and only where the CPU has their features.
-            #[allow(unsafe_code)]
-            let piece = unsafe {
-                if L == 16 {
-                    super::across::piece_avx512(queries, head_dim, self.scale, keys)
-                } else {
-                    super::across::piece_avx2(queries, head_dim, self.scale, keys)
-                }
-            };
-            if let Some(piece) = piece {
+            if let Some(piece) = self.across::<L, _>(queries, keys) {
                 return piece;
             }
         }
-        piece_in_lanes::<L>(queries, head_dim, self.scale, keys)
+        piece_in_lanes::<L>(queries, self.layout.head_dim, self.scale, keys)
+    }
+
+    /// The piece with the keys across `L` lanes (`across.rs`), where that form takes these
+    /// queries. Only `piece_avx2` (L = 8) and `piece_avx512` (L = 16) ask, and only where the
+    /// CPU has their features.
+    #[inline(always)]
+    fn across<'a, const L: usize, E: Element>(
+        &self,
+        queries: &[&[f32]],
+        keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
+    ) -> Option<Piece> {
+        let head_dim = self.layout.head_dim;
+        // SAFETY: as the callers promise (above).
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        return unsafe {
+            if L == 16 {
+                super::across::piece_avx512(queries, head_dim, self.scale, keys)
+            } else {
+                super::across::piece_avx2(queries, head_dim, self.scale, keys)
+            }
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (queries, keys, head_dim);
+            None
+        }
     }
 }
 

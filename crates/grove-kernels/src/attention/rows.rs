@@ -39,6 +39,72 @@ impl KvRows<'_> {
     }
 }
 
+/// An element of a K/V row as the kernels read it: f32, or f16 widened (exactly) as it is
+/// loaded, so a piece of a decode row reads its f16 rows where they lie, the reads overlapping
+/// the arithmetic, with the bits f32 rows of the same values give.
+#[allow(unsafe_code)]
+pub(super) trait Element: Copy + Send + Sync + 'static {
+    /// The value as f32 (exact).
+    fn widen(self) -> f32;
+
+    /// Eight elements from `p`, widened.
+    ///
+    /// # Safety
+    /// AVX2 and F16C; eight elements readable at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+
+    /// Sixteen elements from `p`, widened.
+    ///
+    /// # Safety
+    /// AVX-512 F; sixteen elements readable at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+// SAFETY (both impls' loads): as their callers promise (the trait's contract).
+#[allow(unsafe_code)]
+impl Element for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+}
+
+#[allow(unsafe_code)]
+impl Element for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+}
+
 impl<'a> From<&'a [f32]> for KvRows<'a> {
     fn from(rows: &'a [f32]) -> Self {
         Self::F32(rows)
