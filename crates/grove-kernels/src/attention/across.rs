@@ -398,10 +398,10 @@ mod tests {
                 for count in 1..=most {
                     let queries = &queries[..count];
                     let case = format!("{L} lanes, d {d}, n {n}, {count} queries");
-                    let reference = piece_in_lanes::<L>(queries, d, 0.3, &piece);
+                    let reference = piece_in_lanes::<L, _>(queries, d, 0.3, &piece);
                     let ours = form(queries, d, &piece).expect("the form applies");
                     assert_same(&ours, &reference, &case);
-                    let reference = piece_in_lanes::<L>(queries, d, 0.3, &widened);
+                    let reference = piece_in_lanes::<L, _>(queries, d, 0.3, &widened);
                     let ours = halves(queries, d, &halved).expect("the form applies");
                     assert_same(&ours, &reference, &format!("{case}, f16 rows"));
                 }

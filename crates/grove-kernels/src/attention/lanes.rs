@@ -18,6 +18,7 @@
 use std::cell::RefCell;
 
 use super::pieces::Piece;
+use super::rows::Element;
 use crate::threads::scratch as sized;
 
 /// `L` lanes of f32, one query each. Plain loops over the lanes, which the compiler makes
@@ -91,6 +92,12 @@ impl<const L: usize> Lanes<L> {
 
 /// Query blocks per pass: each key or value element loaded once for both.
 const BLOCKS: usize = 2;
+
+/// Whether `queries` take one pass at `L` lanes, reading the keys and values where they lie
+/// (more take several over packed copies).
+pub(super) fn one_pass<const L: usize>(queries: usize) -> bool {
+    queries.div_ceil(L) <= BLOCKS
+}
 /// Keys per tile of the scores and head dimensions per tile of the weighted sums: with
 /// [`BLOCKS`], 12 sums in registers (of AVX2's 16, `L` = 8).
 const TILE: usize = 6;
@@ -110,6 +117,8 @@ struct Scratch {
     scores: Vec<f32>,
     /// `[block][dim][lane]`: the weighted sums (more than one pass).
     sums: Vec<f32>,
+    /// `[key of the tile][dim]`: a tile's f16 keys widened (one pass over f16 rows).
+    tile: Vec<f32>,
 }
 
 thread_local! {
@@ -127,11 +136,11 @@ pub(super) struct PieceKeys<K, V> {
 /// long): the largest score, the sum of `exp(score - largest)` and the values weighted by
 /// those terms. `L` lanes per block (the bits do not depend on it).
 #[inline(always)]
-pub(super) fn piece_in_lanes<'a, const L: usize>(
+pub(super) fn piece_in_lanes<'a, const L: usize, E: Element>(
     queries: &[&[f32]],
     head_dim: usize,
     scale: f32,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
 ) -> Piece {
     let (d, n, count) = (head_dim, keys.n, queries.len());
     let blocks = count.div_ceil(L);
@@ -140,17 +149,21 @@ pub(super) fn piece_in_lanes<'a, const L: usize>(
     transpose_queries(&mut s.queries, queries, d, L);
     let (mut max, mut sum) = (vec![0f32; blocks * L], vec![0f32; blocks * L]);
     let mut out = vec![0f32; count * d];
-    if blocks <= BLOCKS {
+    if one_pass::<L>(count) {
         // One pass (a decode row, a short tree): the keys and values read once where they
         // lie, and the weighted sums along the head dimension (`weighted_sums`: each output
         // the same chain of fused multiply-adds over the keys as the lanes' form below).
         let scores = sized(&mut s.scores, n * blocks * L);
-        let source = Direct { keys, d };
+        let mut source = Direct {
+            keys,
+            d,
+            widened: &mut s.tile,
+        };
         let down = (&mut scores[..], &mut max[..], &mut sum[..]);
         if blocks == BLOCKS {
-            scores_down::<L, BLOCKS>(&s.queries, &source, n, scale, down);
+            scores_down::<L, BLOCKS>(&s.queries, &mut source, n, scale, down);
         } else {
-            scores_down::<L, 1>(&s.queries, &source, n, scale, down);
+            scores_down::<L, 1>(&s.queries, &mut source, n, scale, down);
         }
         let layout = super::WeightLayout {
             n,
@@ -162,7 +175,7 @@ pub(super) fn piece_in_lanes<'a, const L: usize>(
         pack_keys(&mut s.keys, keys, d);
         pack_values(&mut s.values, keys, d);
         let all_sums = sized(&mut s.sums, blocks * d * L);
-        let packed = Packed {
+        let mut packed = Packed {
             keys: &s.keys,
             values: &s.values,
             n,
@@ -176,10 +189,10 @@ pub(super) fn piece_in_lanes<'a, const L: usize>(
             let down = (&mut scores[..], &mut max[lanes.clone()], &mut sum[lanes]);
             let (queries, sums) = (&s.queries[at.clone()], &mut all_sums[at]);
             if pass == BLOCKS {
-                scores_down::<L, BLOCKS>(queries, &packed, n, scale, down);
+                scores_down::<L, BLOCKS>(queries, &mut packed, n, scale, down);
                 packed.sums::<L, BLOCKS>(scores, sums);
             } else {
-                scores_down::<L, 1>(queries, &packed, n, scale, down);
+                scores_down::<L, 1>(queries, &mut packed, n, scale, down);
                 packed.sums::<L, 1>(scores, sums);
             }
         }
@@ -216,20 +229,20 @@ fn transpose_queries(to: &mut Vec<f32>, queries: &[&[f32]], d: usize, lanes: usi
 }
 
 /// The keys as `[tile][dim][key of the tile]`: a score tile's elements side by side.
-fn pack_keys<'a>(
+fn pack_keys<'a, E: Element>(
     to: &mut Vec<f32>,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
     d: usize,
 ) {
     let to = sized(to, keys.n.div_ceil(TILE) * d * TILE);
     for (i, tile) in (0..keys.n).step_by(TILE).zip(to.chunks_exact_mut(d * TILE)) {
         // The next tile's keys, and its values into L2 for `pack_values` after.
         for k in i + TILE..(i + 2 * TILE).min(keys.n) {
-            super::prefetch((keys.key)(k).as_ptr().cast(), 4 * d);
-            super::prefetch_l2((keys.value)(k).as_ptr().cast(), 4 * d);
+            super::prefetch((keys.key)(k).as_ptr().cast(), size_of::<E>() * d);
+            super::prefetch_l2((keys.value)(k).as_ptr().cast(), size_of::<E>() * d);
         }
         // Past the last key, the first key again (its scores are dropped).
-        let rows: [&[f32]; TILE] = std::array::from_fn(|k| {
+        let rows: [&[E]; TILE] = std::array::from_fn(|k| {
             let key = (keys.key)(if i + k < keys.n { i + k } else { i });
             assert_eq!(key.len(), d, "a key is not head_dim long");
             key
@@ -238,21 +251,21 @@ fn pack_keys<'a>(
         // went to another place in it, and the stores waited).
         for (e, to) in tile.chunks_exact_mut(TILE).enumerate() {
             for (to, row) in to.iter_mut().zip(rows) {
-                *to = row[e];
+                *to = row[e].widen();
             }
         }
     }
 }
 
 /// The values as `[tile of dims][key][dim of the tile]`: a sums tile's elements in one run.
-fn pack_values<'a>(
+fn pack_values<'a, E: Element>(
     to: &mut Vec<f32>,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
     d: usize,
 ) {
     let n = keys.n;
     let to = sized(to, d.div_ceil(TILE) * n * TILE);
-    let rows: Vec<&[f32]> = (0..n).map(|i| (keys.value)(i)).collect();
+    let rows: Vec<&[E]> = (0..n).map(|i| (keys.value)(i)).collect();
     assert!(
         rows.iter().all(|v| v.len() == d),
         "a value is not head_dim long"
@@ -261,12 +274,16 @@ fn pack_values<'a>(
     // key, the stores went to every tile in turn).
     for (first, tile) in (0..d).step_by(TILE).zip(to.chunks_exact_mut(n * TILE)) {
         for (to, value) in tile.chunks_exact_mut(TILE).zip(&rows) {
-            match <&[f32; TILE]>::try_from(value.get(first..first + TILE).unwrap_or(&[])) {
-                Ok(part) => to.copy_from_slice(part),
+            match <&[E; TILE]>::try_from(value.get(first..first + TILE).unwrap_or(&[])) {
+                Ok(part) => {
+                    for (to, x) in to.iter_mut().zip(part) {
+                        *to = x.widen();
+                    }
+                }
                 Err(_) => to
                     .iter_mut()
                     .zip(&value[first..])
-                    .for_each(|(to, &x)| *to = x),
+                    .for_each(|(to, x)| *to = x.widen()),
             }
         }
     }
@@ -275,7 +292,7 @@ fn pack_values<'a>(
 /// Where the scores read a tile of keys' elements: for each dimension, the tile's keys (zero
 /// or a repeated key past the last, whose scores are not kept).
 trait KeyTiles {
-    fn tile(&self, first: usize) -> impl Iterator<Item = [f32; TILE]>;
+    fn tile(&mut self, first: usize) -> impl Iterator<Item = [f32; TILE]> + '_;
 }
 
 /// Tiles packed by [`pack_keys`] and [`pack_values`].
@@ -288,7 +305,7 @@ struct Packed<'s> {
 
 impl KeyTiles for Packed<'_> {
     #[inline(always)]
-    fn tile(&self, first: usize) -> impl Iterator<Item = [f32; TILE]> {
+    fn tile(&mut self, first: usize) -> impl Iterator<Item = [f32; TILE]> + '_ {
         let tile = &self.keys[first * self.d..][..TILE * self.d];
         tile.chunks_exact(TILE)
             .map(|k| k.try_into().expect("a tile"))
@@ -324,33 +341,44 @@ impl Packed<'_> {
     }
 }
 
-/// The keys where they lie.
-struct Direct<'k, K, V> {
+/// The keys where they lie: f32 rows read in place, f16 rows widened a tile at a time into
+/// `widened` (in L1 while the tile's multiply-adds read it).
+struct Direct<'k, 'w, K, V> {
     keys: &'k PieceKeys<K, V>,
     d: usize,
+    widened: &'w mut Vec<f32>,
 }
 
-impl<'a, K: Fn(usize) -> &'a [f32], V: Fn(usize) -> &'a [f32]> KeyTiles for Direct<'_, K, V> {
+impl<'a: 'k, 'k, E: Element, K: Fn(usize) -> &'a [E], V: Fn(usize) -> &'a [E]> KeyTiles
+    for Direct<'k, '_, K, V>
+{
     #[inline(always)]
-    fn tile(&self, first: usize) -> impl Iterator<Item = [f32; TILE]> {
+    fn tile(&mut self, first: usize) -> impl Iterator<Item = [f32; TILE]> + '_ {
         let (n, d) = (self.keys.n, self.d);
         for k in first + TILE..(first + 2 * TILE).min(n) {
-            super::prefetch((self.keys.key)(k).as_ptr().cast(), 4 * d);
+            super::prefetch((self.keys.key)(k).as_ptr().cast(), size_of::<E>() * d);
             // The weighted sums read the values next: into L2, where a piece's fit.
-            super::prefetch_l2((self.keys.value)(k).as_ptr().cast(), 4 * d);
+            super::prefetch_l2((self.keys.value)(k).as_ptr().cast(), size_of::<E>() * d);
         }
         // Past the last key, the first key again: no branch per element.
-        let keys: [&[f32]; TILE] = std::array::from_fn(|k| {
+        let keys: [&[E]; TILE] = std::array::from_fn(|k| {
             let key = (self.keys.key)(if first + k < n { first + k } else { first });
-            &key[..d]
+            assert_eq!(key.len(), d, "a key is not head_dim long");
+            key
         });
-        KeyElements { keys, e: 0, d }
+        KeyElements {
+            keys: E::as_f32(keys, d, self.widened),
+            e: 0,
+            d,
+        }
     }
 }
 
 /// [`Direct`]'s key elements, dimension after dimension. Its own iterator, every step
-/// inlined: std's adapters here (`Zip`, `array::map`) stayed out of line, a call per element.
+/// inlined: std's adapters here (`Zip`, `array::map`) stayed out of line, a call per element,
+/// and checked indexing kept a compare and branch per key and element and the sums in memory.
 struct KeyElements<'a> {
+    /// Each `d` long.
     keys: [&'a [f32]; TILE],
     e: usize,
     d: usize,
@@ -366,7 +394,11 @@ impl Iterator for KeyElements<'_> {
         }
         let mut elements = [0f32; TILE];
         for (x, key) in elements.iter_mut().zip(self.keys) {
-            *x = key[self.e];
+            // SAFETY: `e < d`, and every key is `d` long (`Element::as_f32`'s rows are).
+            #[allow(unsafe_code)]
+            unsafe {
+                *x = *key.get_unchecked(self.e)
+            };
         }
         self.e += 1;
         Some(elements)
@@ -379,7 +411,7 @@ impl Iterator for KeyElements<'_> {
 #[inline(always)]
 fn scores_down<const L: usize, const B: usize>(
     queries: &[f32],
-    keys: &impl KeyTiles,
+    keys: &mut impl KeyTiles,
     n: usize,
     scale: f32,
     (scores, max, sum): (&mut [f32], &mut [f32], &mut [f32]),
@@ -494,12 +526,12 @@ pub(super) mod tests {
                 let queries: Vec<&[f32]> = all.chunks_exact(d).collect();
                 let alone: Vec<Piece> = queries
                     .iter()
-                    .map(|q| piece_in_lanes::<8>(&[q], d, scale, &piece))
+                    .map(|q| piece_in_lanes::<8, _>(&[q], d, scale, &piece))
                     .collect();
                 for count in [1, 7, 16, 17, 33, 45] {
                     for together in [
-                        piece_in_lanes::<8>(&queries[..count], d, scale, &piece),
-                        piece_in_lanes::<16>(&queries[..count], d, scale, &piece),
+                        piece_in_lanes::<8, _>(&queries[..count], d, scale, &piece),
+                        piece_in_lanes::<16, _>(&queries[..count], d, scale, &piece),
                     ] {
                         for (q, alone) in alone[..count].iter().enumerate() {
                             let case = format!("d {d}, n {n}, {count} queries, query {q}");
@@ -537,6 +569,53 @@ pub(super) mod tests {
                             (got - exact).abs() < 1e-4,
                             "d {d}, n {n}, query {q}: {got} vs {exact}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// f16 rows (widened a tile at a time in one pass, or as they are packed for several)
+    /// give every query the bits f32 rows of the same values give, at 8 and 16 lanes.
+    #[test]
+    fn f16_rows_give_the_bits_of_f32_rows_of_their_values() {
+        for d in [8, 20, 64] {
+            for n in [1, 5, 6, 7, 200, 256] {
+                let half = |v: Vec<f32>| -> Vec<half::f16> {
+                    v.into_iter().map(half::f16::from_f32).collect()
+                };
+                let (keys, values) = (half(wave(n * d, 1.0)), half(wave(n * d, 2.0)));
+                let widen =
+                    |v: &[half::f16]| -> Vec<f32> { v.iter().map(|h| h.to_f32()).collect() };
+                let (wide_keys, wide_values) = (widen(&keys), widen(&values));
+                let halves = PieceKeys {
+                    n,
+                    key: |i: usize| &keys[i * d..(i + 1) * d],
+                    value: |i: usize| &values[i * d..(i + 1) * d],
+                };
+                let widened = PieceKeys {
+                    n,
+                    key: |i: usize| &wide_keys[i * d..(i + 1) * d],
+                    value: |i: usize| &wide_values[i * d..(i + 1) * d],
+                };
+                let all = wave(45 * d, 3.0);
+                let queries: Vec<&[f32]> = all.chunks_exact(d).collect();
+                for count in [1, 7, 16, 17, 32, 33, 45] {
+                    let queries = &queries[..count];
+                    let case = format!("d {d}, n {n}, {count} queries");
+                    for (ours, reference) in [
+                        (
+                            piece_in_lanes::<8, _>(queries, d, 0.3, &halves),
+                            piece_in_lanes::<8, _>(queries, d, 0.3, &widened),
+                        ),
+                        (
+                            piece_in_lanes::<16, _>(queries, d, 0.3, &halves),
+                            piece_in_lanes::<16, _>(queries, d, 0.3, &widened),
+                        ),
+                    ] {
+                        assert_eq!(bits(&ours.max), bits(&reference.max), "{case}");
+                        assert_eq!(bits(&ours.sum), bits(&reference.sum), "{case}");
+                        assert_eq!(bits(&ours.out), bits(&reference.out), "{case}");
                     }
                 }
             }

@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use super::lanes::{piece_in_lanes, PieceKeys};
+use super::lanes::{one_pass, piece_in_lanes, PieceKeys};
 use super::{Buffers, Element, HeadLayout, Inputs, KvRows, KEY_PIECE};
 use crate::threads::{balanced_order, for_each_chunk_mut};
 
@@ -221,19 +221,25 @@ impl Inputs<'_> {
                 };
                 self.piece_of::<L, ACROSS>(&queries, &keys)
             }
-            // A few queries (a decode row's) read f16 rows where they lie, widened as they are
-            // loaded; the lanes form's many queries (a tree's, a prompt's) read them widened
-            // into this thread's buffers first, once for all of them.
+            // The queries of one pass (a decode row's, a small tree's) read f16 rows where they
+            // lie, widened as they are loaded (a tile of keys at a time in the lanes form);
+            // more (a large tree's, a prompt's) read them widened into this thread's buffers
+            // first, once for all of their passes.
             kv => {
-                if let (true, KvRows::F16(keys), KvRows::F16(values)) = (ACROSS, kv.0, kv.1) {
+                if let (KvRows::F16(keys), KvRows::F16(values)) = kv {
                     let at = |i: usize| (head_rows + slots[i]) * d;
                     let keys = PieceKeys {
                         n,
                         key: |i: usize| &keys[at(i)..][..d],
                         value: |i: usize| &values[at(i)..][..d],
                     };
-                    if let Some(piece) = self.across::<L, _>(&queries, &keys) {
-                        return piece;
+                    if ACROSS {
+                        if let Some(piece) = self.across::<L, _>(&queries, &keys) {
+                            return piece;
+                        }
+                    }
+                    if one_pass::<L>(queries.len()) {
+                        return piece_in_lanes::<L, _>(&queries, d, self.scale, &keys);
                     }
                 }
                 let mut buffers = Buffers::take();
@@ -260,7 +266,7 @@ impl Inputs<'_> {
                 return piece;
             }
         }
-        piece_in_lanes::<L>(queries, self.layout.head_dim, self.scale, keys)
+        piece_in_lanes::<L, _>(queries, self.layout.head_dim, self.scale, keys)
     }
 
     /// The piece with the keys across `L` lanes (`across.rs`), where that form takes these

@@ -47,6 +47,14 @@ pub(super) trait Element: Copy + Send + Sync + 'static {
     /// The value as f32 (exact).
     fn widen(self) -> f32;
 
+    /// `rows` (each `d` long) as f32 rows: f32 rows as they are, f16 rows widened into
+    /// `buffer`.
+    fn as_f32<'b, const N: usize>(
+        rows: [&'b [Self]; N],
+        d: usize,
+        buffer: &'b mut Vec<f32>,
+    ) -> [&'b [f32]; N];
+
     /// Eight elements from `p`, widened.
     ///
     /// # Safety
@@ -70,6 +78,15 @@ impl Element for f32 {
         self
     }
 
+    #[inline(always)]
+    fn as_f32<'b, const N: usize>(
+        rows: [&'b [Self]; N],
+        d: usize,
+        _: &'b mut Vec<f32>,
+    ) -> [&'b [f32]; N] {
+        rows.map(|row| &row[..d])
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
@@ -88,6 +105,22 @@ impl Element for f16 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self.to_f32()
+    }
+
+    #[inline(always)]
+    fn as_f32<'b, const N: usize>(
+        rows: [&'b [Self]; N],
+        d: usize,
+        buffer: &'b mut Vec<f32>,
+    ) -> [&'b [f32]; N] {
+        if buffer.len() != N * d {
+            buffer.resize(N * d, 0.0);
+        }
+        for (row, to) in rows.iter().zip(buffer.chunks_exact_mut(d.max(1))) {
+            widen(&row[..d], to);
+        }
+        let buffer: &'b [f32] = buffer;
+        std::array::from_fn(|i| &buffer[i * d..][..d])
     }
 
     #[cfg(target_arch = "x86_64")]
