@@ -210,38 +210,30 @@ impl Inputs<'_> {
             })
             .collect();
         let (n, d, head_rows) = (slots.len(), head_dim, kv_head * num_slots);
+        let at = |i: usize| (head_rows + slots[i]) * d;
+        let direct = queries.len() <= DIRECT_PASSES * passes::<L>(queries.len());
         match (self.keys, self.values) {
             // Read where they lie.
             (KvRows::F32(keys), KvRows::F32(values)) => {
-                let at = |i: usize| (head_rows + slots[i]) * d;
                 let keys = PieceKeys {
                     n,
                     key: |i: usize| &keys[at(i)..][..d],
                     value: |i: usize| &values[at(i)..][..d],
                 };
-                self.piece_of::<L, ACROSS>(&queries, &keys)
+                self.piece_of::<L, ACROSS, _>(&queries, &keys, direct)
             }
-            // The queries of one pass (a decode row's, a small tree's) read f16 rows where they
-            // lie, widened as they are loaded (a tile of keys at a time in the lanes form);
-            // more (a large tree's, a prompt's) read them widened into this thread's buffers
-            // first, once for all of their passes.
+            // Read where they lie too, widened as they are loaded (a tile of keys at a time in
+            // the lanes form), but for more than `DIRECT_PASSES` passes (a large tree's, a
+            // prompt's): widened into this thread's buffers first, once for all passes.
+            (KvRows::F16(keys), KvRows::F16(values)) if direct => {
+                let keys = PieceKeys {
+                    n,
+                    key: |i: usize| &keys[at(i)..][..d],
+                    value: |i: usize| &values[at(i)..][..d],
+                };
+                self.piece_of::<L, ACROSS, _>(&queries, &keys, true)
+            }
             kv => {
-                if let (KvRows::F16(keys), KvRows::F16(values)) = kv {
-                    let at = |i: usize| (head_rows + slots[i]) * d;
-                    let keys = PieceKeys {
-                        n,
-                        key: |i: usize| &keys[at(i)..][..d],
-                        value: |i: usize| &values[at(i)..][..d],
-                    };
-                    if ACROSS {
-                        if let Some(piece) = self.across::<L, _>(&queries, &keys) {
-                            return piece;
-                        }
-                    }
-                    if one_pass::<L>(queries.len()) {
-                        return piece_in_lanes::<L, _>(&queries, d, self.scale, &keys);
-                    }
-                }
                 let mut buffers = Buffers::take();
                 let (keys, values) = buffers.gather(kv, slots, head_rows, d);
                 let keys = PieceKeys {
@@ -249,24 +241,46 @@ impl Inputs<'_> {
                     key: |i: usize| &keys[i * d..][..d],
                     value: |i: usize| &values[i * d..][..d],
                 };
-                self.piece_of::<L, ACROSS>(&queries, &keys)
+                self.piece_of::<L, ACROSS, _>(&queries, &keys, false)
             }
         }
     }
 
-    /// [`Self::piece_portable`] once the piece's queries and rows are listed.
+    /// [`Self::piece_portable`] once the piece's queries and rows are listed: the keys across
+    /// the lanes where that form takes the queries, else the lanes form, in passes of
+    /// [`one_pass`]'s worth of queries where `in_passes` (each pass's rows from L2 after the
+    /// first, nothing packed; a query's bits do not depend on its company).
     #[inline(always)]
-    fn piece_of<'a, const L: usize, const ACROSS: bool>(
+    fn piece_of<'a, const L: usize, const ACROSS: bool, E: Element>(
         &self,
         queries: &[&[f32]],
-        keys: &PieceKeys<impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32]>,
+        keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
+        in_passes: bool,
     ) -> Piece {
         if ACROSS {
             if let Some(piece) = self.across::<L, _>(queries, keys) {
                 return piece;
             }
         }
-        piece_in_lanes::<L, _>(queries, self.layout.head_dim, self.scale, keys)
+        let (d, scale) = (self.layout.head_dim, self.scale);
+        if !in_passes {
+            return piece_in_lanes::<L, _>(queries, d, scale, keys);
+        }
+        // No closure or iterator adapter here: it would be compiled without this function's
+        // target features.
+        let mut all: Option<Piece> = None;
+        for pass in queries.chunks(passes::<L>(queries.len())) {
+            let part = piece_in_lanes::<L, _>(pass, d, scale, keys);
+            match &mut all {
+                None => all = Some(part),
+                Some(all) => {
+                    all.max.extend(part.max);
+                    all.sum.extend(part.sum);
+                    all.out.extend(part.out);
+                }
+            }
+        }
+        all.expect("a piece has queries")
     }
 
     /// The piece with the keys across `L` lanes (`across.rs`), where that form takes these
@@ -295,6 +309,19 @@ impl Inputs<'_> {
             None
         }
     }
+}
+
+/// The most passes over a piece's f16 rows where they lie. Each pass after the first reads the
+/// piece's rows from L2 and widens its key tiles again; past this many (a 64-row tree's 384
+/// queries at 16 lanes) widening the piece once and packing it for all passes costs less.
+const DIRECT_PASSES: usize = 4;
+
+/// Queries a pass takes ([`one_pass`]).
+fn passes<const L: usize>(queries: usize) -> usize {
+    (1..=queries.max(1))
+        .rev()
+        .find(|&count| one_pass::<L>(count))
+        .unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -346,9 +373,11 @@ mod tests {
                 .map(|i| ((i as f32 + seed) * 0.291).sin() * 3.0)
                 .collect()
         };
-        let slots: Vec<Vec<usize>> = vec![(0..700).rev().collect(), (0..700).rev().collect()];
+        // Up to 70 rows over the same keys: 2 query heads per KV head each, so a piece of 4
+        // to 140 queries (one pass, several, and more than the direct passes over f16 rows).
+        let slots: Vec<Vec<usize>> = vec![(0..700).rev().collect(); 70];
         let (keys, values) = (wave(700 * 64, 1.0), wave(700 * 64, 2.0));
-        let queries = wave(2 * 128, 3.0);
+        let queries = wave(70 * 128, 3.0);
         let inputs = Inputs {
             key_slots: &slots,
             layout,
@@ -380,10 +409,10 @@ mod tests {
             return;
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for piece in 0..3 {
+        for (piece, rows) in (0..3).flat_map(|p| [2, 9, 20, 70].map(|rows| (p, rows))) {
             let job = Job {
                 piece,
-                rows: vec![0, 1],
+                rows: (0..rows).collect(),
             };
             for (kv_head, half) in [(0, false), (1, false), (0, true), (1, true)] {
                 let (a, b) = if half {
@@ -397,12 +426,12 @@ mod tests {
                 assert_eq!(
                     bits(&a.sum),
                     bits(&b.sum),
-                    "piece {piece}, KV head {kv_head}, f16 {half}"
+                    "piece {piece}, {rows} rows, KV head {kv_head}, f16 {half}"
                 );
                 assert_eq!(
                     bits(&a.out),
                     bits(&b.out),
-                    "piece {piece}, KV head {kv_head}, f16 {half}"
+                    "piece {piece}, {rows} rows, KV head {kv_head}, f16 {half}"
                 );
             }
         }
