@@ -1,5 +1,5 @@
 //! The few-row products of decoding and small verifies: the column strips (the dense kernel
-//! models use) and the streaming kernel against candle's gemm on a Qwen3-0.6B MLP weight
+//! models use; f32, and bfloat16 weights in each arithmetic) and the streaming kernel against candle's gemm on a Qwen3-0.6B MLP weight
 //! (3072 x 1024) for 1, 4, 8 and 16 rows; and the quantized kernels
 //! against candle's quantized matmul on a Qwen2.5-0.5B MLP weight (4864 x 896) in each GGUF
 //! format. `cargo bench -p grove-kernels`; `QN` / `QK` set the quantized shape (a head:
@@ -10,13 +10,18 @@ use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use grove_kernels::dense::matmul_transposed;
 use grove_kernels::quant::{QMatrix, QuantFormat};
-use grove_kernels::strips::DenseStrips;
+use grove_kernels::strips::{Bf16Arithmetic, DenseStrips};
 
 fn small_row_matmul(c: &mut Criterion) {
     let (n, k) = (3072, 1024);
     let weight = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
     let weight_host: Vec<f32> = weight.flatten_all().unwrap().to_vec1().unwrap();
     let strips = DenseStrips::new(&weight_host, n, k);
+    let halves: Vec<half::bf16> = weight_host
+        .iter()
+        .map(|&v| half::bf16::from_f32(v))
+        .collect();
+    let bf16_strips = DenseStrips::new_bf16(&halves, n, k);
     let mut group = c.benchmark_group("matmul_3072x1024");
     for rows in [1usize, 4, 8, 16] {
         let x = Tensor::randn(0f32, 1.0, (rows, k), &Device::Cpu).unwrap();
@@ -24,6 +29,12 @@ fn small_row_matmul(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("strips", rows), &rows, |b, &rows| {
             b.iter(|| strips.matmul(&x_host, rows))
         });
+        for arithmetic in [Bf16Arithmetic::Widened, Bf16Arithmetic::Dot] {
+            let name = format!("bf16 strips, {}", arithmetic.name());
+            group.bench_with_input(BenchmarkId::new(name, rows), &rows, |b, &rows| {
+                b.iter(|| bf16_strips.matmul_in(&x_host, rows, arithmetic))
+            });
+        }
         group.bench_with_input(BenchmarkId::new("streaming", rows), &rows, |b, &rows| {
             b.iter(|| matmul_transposed(&x_host, rows, &weight_host, n, k))
         });

@@ -1,5 +1,6 @@
 //! Dense f32 weights in column strips, the layout of `quant::columns` without the blocks: rows
-//! in strips of [`STRIP`], and for each input `i` the 16 rows' weights `i` side by side.
+//! in strips of [`STRIP`], and for each input `i` the 16 rows' weights `i` side by side
+//! (bfloat16 weights: for each pair of inputs, the 16 rows' two weights side by side).
 //!
 //! A product then broadcasts one activation value and multiplies it into 16 outputs with one
 //! fused multiply-add, each weight vector loaded once for every activation row of a tile, and
@@ -14,27 +15,53 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use crate::threads::{for_each_columns_mut, Columns};
+use crate::threads::{for_each_columns_mut, Columns, OutRows};
+
+mod dot;
+
+pub use dot::Bf16Arithmetic;
 
 /// A stored weight: f32, or a bfloat16 from a bfloat16 checkpoint. A bfloat16 is the high half
 /// of an f32, so widening it is exact: products read half the bytes and give the f32 copy's
 /// bits (decoding is a stream over the weights).
 pub trait Weight: Copy + Default + Send + Sync + 'static {
     fn value(self) -> f32;
+    /// Where input `i` of a strip's row `p` lies in the strip.
+    fn at(i: usize, p: usize) -> usize;
+    /// Weights per strip of rows of `k` inputs.
+    fn strip_len(k: usize) -> usize;
 }
 
+/// `[k, 16]`: each input's 16 weights, one vector.
 impl Weight for f32 {
     #[inline(always)]
     fn value(self) -> f32 {
         self
     }
+    #[inline(always)]
+    fn at(i: usize, p: usize) -> usize {
+        i * STRIP + p
+    }
+    fn strip_len(k: usize) -> usize {
+        STRIP * k
+    }
 }
 
-/// A bfloat16 widens by its bits alone (not `to_f32`, which quiets NaNs), as the SIMD loads do.
+/// `[k / 2, 16, 2]`: each pair of inputs' 32 weights in one vector, a row's two side by side
+/// (what `vdpbf16ps` multiplies, and two f32 vectors after a shift and a mask); an odd `k`'s
+/// last pair ends in zeros. A bfloat16 widens by its bits alone (not `to_f32`, which quiets
+/// NaNs), as the SIMD loads do.
 impl Weight for half::bf16 {
     #[inline(always)]
     fn value(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+    #[inline(always)]
+    fn at(i: usize, p: usize) -> usize {
+        i / 2 * 2 * STRIP + 2 * p + i % 2
+    }
+    fn strip_len(k: usize) -> usize {
+        2 * STRIP * k.div_ceil(2)
     }
 }
 
@@ -59,22 +86,23 @@ const TILE: usize = 8;
 pub struct DenseStrips {
     n: usize,
     k: usize,
-    /// `[strips, k, 16]`; rows past `n` are zeros.
+    /// `[strips, k, 16]` (f32) or `[strips, k / 2, 16, 2]` (bfloat16, [`Weight::at`]); rows
+    /// past `n` are zeros.
     values: Values,
 }
 
 /// The `[n, k]` row-major matrix `weight` in strips.
 fn in_strips<W: Weight>(weight: &[W], n: usize, k: usize) -> Vec<W> {
     assert_eq!(weight.len(), n * k, "weight is not [n, k]");
-    let mut values = vec![W::default(); n.div_ceil(STRIP) * STRIP * k];
+    let mut values = vec![W::default(); n.div_ceil(STRIP) * W::strip_len(k)];
     values
-        .par_chunks_mut(STRIP * k)
+        .par_chunks_mut(W::strip_len(k))
         .enumerate()
         .for_each(|(s, strip)| {
             for p in 0..STRIP.min(n - s * STRIP) {
                 let row = &weight[(s * STRIP + p) * k..][..k];
                 for (i, &w) in row.iter().enumerate() {
-                    strip[i * STRIP + p] = w;
+                    strip[W::at(i, p)] = w;
                 }
             }
         });
@@ -115,9 +143,9 @@ impl DenseStrips {
             self.n
         );
         fn read<W: Weight>(values: &[W], j: usize, k: usize, out: &mut [f32]) {
-            let strip = &values[j / STRIP * STRIP * k..][..STRIP * k];
-            for (value, column) in out.iter_mut().zip(strip.chunks_exact(STRIP)) {
-                *value = column[j % STRIP].value();
+            let strip = &values[j / STRIP * W::strip_len(k)..][..W::strip_len(k)];
+            for (i, value) in out.iter_mut().enumerate() {
+                *value = strip[W::at(i, j % STRIP)].value();
             }
         }
         match &self.values {
@@ -126,29 +154,54 @@ impl DenseStrips {
         }
     }
 
-    /// `x W^T` as `[rows, n]` for `x: [rows, k]`.
+    /// `x W^T` as `[rows, n]` for `x: [rows, k]`: f32 arithmetic, or for bfloat16 weights
+    /// the arithmetic [`Bf16Arithmetic::here`] names.
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        self.matmul_in(x, rows, Bf16Arithmetic::here())
+    }
+
+    /// [`DenseStrips::matmul`] with bfloat16 weights' products in `arithmetic` (the dot's
+    /// portable reference where this CPU lacks AVX-512 BF16; f32 weights ignore it).
+    pub fn matmul_in(&self, x: &[f32], rows: usize, arithmetic: Bf16Arithmetic) -> Vec<f32> {
+        let k = self.k;
+        assert_eq!(x.len(), rows * k, "input is not [rows, k]");
         match &self.values {
-            Values::F32(values) => self.matmul_values(values, x, rows),
-            Values::Bf16(values) => self.matmul_values(values, x, rows),
+            Values::F32(values) => self.matmul_values(values, rows, |strips, w, out| {
+                product(strips, k, w, x, rows, out)
+            }),
+            Values::Bf16(values) if arithmetic == Bf16Arithmetic::Dot => {
+                let pairs = dot::pairs(x, rows, k);
+                self.matmul_values(values, rows, |strips, w, out| {
+                    dot::product(strips, k, w, &pairs, rows, out)
+                })
+            }
+            Values::Bf16(values) => self.matmul_values(values, rows, |strips, w, out| {
+                product(strips, k, w, x, rows, out)
+            }),
         }
     }
 
-    fn matmul_values<W: Weight>(&self, values: &[W], x: &[f32], rows: usize) -> Vec<f32> {
+    /// `[rows, n]` outputs, each task's `w` weight rows (from its strips of `values`) written
+    /// in place by `product(strips, w, out)`, output `j` of row `r` as `out`'s row `r`'s `j`.
+    fn matmul_values<W: Weight>(
+        &self,
+        values: &[W],
+        rows: usize,
+        product: impl Fn(&[W], usize, OutRows<'_>) + Sync,
+    ) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
-        assert_eq!(x.len(), rows * k, "input is not [rows, k]");
         if rows == 0 || n == 0 {
             return Vec::new();
         }
         // Each task writes its `w` weight rows' columns of every row (as the quantized
         // products do: `threads::for_each_columns_mut`).
         let mut output: Vec<f32> = Vec::with_capacity(n * rows);
-        let strip_len = STRIP * k;
+        let strip_len = W::strip_len(k);
         let task = |_: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
             let first = index * ROWS_PER_TASK;
             let w = columns.width();
             let strips = &values[first / STRIP * strip_len..][..w.div_ceil(STRIP) * strip_len];
-            columns.fill(|out| product(strips, k, w, x, rows, out));
+            columns.fill_rows(|out| product(strips, w, out));
         };
         let parallel = n * k * rows >= PARALLEL_MIN_WORK;
         let values = &mut output.spare_capacity_mut()[..n * rows];
@@ -163,8 +216,8 @@ impl DenseStrips {
     }
 }
 
-/// `out[r * w + j]` = weight row `j` of `strips` (`j < w`) dotted with `x` row `r`.
-fn product<W: Weight>(strips: &[W], k: usize, w: usize, x: &[f32], rows: usize, out: &mut [f32]) {
+/// Output `j` of `out`'s row `r` = weight row `j` of `strips` (`j < w`) dotted with `x` row `r`.
+fn product<W: Weight>(strips: &[W], k: usize, w: usize, x: &[f32], rows: usize, out: OutRows<'_>) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::allows(crate::cpu::Level::Avx512) {
         // SAFETY: the level includes the features `product_avx512` is compiled for, found on
@@ -194,22 +247,22 @@ fn product_portable<W: Weight>(
     w: usize,
     x: &[f32],
     rows: usize,
-    out: &mut [f32],
+    mut out: OutRows<'_>,
 ) {
-    for (s, strip) in strips.chunks_exact(STRIP * k).enumerate() {
+    for (s, strip) in strips.chunks_exact(W::strip_len(k)).enumerate() {
         for p in 0..STRIP.min(w - s * STRIP) {
             for r in 0..rows {
                 let input = &x[r * k..(r + 1) * k];
                 let (mut even, mut odd) = (0f32, 0f32);
                 for (i, &value) in input.iter().enumerate() {
-                    let weight = strip[i * STRIP + p].value();
+                    let weight = strip[W::at(i, p)].value();
                     if i % 2 == 0 {
                         even = value.mul_add(weight, even);
                     } else {
                         odd = value.mul_add(weight, odd);
                     }
                 }
-                out[r * w + s * STRIP + p] = even + odd;
+                out.row(r)[s * STRIP + p].write(even + odd);
             }
         }
     }
@@ -227,14 +280,16 @@ unsafe fn product_avx2<W: Weight>(
     w: usize,
     x: &[f32],
     rows: usize,
-    out: &mut [f32],
+    mut out: OutRows<'_>,
 ) {
-    assert!(strips.len() == w.div_ceil(STRIP) * STRIP * k && x.len() >= rows * k);
-    assert!(out.len() >= rows * w);
+    assert!(strips.len() == w.div_ceil(STRIP) * W::strip_len(k) && x.len() >= rows * k);
+    assert!(out.rows() >= rows && out.width() >= w);
+    let (stride, out) = (out.stride(), out.as_mut_ptr());
     for_each_tile(
         strips,
-        k,
+        W::strip_len(k),
         w,
+        stride,
         rows,
         &[2, 1],
         |tile, strip, done, at, width| {
@@ -248,14 +303,16 @@ unsafe fn product_avx2<W: Weight>(
     );
 }
 
-/// `run(tile, strip, first, at, width)` for every strip and every tile of activation rows
-/// (`first..first + tile`, the largest of `sizes` that fits), row `r`'s outputs of the strip
-/// at `at(r)` (its first `width` real).
+/// `run(tile, strip, first, at, width)` for every strip (`strip_len` weights) and every tile
+/// of activation rows (`first..first + tile`, the largest of `sizes` that fits), row `r`'s
+/// outputs of the strip at `at(r)` (its first `width` real) from the first output of rows
+/// `stride` apart.
 #[cfg(target_arch = "x86_64")]
-fn for_each_tile<W: Weight>(
+fn for_each_tile<W: Copy>(
     strips: &[W],
-    k: usize,
+    strip_len: usize,
     w: usize,
+    stride: usize,
     rows: usize,
     sizes: &[usize],
     mut run: impl FnMut(usize, &[W], usize, &dyn Fn(usize) -> usize, usize),
@@ -265,9 +322,9 @@ fn for_each_tile<W: Weight>(
         let tile = (sizes.iter().copied())
             .find(|&t| t <= rows - done)
             .unwrap_or(1);
-        for (s, strip) in strips.chunks_exact(STRIP * k).enumerate() {
+        for (s, strip) in strips.chunks_exact(strip_len).enumerate() {
             let width = STRIP.min(w - s * STRIP);
-            let at = |r: usize| (done + r) * w + s * STRIP;
+            let at = |r: usize| (done + r) * stride + s * STRIP;
             run(tile, strip, done, &at, width);
         }
         done += tile;
@@ -275,7 +332,7 @@ fn for_each_tile<W: Weight>(
 }
 
 /// One strip against activation rows `first..first + R` in AVX2: row `r`'s 16 outputs (the
-/// first `width`) at `out[at(r)..]`.
+/// first `width`) at `out.add(at(r))`.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[inline]
@@ -285,7 +342,7 @@ unsafe fn strip_tile_avx2<W: Weight, const R: usize>(
     k: usize,
     x: &[f32],
     first: usize,
-    out: &mut [f32],
+    out: *mut f32,
     at: impl Fn(usize) -> usize,
     width: usize,
 ) {
@@ -294,8 +351,7 @@ unsafe fn strip_tile_avx2<W: Weight, const R: usize>(
     let zero = [[_mm256_setzero_ps(); 2]; R];
     let (mut even, mut odd) = (zero, zero);
     let weights = strip.as_ptr();
-    let add = |sums: &mut [[__m256; 2]; R], i: usize| {
-        let w = [0, 8].map(|h| load8(weights.add(i * STRIP + h)));
+    let add = |sums: &mut [[__m256; 2]; R], w: [__m256; 2], i: usize| {
         for r in 0..R {
             let value = _mm256_set1_ps(*inputs[r].add(i));
             for h in 0..2 {
@@ -305,12 +361,16 @@ unsafe fn strip_tile_avx2<W: Weight, const R: usize>(
     };
     let mut i = 0;
     while i + 1 < k {
-        add(&mut even, i);
-        add(&mut odd, i + 1);
+        if R > 1 {
+            ask_ahead_pair(weights, i);
+        }
+        let [w0, w1] = [0, 8].map(|h| pair8(weights, i, h));
+        add(&mut even, [w0.0, w1.0], i);
+        add(&mut odd, [w0.1, w1.1], i + 1);
         i += 2;
     }
     if i < k {
-        add(&mut even, i);
+        add(&mut even, [0, 8].map(|h| one8(weights, i, h)), i);
     }
     for r in 0..R {
         let mut sums = [0f32; STRIP];
@@ -318,21 +378,73 @@ unsafe fn strip_tile_avx2<W: Weight, const R: usize>(
             let sum = _mm256_add_ps(even[r][h], odd[r][h]);
             _mm256_storeu_ps(sums.as_mut_ptr().add(8 * h), sum);
         }
-        out[at(r)..at(r) + width].copy_from_slice(&sums[..width]);
+        std::ptr::copy_nonoverlapping(sums.as_ptr(), out.add(at(r)), width);
     }
 }
 
-/// 8 weights at `p` as f32 (a bfloat16 widened: its bits moved to the high half).
+/// How far ahead of its multiplies a strip's lines are asked for, into L1 and into L2: a
+/// tile of several rows streams a strip from memory slower than the hardware's own
+/// prefetching keeps up with (the distances the quantized products use). A one-row tile, the
+/// pace of memory, does not ask.
+#[cfg(target_arch = "x86_64")]
+const AHEAD_L1: usize = 3072;
+#[cfg(target_arch = "x86_64")]
+const AHEAD_L2: usize = 16384;
+
+/// Asks for the cache lines [`AHEAD_L1`] and [`AHEAD_L2`] bytes past `line`. Never faults,
+/// wherever it points.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[inline(always)]
-unsafe fn load8<W: Weight>(p: *const W) -> std::arch::x86_64::__m256 {
+unsafe fn ask_ahead(line: *const u8) {
+    use std::arch::x86_64::*;
+    _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(AHEAD_L1).cast());
+    _mm_prefetch::<_MM_HINT_T1>(line.wrapping_add(AHEAD_L2).cast());
+}
+
+/// [`ask_ahead`] for each line of inputs `i` and `i + 1` (`i` even) of the strip at `p`.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn ask_ahead_pair<W: Weight>(p: *const W, i: usize) {
+    let first = p.wrapping_add(W::at(i, 0)).cast::<u8>();
+    for line in (0..2 * STRIP * size_of::<W>()).step_by(64) {
+        ask_ahead(first.wrapping_add(line));
+    }
+}
+
+/// Inputs `i` and `i + 1` (`i` even) of rows `h..h + 8` of the strip at `p`, as f32 (a
+/// bfloat16 pair widened: the even one's bits shifted to the high half, the odd one's masked).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn pair8<W: Weight>(
+    p: *const W,
+    i: usize,
+    h: usize,
+) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
     use std::arch::x86_64::*;
     if std::mem::size_of::<W>() == 4 {
-        _mm256_loadu_ps(p.cast())
+        let at = |i| _mm256_loadu_ps(p.add(W::at(i, h)).cast());
+        (at(i), at(i + 1))
     } else {
-        let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
+        let pairs = _mm256_loadu_si256(p.add(W::at(i, h)).cast());
+        let odd = _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff_0000_u32 as i32));
+        let even = _mm256_slli_epi32::<16>(pairs);
+        (_mm256_castsi256_ps(even), _mm256_castsi256_ps(odd))
+    }
+}
+
+/// Input `i` (`k`'s last, even) of rows `h..h + 8` as [`pair8`] reads it.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn one8<W: Weight>(p: *const W, i: usize, h: usize) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    if std::mem::size_of::<W>() == 4 {
+        _mm256_loadu_ps(p.add(W::at(i, h)).cast())
+    } else {
+        pair8(p, i, h).0
     }
 }
 
@@ -345,14 +457,16 @@ unsafe fn product_avx512<W: Weight>(
     w: usize,
     x: &[f32],
     rows: usize,
-    out: &mut [f32],
+    mut out: OutRows<'_>,
 ) {
-    assert!(strips.len() == w.div_ceil(STRIP) * STRIP * k && x.len() >= rows * k);
-    assert!(out.len() >= rows * w);
+    assert!(strips.len() == w.div_ceil(STRIP) * W::strip_len(k) && x.len() >= rows * k);
+    assert!(out.rows() >= rows && out.width() >= w);
+    let (stride, out) = (out.stride(), out.as_mut_ptr());
     for_each_tile(
         strips,
-        k,
+        W::strip_len(k),
         w,
+        stride,
         rows,
         &[TILE, 4, 2, 1],
         |tile, strip, done, at, width| {
@@ -369,7 +483,7 @@ unsafe fn product_avx512<W: Weight>(
 }
 
 /// One strip against activation rows `first..first + R`: row `r`'s 16 outputs (the first
-/// `width`) at `out[at(r)..]`.
+/// `width`) at `out.add(at(r))`.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[inline]
@@ -379,7 +493,7 @@ unsafe fn strip_tile<W: Weight, const R: usize>(
     k: usize,
     x: &[f32],
     first: usize,
-    out: &mut [f32],
+    out: *mut f32,
     at: impl Fn(usize) -> usize,
     width: usize,
 ) {
@@ -389,10 +503,10 @@ unsafe fn strip_tile<W: Weight, const R: usize>(
     let weights = strip.as_ptr();
     let mut i = 0;
     while i + 1 < k {
-        let (w0, w1) = (
-            load16(weights.add(i * STRIP)),
-            load16(weights.add((i + 1) * STRIP)),
-        );
+        if R > 1 {
+            ask_ahead_pair(weights, i);
+        }
+        let (w0, w1) = pair16(weights, i);
         for r in 0..R {
             even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*inputs[r].add(i)), w0, even[r]);
             odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(*inputs[r].add(i + 1)), w1, odd[r]);
@@ -400,7 +514,7 @@ unsafe fn strip_tile<W: Weight, const R: usize>(
         i += 2;
     }
     if i < k {
-        let w0 = load16(weights.add(i * STRIP));
+        let w0 = one16(weights, i);
         for r in 0..R {
             even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*inputs[r].add(i)), w0, even[r]);
         }
@@ -408,21 +522,40 @@ unsafe fn strip_tile<W: Weight, const R: usize>(
     let mask = ((1u32 << width) - 1) as __mmask16;
     for r in 0..R {
         let sum = _mm512_add_ps(even[r], odd[r]);
-        _mm512_mask_storeu_ps(out.as_mut_ptr().add(at(r)), mask, sum);
+        _mm512_mask_storeu_ps(out.add(at(r)), mask, sum);
     }
 }
 
-/// 16 weights at `p` as f32 (a bfloat16 widened: its bits moved to the high half).
+/// Inputs `i` and `i + 1` (`i` even) of the strip at `p`'s 16 rows, as f32 ([`pair8`]).
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[inline(always)]
-unsafe fn load16<W: Weight>(p: *const W) -> std::arch::x86_64::__m512 {
+unsafe fn pair16<W: Weight>(
+    p: *const W,
+    i: usize,
+) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
     use std::arch::x86_64::*;
     if std::mem::size_of::<W>() == 4 {
-        _mm512_loadu_ps(p.cast())
+        let at = |i| _mm512_loadu_ps(p.add(W::at(i, 0)).cast());
+        (at(i), at(i + 1))
     } else {
-        let halves = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(halves))
+        let pairs = _mm512_loadu_si512(p.add(W::at(i, 0)).cast());
+        let odd = _mm512_and_si512(pairs, _mm512_set1_epi32(0xffff_0000_u32 as i32));
+        let even = _mm512_slli_epi32::<16>(pairs);
+        (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
+    }
+}
+
+/// Input `i` (`k`'s last, even) of the strip at `p`'s 16 rows, as [`pair16`] reads it.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn one16<W: Weight>(p: *const W, i: usize) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    if std::mem::size_of::<W>() == 4 {
+        _mm512_loadu_ps(p.add(W::at(i, 0)).cast())
+    } else {
+        pair16(p, i).0
     }
 }
 
@@ -434,6 +567,24 @@ mod tests {
         (0..n).map(|i| ((i as f32 + seed) * 0.713).sin()).collect()
     }
 
+    /// Each of `[rows, n]` `values` within 1e-4 of the exact sum over inputs `e` of
+    /// `term(r, j, e)`.
+    pub(super) fn assert_near_exact(
+        values: &[f32],
+        n: usize,
+        k: usize,
+        term: impl Fn(usize, usize, usize) -> f64,
+    ) {
+        for (i, &value) in values.iter().enumerate() {
+            let (r, j) = (i / n, i % n);
+            let exact: f64 = (0..k).map(|e| term(r, j, e)).sum();
+            assert!(
+                (f64::from(value) - exact).abs() < 1e-4,
+                "{value} vs {exact}"
+            );
+        }
+    }
+
     fn f32_values(strips: &DenseStrips) -> &[f32] {
         match &strips.values {
             Values::F32(values) => values,
@@ -441,8 +592,9 @@ mod tests {
         }
     }
 
-    /// Weights kept in bfloat16 give the bits of the same weights widened to f32, in every
-    /// tile (the kernel at this CPU's level and the reference), from half the bytes.
+    /// Weights kept in bfloat16 give the bits of the same weights widened to f32 in f32
+    /// arithmetic, in every tile (the kernel at this CPU's level and the reference), from half
+    /// the bytes.
     #[test]
     fn bfloat16_strips_give_the_bits_of_their_f32_values() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -463,7 +615,17 @@ mod tests {
         for rows in [1, 2, 3, 4, 7, 8, 9, 17] {
             let x = wave(rows * k, rows as f32);
             assert_eq!(
-                bits(&narrow.matmul(&x, rows)),
+                bits(&narrow.matmul_in(&x, rows, Bf16Arithmetic::Widened)),
+                bits(&wide.matmul(&x, rows)),
+                "{rows} rows"
+            );
+            let mut reference = vec![0f32; rows * n];
+            let Values::Bf16(values) = &narrow.values else {
+                unreachable!()
+            };
+            product_portable(values, k, n, &x, rows, OutRows::block(&mut reference, rows));
+            assert_eq!(
+                bits(&reference),
                 bits(&wide.matmul(&x, rows)),
                 "{rows} rows"
             );
@@ -485,29 +647,23 @@ mod tests {
                 let x = wave(rows * k, rows as f32);
                 let ours = strips.matmul(&x, rows);
                 let mut reference = vec![0f32; rows * n];
-                product_portable(f32_values(&strips), k, n, &x, rows, &mut reference);
+                let block = OutRows::block(&mut reference, rows);
+                product_portable(f32_values(&strips), k, n, &x, rows, block);
                 assert_eq!(bits(&ours), bits(&reference), "[{n}, {k}] x {rows}");
                 for r in 0..rows {
                     let alone = strips.matmul(&x[r * k..(r + 1) * k], 1);
                     assert_eq!(bits(&alone), bits(&ours[r * n..(r + 1) * n]), "row {r}");
                 }
                 // And close to the plain product.
-                for (i, &value) in ours.iter().enumerate() {
-                    let (r, j) = (i / n, i % n);
-                    let exact: f64 = (0..k)
-                        .map(|e| f64::from(x[r * k + e]) * f64::from(weight[j * k + e]))
-                        .sum();
-                    assert!(
-                        (f64::from(value) - exact).abs() < 1e-4,
-                        "{value} vs {exact}"
-                    );
-                }
+                assert_near_exact(&ours, n, k, |r, j, e| {
+                    f64::from(x[r * k + e]) * f64::from(weight[j * k + e])
+                });
             }
         }
     }
 
-    /// The AVX2 build of the reference gives its bits (the AVX-512 one is checked above at
-    /// this CPU's level).
+    /// The AVX2 build of the reference gives its bits, f32 and bfloat16 weights (the AVX-512
+    /// one is checked above at this CPU's level).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_avx2_product_has_the_reference_bits() {
@@ -515,17 +671,26 @@ mod tests {
         if crate::skip_without("avx2", avx2, "the_avx2_product_has_the_reference_bits") {
             return;
         }
+        fn check<W: Weight>(values: &[W], n: usize, k: usize, x: &[f32], rows: usize) {
+            let (mut ours, mut reference) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+            // SAFETY: AVX2 and FMA were found on this CPU (`Level::supported`).
+            #[allow(unsafe_code)]
+            unsafe {
+                product_avx2(values, k, n, x, rows, OutRows::block(&mut ours, rows))
+            };
+            product_portable(values, k, n, x, rows, OutRows::block(&mut reference, rows));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&ours), bits(&reference), "{} bytes", size_of::<W>());
+        }
         let (n, k, rows) = (37, 33, 5);
-        let strips = DenseStrips::new(&wave(n * k, 2.0), n, k);
+        let weight = wave(n * k, 2.0);
         let x = wave(rows * k, 3.0);
-        let (mut ours, mut reference) = (vec![0f32; rows * n], vec![0f32; rows * n]);
-        // SAFETY: AVX2 and FMA were found on this CPU (`Level::supported`).
-        #[allow(unsafe_code)]
-        unsafe {
-            product_avx2(f32_values(&strips), k, n, &x, rows, &mut ours)
+        let strips = DenseStrips::new(&weight, n, k);
+        check(f32_values(&strips), n, k, &x, rows);
+        let halves: Vec<half::bf16> = weight.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let Values::Bf16(values) = DenseStrips::new_bf16(&halves, n, k).values else {
+            unreachable!()
         };
-        product_portable(f32_values(&strips), k, n, &x, rows, &mut reference);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&ours), bits(&reference));
+        check(&values, n, k, &x, rows);
     }
 }

@@ -49,14 +49,16 @@ enum Command {
     TinyModel(loading::TinyModelArgs),
 }
 
-/// The kernels this process runs, as reports name them: the instruction level and the
-/// quantized products' kernel (`GROVE_KERNEL` forces a lower level), with the formats it
-/// hands to another kernel where there are any (`quantized_by_format`).
+/// The kernels this process runs, as reports name them: the instruction level, the quantized
+/// products' kernel (`GROVE_KERNEL` forces a lower level), with the formats it hands to
+/// another kernel where there are any (`quantized_by_format`), and the arithmetic of bfloat16
+/// checkpoints' products (`dense_bf16`: "bf16 dot" on AVX-512 BF16, else "f32").
 pub fn kernels() -> serde_json::Value {
     let kernel = grove_kernels::quant::Kernel::detect();
     let mut json = serde_json::json!({
         "level": grove_kernels::cpu::level().name(),
         "quantized": kernel.name(),
+        "dense_bf16": grove_kernels::strips::Bf16Arithmetic::here().name(),
     });
     let handed_on = kernel.handed_on();
     if !handed_on.is_empty() {
@@ -75,10 +77,11 @@ pub fn kernels_line() -> String {
         .map(|(format, to)| format!("; {format} {}", to.name()))
         .collect();
     format!(
-        "kernels {} (quantized products {}{})",
+        "kernels {} (quantized products {}{}; bf16 weights {})",
         grove_kernels::cpu::level().name(),
         kernel.name(),
-        handed_on.concat()
+        handed_on.concat(),
+        grove_kernels::strips::Bf16Arithmetic::here().name()
     )
 }
 

@@ -71,6 +71,38 @@ fn generate_json_on_the_golden_target_matches_the_reference() {
     assert_eq!(stats["accept_lengths"].as_array().unwrap().len(), 63);
     assert!(stats["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(stats["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+    // The report names the kernels: the level, the quantized products' kernel and the
+    // arithmetic of bfloat16 weights' products (bf16 dot only at AVX-512 on AVX-512 BF16).
+    let kernels = &json["kernels"];
+    let level = kernels["level"].as_str().unwrap();
+    assert!(
+        ["scalar", "avx2", "avx512", "amx"].contains(&level),
+        "{kernels}"
+    );
+    assert!(kernels["quantized"].is_string(), "{kernels}");
+    let bf16 = kernels["dense_bf16"].as_str().unwrap();
+    let avx512 = level == "avx512" || level == "amx";
+    assert!(bf16 == "f32" || (bf16 == "bf16 dot" && avx512), "{kernels}");
+    if level != "scalar" {
+        let output = Command::new(env!("CARGO_BIN_EXE_grove"))
+            .args(["generate", "--model-path", target.to_str().unwrap()])
+            .args([
+                "--prompt-ids",
+                &prompt,
+                "--max-new-tokens",
+                "2",
+                "--format",
+                "json",
+            ])
+            .env("GROVE_KERNEL", "avx2")
+            .output()
+            .expect("run grove");
+        assert!(output.status.success(), "{}", stderr(&output));
+        let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let kernels = &json["kernels"];
+        assert_eq!(kernels["level"], "avx2", "{kernels}");
+        assert_eq!(kernels["dense_bf16"], "f32", "{kernels}");
+    }
 }
 
 #[test]
