@@ -95,7 +95,11 @@ fn quantized_matmul(c: &mut Criterion) {
 /// One layer's attention for `rows` tree rows over 4096 context slots: row `r` sees the context
 /// and the path `4096..=4096 + r` (a chain, the deepest tree of that many rows).
 fn tree_attention(c: &mut Criterion) {
-    use grove_kernels::attention::{attend, HeadLayout};
+    use grove_kernels::attention::{attend, HeadLayout, KvRows};
+    let to_f16 =
+        |v: &[f32]| -> Vec<half::f16> { v.iter().map(|&x| half::f16::from_f32(x)).collect() };
+    let to_bf16 =
+        |v: &[f32]| -> Vec<half::bf16> { v.iter().map(|&x| half::bf16::from_f32(x)).collect() };
     let context = 4096;
     // Qwen3-0.6B: 8 KV heads of 2 query heads each, the decode row's shape `across.rs` takes.
     let layouts = [
@@ -125,6 +129,17 @@ fn tree_attention(c: &mut Criterion) {
             let scale = 1.0 / (head_dim as f32).sqrt();
             group.bench_with_input(BenchmarkId::new("rows", rows), &rows, |b, _| {
                 b.iter(|| attend(&key_slots, layout, scale, &queries, &keys, &values))
+            });
+            // The cache in f16 (the default) and in bf16 (`dot.rs` where the CPU has it).
+            let (keys16, values16) = (to_f16(&keys), to_f16(&values));
+            group.bench_with_input(BenchmarkId::new("rows_f16", rows), &rows, |b, _| {
+                let (k, v) = (KvRows::F16(&keys16), KvRows::F16(&values16));
+                b.iter(|| attend(&key_slots, layout, scale, &queries, k, v))
+            });
+            let (keys_bf16, values_bf16) = (to_bf16(&keys), to_bf16(&values));
+            group.bench_with_input(BenchmarkId::new("rows_bf16", rows), &rows, |b, _| {
+                let (k, v) = (KvRows::Bf16(&keys_bf16), KvRows::Bf16(&values_bf16));
+                b.iter(|| attend(&key_slots, layout, scale, &queries, k, v))
             });
         }
         group.finish();

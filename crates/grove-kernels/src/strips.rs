@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use crate::threads::{for_each_columns_mut, Columns, OutRows};
 
-mod dot;
+pub(crate) mod dot;
 
 pub use dot::Bf16Arithmetic;
 

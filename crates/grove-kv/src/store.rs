@@ -1,6 +1,6 @@
 use grove_kernels::attention::KvRows;
-use half::f16;
 use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 
 /// How a [`KvStore`] keeps its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -10,6 +10,10 @@ pub enum KvDtype {
     /// Rounded to the nearest half (what llama.cpp keeps by default): half the memory, and
     /// half the bytes attention reads over a long context.
     F16,
+    /// Rounded to the nearest bfloat16 (what a bf16 model's cache holds in vLLM and SGLang):
+    /// f16's memory with f32's range, and where the CPU has AVX-512 BF16 a long row's
+    /// attention in bfloat16 arithmetic (grove-kernels' `attention/dot.rs`).
+    Bf16,
 }
 
 impl KvDtype {
@@ -17,7 +21,7 @@ impl KvDtype {
     pub fn size(self) -> usize {
         match self {
             Self::F32 => 4,
-            Self::F16 => 2,
+            Self::F16 | Self::Bf16 => 2,
         }
     }
 
@@ -25,6 +29,7 @@ impl KvDtype {
         match self {
             Self::F32 => "f32",
             Self::F16 => "f16",
+            Self::Bf16 => "bf16",
         }
     }
 }
@@ -40,6 +45,7 @@ impl std::fmt::Display for KvDtype {
 enum Rows {
     F32(Vec<Vec<f32>>),
     F16(Vec<Vec<f16>>),
+    Bf16(Vec<Vec<bf16>>),
 }
 
 impl Rows {
@@ -47,6 +53,7 @@ impl Rows {
         match dtype {
             KvDtype::F32 => Self::F32((0..num_layers).map(|_| vec![0.0; len]).collect()),
             KvDtype::F16 => Self::F16((0..num_layers).map(|_| vec![f16::ZERO; len]).collect()),
+            KvDtype::Bf16 => Self::Bf16((0..num_layers).map(|_| vec![bf16::ZERO; len]).collect()),
         }
     }
 
@@ -54,6 +61,7 @@ impl Rows {
         match self {
             Self::F32(layers) => layers.len(),
             Self::F16(layers) => layers.len(),
+            Self::Bf16(layers) => layers.len(),
         }
     }
 
@@ -61,6 +69,7 @@ impl Rows {
         match self {
             Self::F32(layers) => KvRows::F32(&layers[layer]),
             Self::F16(layers) => KvRows::F16(&layers[layer]),
+            Self::Bf16(layers) => KvRows::Bf16(&layers[layer]),
         }
     }
 
@@ -69,6 +78,9 @@ impl Rows {
         match self {
             Self::F32(layers) => layers[layer][at..at + row.len()].copy_from_slice(row),
             Self::F16(layers) => {
+                layers[layer][at..at + row.len()].convert_from_f32_slice(row);
+            }
+            Self::Bf16(layers) => {
                 layers[layer][at..at + row.len()].convert_from_f32_slice(row);
             }
         }
@@ -83,6 +95,9 @@ impl Rows {
             Self::F16(layers) => layers
                 .iter_mut()
                 .for_each(|rows| rows.copy_within(from..from + len, to)),
+            Self::Bf16(layers) => layers
+                .iter_mut()
+                .for_each(|rows| rows.copy_within(from..from + len, to)),
         }
     }
 }
@@ -95,7 +110,7 @@ impl Rows {
 /// [`crate::PageTable`]. Head by head because attention reads one KV head's keys for a run of
 /// slots at a time: laid slot by slot, a model with 8 KV heads of 128 had each head's row of a
 /// slot 4 KiB from the next, a page apart, and its decode read them at half the memory's pace.
-/// Kept in f32 or f16 ([`KvDtype`]); attention runs in f32 either way.
+/// Kept in f32, f16 or bf16 ([`KvDtype`]).
 #[derive(Debug)]
 pub struct KvStore {
     keys: Rows,
@@ -199,7 +214,7 @@ mod tests {
 
     #[test]
     fn rows_go_head_by_head_and_copies_move_every_head() {
-        for dtype in [KvDtype::F32, KvDtype::F16] {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
             let mut store = KvStore::with_dtype(1, 3, 2, 2, dtype);
             store.write(0, 1, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]);
             let (keys, values) = store.layer(0);
@@ -238,5 +253,20 @@ mod tests {
         assert_eq!(expected[1], 1.0 + 2.0 * 2f32.powi(-10));
         assert_eq!(expected[3], f32::INFINITY);
         assert_eq!(all(store.layer(0).0), [0.0; 4]);
+    }
+
+    #[test]
+    fn bfloat16_rows_hold_the_nearest_bfloat16() {
+        let mut store = KvStore::with_dtype(1, 1, 1, 4, KvDtype::Bf16);
+        // Halfway between 1 and the next bfloat16 (1 + 2^-7) rounds to even; 1e6 is far past
+        // f16's range and kept (to 3 significant digits).
+        let row = [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), -0.1, 1e6];
+        store.write(0, 0, &row, &row);
+        let kept = all(store.layer(0).0);
+        assert_eq!(kept[..2], [1.0, 1.0 + 2.0 * 2f32.powi(-7)]);
+        assert_eq!(kept[2], half::bf16::from_f32(-0.1).to_f32());
+        assert!((kept[3] - 1e6).abs() < 1e6 / 128.0);
+        assert_eq!(all(store.layer(0).1), kept);
+        assert_eq!(store.dtype().name(), "bf16");
     }
 }

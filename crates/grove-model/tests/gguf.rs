@@ -92,6 +92,7 @@ fn gguf_checkpoints_compute_what_their_safetensors_compute() {
             (GgmlDType::F32, KvDtype::F32, 1e-4),
             (GgmlDType::F32, KvDtype::F16, 5e-3 * scale),
             (GgmlDType::Q8_0, KvDtype::F16, 0.05 * scale),
+            (GgmlDType::F32, KvDtype::Bf16, 4e-2 * scale),
         ] {
             let path = dir.path().join(format!("model-{dtype:?}.gguf"));
             write_gguf(dir.path(), &spec, arch, dtype, &path);
@@ -103,10 +104,10 @@ fn gguf_checkpoints_compute_what_their_safetensors_compute() {
                 diff < tolerance,
                 "{arch} {dtype:?}, {kv} KV: logits differ by {diff} (range {scale})"
             );
-            if kv == KvDtype::F16 {
+            if kv != KvDtype::F32 {
                 assert!(
                     diff > 0.0,
-                    "{arch} {dtype:?}: the f16 cache rounded nothing"
+                    "{arch} {dtype:?}: the {kv} cache rounded nothing"
                 );
             }
         }
@@ -299,7 +300,9 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
     };
     let dir = tempfile::tempdir().unwrap();
     spec.write(dir.path()).unwrap();
-    for dtype in [
+    // Every format with the f16 cache; two with a bf16 cache, whose long rows' pieces run in
+    // bfloat16 arithmetic on CPUs with AVX-512 BF16.
+    let formats = [
         GgmlDType::Q8_0,
         GgmlDType::Q5_0,
         GgmlDType::Q5_1,
@@ -307,10 +310,17 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
         GgmlDType::Q4K,
         GgmlDType::Q5K,
         GgmlDType::Q6K,
-    ] {
+    ];
+    let bf16 = [
+        (GgmlDType::Q8_0, KvDtype::Bf16),
+        (GgmlDType::Q4K, KvDtype::Bf16),
+    ];
+    for (dtype, kv_dtype) in formats.map(|f| (f, KvDtype::F16)).into_iter().chain(bf16) {
         let file = dir.path().join(format!("model-{dtype:?}.gguf"));
         write_gguf(dir.path(), &spec, "qwen2", dtype, &file);
-        let model = Decoder::load(&file, &Device::Cpu).unwrap();
+        let model = Decoder::load(&file, &Device::Cpu)
+            .unwrap()
+            .with_kv_dtype(kv_dtype);
         let pool = PagePool::new(context.len() + 16, 1).unwrap();
         let mut kv = model.new_kv_store(pool.num_slots());
         let mut table = pool.new_table();
@@ -356,7 +366,7 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
             assert_eq!(
                 bits(tree.logits_row(node).unwrap()),
                 bits(chain.logits_row(path_tokens.len() - 1).unwrap()),
-                "{dtype:?} node {node}"
+                "{dtype:?}, {kv_dtype} KV, node {node}"
             );
         }
     }

@@ -6,6 +6,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod across;
+mod dot;
 mod lanes;
 mod pieces;
 mod rows;

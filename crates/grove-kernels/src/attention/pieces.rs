@@ -11,8 +11,12 @@
 
 use rayon::prelude::*;
 
+use half::bf16;
+
+use super::dot::{self, DotKeys};
 use super::lanes::{one_pass, piece_in_lanes, PieceKeys};
 use super::{Buffers, Element, HeadLayout, Inputs, KvRows, KEY_PIECE};
+use crate::strips::Bf16Arithmetic;
 use crate::threads::{balanced_order, for_each_chunk_mut};
 
 /// One piece's keys and the long rows that see exactly them, in row order.
@@ -152,6 +156,11 @@ impl Inputs<'_> {
     }
 
     fn piece(&self, job: &Job, kv_head: usize) -> Piece {
+        if let (KvRows::Bf16(keys), KvRows::Bf16(values)) = (self.keys, self.values) {
+            if Bf16Arithmetic::here() == Bf16Arithmetic::Dot {
+                return self.piece_dot(job, kv_head, keys, values);
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::allows(crate::cpu::Level::Avx512) {
             // SAFETY: the level includes the feature `piece_avx512` is compiled for, found on
@@ -166,6 +175,39 @@ impl Inputs<'_> {
             return unsafe { self.piece_avx2(job, kv_head) };
         }
         self.piece_portable::<8, false>(job, kv_head)
+    }
+
+    /// The piece over bfloat16 rows in bfloat16 arithmetic (`dot.rs`), its rows read where
+    /// they lie.
+    fn piece_dot(&self, job: &Job, kv_head: usize, keys: &[bf16], values: &[bf16]) -> Piece {
+        let (queries, slots) = self.piece_queries(job, kv_head);
+        let d = self.layout.head_dim;
+        let head_rows = kv_head * (keys.len() / (self.layout.num_kv_heads * d));
+        let at = |i: usize| (head_rows + slots[i]) * d;
+        let keys = DotKeys {
+            n: slots.len(),
+            key: |i: usize| &keys[at(i)..][..d],
+            value: |i: usize| &values[at(i)..][..d],
+        };
+        dot::piece(&queries, d, self.scale, &keys)
+    }
+
+    /// The queries of a job's rows for one KV head (its group of query heads, row after row),
+    /// and the job's piece of key slots.
+    fn piece_queries(&self, job: &Job, kv_head: usize) -> (Vec<&[f32]>, &[usize]) {
+        let (group, head_dim) = (self.layout.group(), self.layout.head_dim);
+        let row_width = self.layout.num_heads * head_dim;
+        let queries = (job.rows.iter())
+            .flat_map(|&row| {
+                let heads = kv_head * group..(kv_head + 1) * group;
+                heads
+                    .map(move |head| &self.queries[row * row_width + head * head_dim..][..head_dim])
+            })
+            .collect();
+        (
+            queries,
+            piece_slots(&self.key_slots[job.rows[0]], job.piece),
+        )
     }
 
     /// The same loops in 256-bit vectors, with FMA for the fused multiply-adds (the portable
@@ -198,17 +240,8 @@ impl Inputs<'_> {
         kv_head: usize,
     ) -> Piece {
         let (layout, head_dim) = (self.layout, self.layout.head_dim);
-        let group = layout.group();
-        let (kv_width, row_width) = (layout.num_kv_heads * head_dim, layout.num_heads * head_dim);
-        let num_slots = self.keys.len() / kv_width;
-        let slots = piece_slots(&self.key_slots[job.rows[0]], job.piece);
-        let queries: Vec<&[f32]> = (job.rows.iter())
-            .flat_map(|&row| {
-                let heads = kv_head * group..(kv_head + 1) * group;
-                heads
-                    .map(move |head| &self.queries[row * row_width + head * head_dim..][..head_dim])
-            })
-            .collect();
+        let num_slots = self.keys.len() / (layout.num_kv_heads * head_dim);
+        let (queries, slots) = self.piece_queries(job, kv_head);
         let (n, d, head_rows) = (slots.len(), head_dim, kv_head * num_slots);
         let at = |i: usize| (head_rows + slots[i]) * d;
         let direct = queries.len() <= DIRECT_PASSES * passes::<L>(queries.len());

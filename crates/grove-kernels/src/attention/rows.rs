@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use half::f16;
+use half::{bf16, f16};
 
 use super::{prefetch, AHEAD};
 
@@ -16,6 +16,11 @@ pub enum KvRows<'a> {
     /// long context. The rows a task reads are widened (exactly) into f32 first, so the
     /// arithmetic and its bits are those of f32 rows holding the same values.
     F16(&'a [f16]),
+    /// Bfloat16 (what a bf16 model's cache holds in the frameworks that serve it): f32's
+    /// range in half the bytes. Long rows' pieces run in bfloat16 arithmetic where the CPU has
+    /// AVX-512 BF16 (`dot.rs`); elsewhere, and for short rows, the rows are widened (exactly)
+    /// and the arithmetic is f32's.
+    Bf16(&'a [bf16]),
 }
 
 impl KvRows<'_> {
@@ -23,6 +28,7 @@ impl KvRows<'_> {
         match self {
             Self::F32(rows) => rows.len(),
             Self::F16(rows) => rows.len(),
+            Self::Bf16(rows) => rows.len(),
         }
     }
 
@@ -35,6 +41,7 @@ impl KvRows<'_> {
         match self {
             Self::F32(rows) => rows[i],
             Self::F16(rows) => rows[i].to_f32(),
+            Self::Bf16(rows) => rows[i].to_f32(),
         }
     }
 }
@@ -173,6 +180,15 @@ pub(super) fn gather_rows(
                     prefetch(rows[ahead..].as_ptr().cast(), 2 * d);
                 }
                 widen(&rows[at..][..d], out);
+            }
+            KvRows::Bf16(rows) => {
+                if let Some(ahead) = ahead {
+                    prefetch(rows[ahead..].as_ptr().cast(), 2 * d);
+                }
+                // A shift: the compiler makes it vectors.
+                for (to, from) in out.iter_mut().zip(&rows[at..][..d]) {
+                    *to = from.to_f32();
+                }
             }
             KvRows::F32(rows) => {
                 if let Some(ahead) = ahead {

@@ -65,7 +65,7 @@ fn has_avx512_bf16() -> bool {
 /// Rows of `x` (`[rows, k]`) rounded to bfloat16 as `vcvtneps2bf16` rounds (to nearest, ties
 /// to even, denormals to zero), each pair of inputs in one `u32`, the even input in the low
 /// half, as the weights pair them: `[rows, k / 2]`, an odd `k`'s last pair ending in a zero.
-pub(super) fn pairs(x: &[f32], rows: usize, k: usize) -> Vec<u32> {
+pub(crate) fn pairs(x: &[f32], rows: usize, k: usize) -> Vec<u32> {
     assert_eq!(x.len(), rows * k, "input is not [rows, k]");
     let mut out = vec![0u32; rows * k.div_ceil(2)];
     #[cfg(target_arch = "x86_64")]
@@ -130,7 +130,7 @@ fn operand(bits: u32) -> f32 {
 
 /// One lane of `vdpbf16ps`: `sum` plus the pairs `w` and `x`'s odd inputs' product, then plus
 /// their even inputs' product, each a fused multiply-add rounded to nearest.
-pub(super) fn step(sum: f32, w: u32, x: u32) -> f32 {
+pub(crate) fn step(sum: f32, w: u32, x: u32) -> f32 {
     let odd = operand(w >> 16).mul_add(operand(x >> 16), flushed(sum));
     flushed(operand(w & 0xffff).mul_add(operand(x & 0xffff), flushed(odd)))
 }
