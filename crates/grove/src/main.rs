@@ -52,7 +52,8 @@ enum Command {
 /// The kernels this process runs, as reports name them: the instruction level, the quantized
 /// products' kernel (`GROVE_KERNEL` forces a lower level), with the formats it hands to
 /// another kernel where there are any (`quantized_by_format`), and the arithmetic of bfloat16
-/// checkpoints' products (`dense_bf16`: "bf16 dot" on AVX-512 BF16, else "f32").
+/// checkpoints' products and of a bf16 KV cache's long rows (`dense_bf16`: "bf16 dot" on
+/// AVX-512 BF16, else "f32").
 pub fn kernels() -> serde_json::Value {
     let kernel = grove_kernels::quant::Kernel::detect();
     let mut json = serde_json::json!({
@@ -77,7 +78,7 @@ pub fn kernels_line() -> String {
         .map(|(format, to)| format!("; {format} {}", to.name()))
         .collect();
     format!(
-        "kernels {} (quantized products {}{}; bf16 weights {})",
+        "kernels {} (quantized products {}{}; bf16 weights and bf16 cache {})",
         grove_kernels::cpu::level().name(),
         kernel.name(),
         handed_on.concat(),

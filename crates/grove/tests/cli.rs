@@ -149,7 +149,7 @@ fn the_embedded_default_pair_generates_text_and_chat() {
 
 /// `tiny-model --gguf` writes the checkpoint twice, as safetensors and as an F32 GGUF file,
 /// and both generate the same greedy tokens, whichever KV cache each keeps (f32 for the
-/// checkpoint, f16 for the file unless `--kv-cache-dtype` says otherwise).
+/// checkpoint, f16 for the file unless `--kv-cache-dtype` says otherwise; bf16 on request).
 #[test]
 fn tiny_model_writes_a_gguf_file_that_generates_what_its_checkpoint_does() {
     let dir = tempfile::tempdir().unwrap();
@@ -182,12 +182,18 @@ fn tiny_model_writes_a_gguf_file_that_generates_what_its_checkpoint_does() {
     assert_eq!(tokens(gguf, "auto", "f16"), from_safetensors);
     assert_eq!(tokens(gguf, "f32", "f32"), from_safetensors);
     assert_eq!(tokens(out, "F16", "f16"), from_safetensors);
+    // bfloat16 keeps 8 bits of each value: it may round a random model's greedy choice
+    // another way, but it generates, and says which cache it kept.
+    assert_eq!(
+        tokens(gguf, "bf16", "bf16").as_array().map(Vec::len),
+        Some(8)
+    );
     // A usage error (clap's exit code 2) naming the flag and the values it takes.
-    let refused = grove(&["generate", "--kv-cache-dtype", "bf16", "--prompt", "x"]);
+    let refused = grove(&["generate", "--kv-cache-dtype", "q8_0", "--prompt", "x"]);
     let message = stderr(&refused);
     assert_eq!(refused.status.code(), Some(2), "{message}");
     assert!(
-        message.contains("--kv-cache-dtype") && message.contains("auto, f32, f16"),
+        message.contains("--kv-cache-dtype") && message.contains("auto, f32, f16, bf16"),
         "{message}"
     );
 }

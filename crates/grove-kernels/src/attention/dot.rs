@@ -103,6 +103,30 @@ mod avx512 {
 
     use super::{exp_nonpositive, pairs, value_pair, DotKeys, Piece};
 
+    /// A thread's buffers, kept between pieces (see `lanes.rs`'s).
+    #[derive(Default)]
+    struct Scratch {
+        transposed: Vec<u32>,
+        values: Vec<u32>,
+        rows: Vec<*const u32>,
+        scores: Vec<f32>,
+        terms: Vec<u32>,
+        sums: Vec<f32>,
+        doubled: Vec<u32>,
+    }
+
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+    }
+
+    /// `buffer`'s first `len` values, grown (never cleared: every use writes what it reads).
+    fn grown<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
+        if buffer.len() < len {
+            buffer.resize(len, T::default());
+        }
+        &mut buffer[..len]
+    }
+
     /// Lanes of a block: one query each.
     const L: usize = 16;
     /// Keys per tile of the scores.
@@ -117,7 +141,7 @@ mod avx512 {
     }
 
     /// [`super::piece_reference`] with `L` queries a vector, a block at a time.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,fma")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")]
     pub(super) unsafe fn piece<'a>(
         queries: &[&[f32]],
         d: usize,
@@ -127,8 +151,11 @@ mod avx512 {
         assert!(d.is_multiple_of(2), "an odd head dimension");
         let (n, count, d2) = (keys.n, queries.len(), d / 2);
         let blocks = count.div_ceil(L);
-        // `[block][pair][lane]`: each query's pairs down its lane (zero past the last query).
-        let mut transposed = vec![0u32; blocks * d2 * L];
+        let mut scratch = SCRATCH.take();
+        let s = &mut scratch;
+        // `[block][pair][lane]`: each query's pairs down its lane (lanes past the last query
+        // hold what they held: their scores are dropped).
+        let transposed = grown(&mut s.transposed, blocks * d2 * L);
         for (q, query) in queries.iter().enumerate() {
             assert_eq!(query.len(), d, "a query is not head_dim long");
             let (b, lane) = (q / L, q % L);
@@ -136,38 +163,44 @@ mod avx512 {
                 transposed[(b * d2 + p) * L + lane] = pair;
             }
         }
-        // `[key pair][dim]`: the values paired as the weighted sums' lanes read them.
-        let values = paired_values(keys, d);
-        let rows: Vec<&[bf16]> = (0..n).map(|k| (keys.key)(k)).collect();
-        assert!(
-            rows.iter().all(|k| k.len() == d),
-            "a key is not head_dim long"
-        );
+        // `[key pair][dim]`: the values paired as the weighted sums read them.
+        let values = grown(&mut s.values, n.div_ceil(2) * d);
+        paired_values(keys, d, values);
+        let rows = grown(&mut s.rows, n);
+        for (k, row) in rows.iter_mut().enumerate() {
+            let key = (keys.key)(k);
+            assert_eq!(key.len(), d, "a key is not head_dim long");
+            *row = key.as_ptr().cast();
+        }
         let (mut max, mut sum) = (vec![0f32; blocks * L], vec![0f32; blocks * L]);
         let mut out = vec![0f32; count * d];
-        let mut scores = vec![0f32; n * L];
-        let mut terms = vec![0u32; n.div_ceil(2) * L];
-        let mut sums = vec![0f32; d * L];
+        let scores = grown(&mut s.scores, n * L);
+        let terms = grown(&mut s.terms, n.div_ceil(2) * L);
+        let sums = grown(&mut s.sums, d * L);
         for b in 0..blocks {
             let queries = &transposed[b * d2 * L..][..d2 * L];
-            scores_of(queries, &rows, d2, scale, &mut scores);
+            if count - b * L <= L / 2 {
+                let doubled = grown(&mut s.doubled, d2 * L);
+                scores_in_pairs(queries, rows, d2, scale, doubled, scores);
+            } else {
+                scores_of(queries, rows, d2, scale, scores);
+            }
             let lanes = b * L..(b + 1) * L;
-            softmax_down(&mut scores, n, &mut max[lanes.clone()], &mut sum[lanes]);
-            paired_terms(&scores, n, &mut terms);
+            softmax_down(scores, n, &mut max[lanes.clone()], &mut sum[lanes]);
+            paired_terms(scores, n, terms);
             let (first, rows) = (b * L, L.min(count - b * L));
             let out = &mut out[first * d..][..rows * d];
             // Along the head dimension where its vectors fit the registers (each output the
             // same chain over the key pairs as in lanes); else in lanes, then transposed.
             match d / L {
-                _ if !d.is_multiple_of(L) => {
-                    weighted_in_lanes(&terms, &values, n, d, &mut sums, out)
-                }
-                4 => weighted_rows::<4, 4>(&terms, &values, n, out),
-                8 => weighted_rows::<8, 2>(&terms, &values, n, out),
-                16 => weighted_rows::<16, 1>(&terms, &values, n, out),
-                _ => weighted_in_lanes(&terms, &values, n, d, &mut sums, out),
+                _ if !d.is_multiple_of(L) => weighted_in_lanes(terms, values, n, d, sums, out),
+                4 => weighted_rows::<4, 4>(terms, values, n, out),
+                8 => weighted_rows::<8, 2>(terms, values, n, out),
+                16 => weighted_rows::<16, 1>(terms, values, n, out),
+                _ => weighted_in_lanes(terms, values, n, d, sums, out),
             }
         }
+        SCRATCH.set(scratch);
         max.truncate(count);
         sum.truncate(count);
         Piece { max, sum, out }
@@ -179,9 +212,9 @@ mod avx512 {
     unsafe fn paired_values<'a>(
         keys: &DotKeys<impl Fn(usize) -> &'a [bf16], impl Fn(usize) -> &'a [bf16]>,
         d: usize,
-    ) -> Vec<u32> {
+        values: &mut [u32],
+    ) {
         let n = keys.n;
-        let mut values = vec![0u32; n.div_ceil(2) * d];
         for (m, to) in values.chunks_exact_mut(d).enumerate() {
             let even = (keys.value)(2 * m);
             let odd = (2 * m + 1 < n).then(|| (keys.value)(2 * m + 1));
@@ -202,21 +235,73 @@ mod avx512 {
                 *to = value_pair(&keys.value, n, m, j);
             }
         }
-        values
+    }
+
+    /// [`scores_of`] for a block of at most `L / 2` queries (a decode row's group of query
+    /// heads): two keys a vector, query `i` in lanes `2i` (the even key of a pair) and `2i + 1`
+    /// (the odd one), so no lane idles; each score the same chain as in [`scores_of`].
+    #[inline(always)]
+    unsafe fn scores_in_pairs(
+        queries: &[u32],
+        rows: &[*const u32],
+        d2: usize,
+        scale: f32,
+        doubled: &mut [u32],
+        to: &mut [f32],
+    ) {
+        // Lane `l` reads query `l / 2`; the sums' even lanes go to the low half, odd to the high.
+        let twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        let apart = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        for p in 0..d2 {
+            let q = _mm512_loadu_si512(queries.as_ptr().add(p * L).cast());
+            let twice = _mm512_permutexvar_epi32(twice, q);
+            _mm512_storeu_si512(doubled.as_mut_ptr().add(p * L).cast(), twice);
+        }
+        let n = rows.len();
+        for first in (0..n).step_by(2 * KEYS) {
+            let key = |k: usize| -> *const u32 { rows[if k < n { k } else { first }] };
+            let tile: [[*const u32; 2]; KEYS] =
+                std::array::from_fn(|t| [key(first + 2 * t), key(first + 2 * t + 1)]);
+            let mut acc = [_mm512_setzero_ps(); KEYS];
+            for p in 0..d2 {
+                let q = _mm512_loadu_si512(doubled.as_ptr().add(p * L).cast());
+                for t in 0..KEYS {
+                    let [even, odd] =
+                        tile[t].map(|k| _mm512_set1_epi32(k.add(p).read_unaligned() as i32));
+                    acc[t] = dot(acc[t], _mm512_unpacklo_epi32(even, odd), q);
+                }
+            }
+            for (t, acc) in acc.iter().enumerate() {
+                let k = first + 2 * t;
+                if k >= n {
+                    break;
+                }
+                let scaled = _mm512_mul_ps(*acc, _mm512_set1_ps(scale));
+                let halves = _mm512_permutexvar_ps(apart, scaled);
+                _mm256_storeu_ps(to.as_mut_ptr().add(k * L), _mm512_castps512_ps256(halves));
+                if k + 1 < n {
+                    let high = _mm512_extractf32x8_ps::<1>(halves);
+                    _mm256_storeu_ps(to.as_mut_ptr().add((k + 1) * L), high);
+                }
+            }
+        }
     }
 
     /// A block's scaled scores, `[key][lane]`: tiles of `KEYS` keys, each score one chain
     /// over the pairs in a register.
     #[inline(always)]
-    unsafe fn scores_of(queries: &[u32], rows: &[&[bf16]], d2: usize, scale: f32, to: &mut [f32]) {
+    unsafe fn scores_of(
+        queries: &[u32],
+        rows: &[*const u32],
+        d2: usize,
+        scale: f32,
+        to: &mut [f32],
+    ) {
         let n = rows.len();
         for first in (0..n).step_by(KEYS) {
             // Past the last key, the first key of the tile again (its scores are dropped).
-            let tile: [*const u32; KEYS] = std::array::from_fn(|t| {
-                rows[if first + t < n { first + t } else { first }]
-                    .as_ptr()
-                    .cast()
-            });
+            let tile: [*const u32; KEYS] =
+                std::array::from_fn(|t| rows[if first + t < n { first + t } else { first }]);
             let mut acc = [_mm512_setzero_ps(); KEYS];
             for p in 0..d2 {
                 let q = _mm512_loadu_si512(queries.as_ptr().add(p * L).cast());
