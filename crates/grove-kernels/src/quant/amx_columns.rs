@@ -12,19 +12,25 @@
 //! both kernels give the same bits and a row's outputs do not depend on which kernel, or
 //! which tile, it went through. Two blocks are in flight at a time (tiles 0, 2, 4 and 1, 3, 5).
 //!
-//! The arithmetic is written once, over [`Tiles`]: on the CPU's tiles (compiled for AVX-512,
-//! which every AMX CPU has) and on a model of them that tests run on any machine.
+//! The arithmetic is written once, over [`Tiles`]: on the CPU's tiles and on a model of them
+//! that tests run on any AVX-512 machine. What the tiles leave, the lanes finish in AVX-512
+//! (every AMX CPU has it) with the VNNI kernel's own helpers: written as loops over arrays,
+//! LLVM vectorized the scaling across activation rows, with gathers, and the work around the
+//! tiles alone ran at a sixth of the VNNI kernel's whole product (docs/benchmarks.md).
 // SAFETY (all of the module): pointers are inside the strips and activation rows `Share::new`
-// checked, or the kernel's own buffers; the hardware tiles run only where
-// `cpu::Level::Amx` is allowed (`Kernel::Amx` reaches here only through `Kernel::runs_here`).
+// checked, or the kernel's own buffers; every function is compiled for AVX-512 and reached
+// only where it runs (the hardware tiles where `cpu::Level::Amx` is allowed: `Kernel::Amx`
+// reaches here only through `Kernel::runs_here`; the model where `Level::Avx512` is).
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)]
 
-#[cfg(test)]
-use super::amx_tiles::Emulated;
+use std::arch::x86_64::*;
+
 use super::amx_tiles::{Config, Hardware, Tiles, ROWS, ROW_BYTES};
 use super::columns::{self, at, STRIP, VECTOR};
-use super::simd_columns::Share;
+use super::simd_columns::{
+    byte_scales, dpwssd_broadcast, halves, nibble_groups, paired_bytes, six_bit_groups, Acts, Share,
+};
 use super::{Kernel, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
 
@@ -38,70 +44,76 @@ pub const MIN_ROWS: usize = 4;
 #[repr(C, align(64))]
 struct Block([[i32; STRIP]; ROWS]);
 
+impl Block {
+    /// Activation row `m`'s 16 sums.
+    #[inline(always)]
+    unsafe fn row(&self, m: usize) -> __m512i {
+        _mm512_load_si512(self.0[m].as_ptr().cast())
+    }
+}
+
 /// Two blocks' weights spread to bytes: `B` tiles' rows.
 #[repr(C, align(64))]
 struct Spread([[u8; 8 * VECTOR]; 2]);
 
-/// One format's unit of a strip against a tile of activation rows.
+impl Spread {
+    /// Block `b`'s 8 group vectors.
+    #[inline(always)]
+    unsafe fn put(&mut self, b: usize, groups: [__m512i; 8]) {
+        for (g, vector) in groups.into_iter().enumerate() {
+            _mm512_store_si512(self.0[b].as_mut_ptr().add(VECTOR * g).cast(), vector);
+        }
+    }
+}
+
+/// One format's unit of a strip against a tile of `R` activation rows, added into the rows'
+/// 16 outputs.
 trait Format {
     const FORMAT: QuantFormat;
     /// Group vectors per scaled block (a `B` tile's rows): 8, Q6_K's 16-weight blocks 4.
     const GROUPS: usize = 8;
-    unsafe fn unit<T: Tiles>(
+    unsafe fn unit<T: Tiles, const R: usize>(
         tiles: &mut T,
-        x: &Tile<'_>,
+        x: &Tile<R>,
         work: &mut Work,
         unit: *const u8,
         i: usize,
+        acc: &mut [__m512; R],
     );
 }
 
-/// Per activation row of a tile, the 16 outputs of the strip being multiplied (or a
-/// super-block's share of them).
-type Acc = [[f32; STRIP]; ROWS];
-
-/// A tile product's buffers, made once per tile of rows: the outputs so far, two blocks'
-/// integer sums as the tiles store them, two blocks' weights spread to bytes.
+/// A tile product's buffers: two blocks' integer sums as the tiles store them, two blocks'
+/// weights spread to bytes.
 struct Work {
-    acc: Acc,
     sums: [Block; 2],
     spread: Spread,
 }
 
-/// The activation rows of one tile product.
-struct Tile<'a> {
-    acts: &'a QuantizedRows,
-    /// The first row (of `acts`) and how many.
-    first: usize,
-    rows: usize,
+/// The `R` activation rows of one tile product.
+struct Tile<const R: usize> {
+    /// Row 0's quantized values, row `m`'s `m * k` bytes on: the `A` tiles' rows.
+    q: *const u8,
+    k: usize,
+    /// The rows' scales, zero points and sums, as the VNNI kernel reads them.
+    x: Acts<R>,
 }
 
-impl Tile<'_> {
-    /// `acts`' `per_row` values per row: row `m`'s value `index`.
-    #[inline(always)]
-    fn at<V: Copy>(&self, values: &[V], per_row: usize, m: usize, index: usize) -> V {
-        values[(self.first + m) * per_row + index]
-    }
-}
-
-/// Two blocks' integer sums into `out` (each tile row's first `x.rows` rows): blocks whose
+/// Two blocks' integer sums into `out` (each tile row's first `R` rows): blocks whose
 /// weights are `B` tiles at `weights` (rows of 64 bytes) and whose activation values start at
 /// `offsets` in each row.
 #[inline(always)]
-unsafe fn sums<T: Tiles>(
+unsafe fn sums<T: Tiles, const R: usize>(
     tiles: &mut T,
-    x: &Tile<'_>,
+    x: &Tile<R>,
     weights: [*const u8; 2],
     offsets: [usize; 2],
     out: &mut [Block; 2],
 ) {
-    let k = x.acts.k;
-    let q = x.acts.q.as_ptr().add(x.first * k).cast::<u8>();
     tiles.zero::<0>();
     tiles.zero::<1>();
-    tiles.load::<2>(q.add(offsets[0]), k);
+    tiles.load::<2>(x.q.add(offsets[0]), x.k);
     tiles.load::<4>(weights[0], VECTOR);
-    tiles.load::<3>(q.add(offsets[1]), k);
+    tiles.load::<3>(x.q.add(offsets[1]), x.k);
     tiles.load::<5>(weights[1], VECTOR);
     tiles.dot::<0, 2, 4>();
     tiles.dot::<1, 3, 5>();
@@ -109,81 +121,41 @@ unsafe fn sums<T: Tiles>(
     tiles.store::<1>(out[1].0.as_mut_ptr().cast(), ROW_BYTES);
 }
 
-/// 16 f16 at `p` as f32.
+/// A 32-weight block's sums (`sums`, starting at each row's zero point) scaled into the
+/// rows' outputs by the 16 rows' f16 scales at `scales` and each row's activation scale of
+/// block `block`: the VNNI kernel's `scale_block`.
 #[inline(always)]
-unsafe fn halves(p: *const u8) -> [f32; STRIP] {
-    std::array::from_fn(|n| {
-        half::f16::from_bits(u16::from_le_bytes([*p.add(2 * n), *p.add(2 * n + 1)])).to_f32()
-    })
-}
-
-/// 16 bytes at `p` (signed where `SIGNED`) as f32 times `d`, as the VNNI kernel's
-/// `byte_scales`.
-#[inline(always)]
-unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: &[f32; STRIP]) -> [f32; STRIP] {
-    std::array::from_fn(|n| {
-        let byte = *p.add(n);
-        let value = if SIGNED {
-            f32::from(byte as i8)
-        } else {
-            f32::from(byte)
-        };
-        value * d[n]
-    })
-}
-
-/// The 8 group vectors of 32 weights from 4 nibble vectors at `p` (low nibbles groups 0-3,
-/// high 4-7), into `out`.
-#[inline(always)]
-unsafe fn spread_nibbles(p: *const u8, out: &mut [u8; 8 * VECTOR]) {
-    let nibbles = std::slice::from_raw_parts(p, 4 * VECTOR);
-    let (low, high) = out.split_at_mut(4 * VECTOR);
-    for ((l, h), &byte) in low.iter_mut().zip(high.iter_mut()).zip(nibbles) {
-        *l = byte & 0x0F;
-        *h = byte >> 4;
-    }
-}
-
-/// A 32-weight block's sums (`sums`, starting at each row's zero point `zero`) scaled into
-/// the rows' outputs by the 16 rows' f16 scales at `scales` and each row's activation scale
-/// of block `block`: the VNNI kernel's `scale_block`.
-#[inline(always)]
-unsafe fn scale_block(
-    x: &Tile<'_>,
-    acc: &mut Acc,
+unsafe fn scale_block<const R: usize>(
+    x: &Tile<R>,
+    acc: &mut [__m512; R],
     sums: &Block,
-    zero: &[i32],
     scales: *const u8,
     block: usize,
 ) {
     let d = halves(scales);
-    let per_row = x.acts.k / 32;
-    for m in 0..x.rows {
-        let start = x.at(zero, per_row, m, block);
-        let scale = x.at(&x.acts.scale, per_row, m, block);
-        for n in 0..STRIP {
-            let sum = start.wrapping_add(sums.0[m][n]) as f32;
-            acc[m][n] = sum.mul_add(d[n] * scale, acc[m][n]);
-        }
+    for m in 0..R {
+        let start = _mm512_set1_epi32(*x.x.zero[m].add(block));
+        let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.x.scale[m].add(block)));
+        let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(start, sums.row(m)));
+        acc[m] = _mm512_fmadd_ps(sum, scale, acc[m]);
     }
 }
 
 /// A 32-weight format's unit `i` (two blocks, their weights `B` tiles at `weights`) into the
-/// outputs, its sums starting at `zero`.
+/// outputs.
 #[inline(always)]
-unsafe fn two_blocks<T: Tiles>(
+unsafe fn two_blocks<T: Tiles, const R: usize>(
     tiles: &mut T,
-    x: &Tile<'_>,
+    x: &Tile<R>,
     work: &mut Work,
-    unit: *const u8,
-    i: usize,
+    (unit, i): (*const u8, usize),
     weights: [*const u8; 2],
-    zero: &[i32],
+    acc: &mut [__m512; R],
 ) {
     sums(tiles, x, weights, [64 * i, 64 * i + 32], &mut work.sums);
     for b in 0..2 {
         let scales = unit.add(at::block_scales(b));
-        scale_block(x, &mut work.acc, &work.sums[b], zero, scales, 2 * i + b);
+        scale_block(x, acc, &work.sums[b], scales, 2 * i + b);
     }
 }
 
@@ -196,15 +168,16 @@ impl Format for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
 
     #[inline(always)]
-    unsafe fn unit<T: Tiles>(
+    unsafe fn unit<T: Tiles, const R: usize>(
         tiles: &mut T,
-        x: &Tile<'_>,
+        x: &Tile<R>,
         work: &mut Work,
         unit: *const u8,
         i: usize,
+        acc: &mut [__m512; R],
     ) {
         let weights = [0, 1].map(|b| unit.add(at::q8_block(b)));
-        two_blocks(tiles, x, work, unit, i, weights, &x.acts.zero_q8);
+        two_blocks(tiles, x, work, (unit, i), weights, acc);
     }
 }
 
@@ -212,30 +185,31 @@ impl Format for Q5_0 {
     const FORMAT: QuantFormat = QuantFormat::Q5_0;
 
     #[inline(always)]
-    unsafe fn unit<T: Tiles>(
+    unsafe fn unit<T: Tiles, const R: usize>(
         tiles: &mut T,
-        x: &Tile<'_>,
+        x: &Tile<R>,
         work: &mut Work,
         unit: *const u8,
         i: usize,
+        acc: &mut [__m512; R],
     ) {
+        let sixteen = _mm512_set1_epi8(16);
         for b in 0..2 {
             let quants = unit.add(at::q5_block(b));
-            let out = &mut work.spread.0[b];
-            spread_nibbles(quants, out);
-            // Group g's fifth bits: bit `byte` of its mask word.
-            for g in 0..8 {
-                let mask = quants
-                    .add(at::Q5_BITS + 8 * g)
-                    .cast::<u64>()
-                    .read_unaligned();
-                for byte in 0..VECTOR {
-                    out[VECTOR * g + byte] |= (((mask >> byte) & 1) as u8) << 4;
-                }
-            }
+            let low = nibble_groups(quants);
+            let bits = quants.add(at::Q5_BITS).cast::<u64>();
+            // The fifth bit of every byte is one bit of a mask register, as the VNNI kernel
+            // reads it.
+            work.spread.put(
+                b,
+                std::array::from_fn(|g| {
+                    let fifth: __mmask64 = bits.add(g).read_unaligned();
+                    _mm512_mask_add_epi8(low[g], fifth, low[g], sixteen)
+                }),
+            );
         }
         let weights = [0, 1].map(|b| work.spread.0[b].as_ptr());
-        two_blocks(tiles, x, work, unit, i, weights, &x.acts.zero_q5);
+        two_blocks(tiles, x, work, (unit, i), weights, acc);
     }
 }
 
@@ -243,74 +217,72 @@ impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
 
     #[inline(always)]
-    unsafe fn unit<T: Tiles>(
+    unsafe fn unit<T: Tiles, const R: usize>(
         tiles: &mut T,
-        x: &Tile<'_>,
+        x: &Tile<R>,
         work: &mut Work,
         unit: *const u8,
         i: usize,
+        acc: &mut [__m512; R],
     ) {
         let d = halves(unit.add(at::D));
         // The super-block's scaled sums, before its activation scale.
-        let mut block: Acc = [[0.0; STRIP]; ROWS];
-        let Work { acc, sums, spread } = work;
+        let mut block = [_mm512_setzero_ps(); R];
+        let Work { sums, spread } = work;
         for pair in 0..4 {
             let j = [2 * pair, 2 * pair + 1];
             for h in 0..2 {
-                spread_nibbles(unit.add(at::q4k_quants(j[h])), &mut spread.0[h]);
+                spread.put(h, nibble_groups(unit.add(at::q4k_quants(j[h]))));
             }
             let weights = [0, 1].map(|h| spread.0[h].as_ptr());
             self::sums(tiles, x, weights, j.map(|j| 256 * i + 32 * j), sums);
             for h in 0..2 {
-                let scales = byte_scales::<false>(unit.add(at::q4k_scales(j[h])), &d);
-                for m in 0..x.rows {
-                    for n in 0..STRIP {
-                        let sum = sums[h].0[m][n] as f32;
-                        block[m][n] = sum.mul_add(scales[n], block[m][n]);
-                    }
+                let scales = byte_scales::<false>(unit.add(at::q4k_scales(j[h])), d);
+                for m in 0..R {
+                    let sum = _mm512_cvtepi32_ps(sums[h].row(m));
+                    block[m] = _mm512_fmadd_ps(sum, scales, block[m]);
                 }
             }
         }
-        let dmin = halves(unit.add(at::DMIN));
-        let mins = |j: usize, n: usize| i32::from(*unit.add(at::q4k_mins(j) + n));
-        subtract_mins(x, &mut block, i, mins, &dmin);
+        subtract_mins(x, &mut block, unit, i);
         finish_super_block(x, acc, &block, i);
     }
 }
 
 /// A Q4_K super-block's mins' term taken from `block`, in integers once per super-block as
-/// the VNNI kernel's (`paired_sums`): per activation row and weight row `n`, the 8 sub-blocks'
-/// activation sums times `min(sub, n)`, then times `dmin[n]`.
+/// the VNNI kernel's (`with_mins`): per activation row, its 8 sub-blocks' sums (16 bits, two
+/// to a broadcast word) against the 16 rows' 6-bit mins in four `vpdpwssd`s, then one
+/// conversion and one multiply-add by `dmin`.
 #[inline(always)]
-fn subtract_mins(
-    x: &Tile<'_>,
-    block: &mut Acc,
+unsafe fn subtract_mins<const R: usize>(
+    x: &Tile<R>,
+    block: &mut [__m512; R],
+    unit: *const u8,
     i: usize,
-    min: impl Fn(usize, usize) -> i32,
-    dmin: &[f32; STRIP],
 ) {
-    let per_row = x.acts.k / 32;
-    for m in 0..x.rows {
-        for n in 0..STRIP {
-            let total: i32 = (0..8)
-                .map(|sub| {
-                    min(sub, n) * i32::from(x.at(&x.acts.sum32_i16, per_row, m, 8 * i + sub))
-                })
-                .sum();
-            block[m][n] = (-(total as f32)).mul_add(dmin[n], block[m][n]);
+    let mins: [__m512i; 4] = std::array::from_fn(|t| paired_bytes(unit.add(at::q4k_mins(2 * t))));
+    let dmin = halves(unit.add(at::DMIN));
+    for m in 0..R {
+        let mut sums = _mm512_setzero_si512();
+        for t in 0..4 {
+            sums = dpwssd_broadcast(sums, mins[t], x.x.sums[m].add(8 * i + 2 * t));
         }
+        block[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sums), dmin, block[m]);
     }
 }
 
 /// A K-quant super-block's scaled sums into the outputs, times each row's activation scale
 /// of super-block `i`.
 #[inline(always)]
-fn finish_super_block(x: &Tile<'_>, acc: &mut Acc, block: &Acc, i: usize) {
-    for m in 0..x.rows {
-        let scale = x.at(&x.acts.scale, x.acts.k / 256, m, i);
-        for n in 0..STRIP {
-            acc[m][n] = block[m][n].mul_add(scale, acc[m][n]);
-        }
+unsafe fn finish_super_block<const R: usize>(
+    x: &Tile<R>,
+    acc: &mut [__m512; R],
+    block: &[__m512; R],
+    i: usize,
+) {
+    for m in 0..R {
+        let scale = _mm512_set1_ps(*x.x.scale[m].add(i));
+        acc[m] = _mm512_fmadd_ps(block[m], scale, acc[m]);
     }
 }
 
@@ -319,42 +291,32 @@ impl Format for Q6K {
     const GROUPS: usize = 4;
 
     #[inline(always)]
-    unsafe fn unit<T: Tiles>(
+    unsafe fn unit<T: Tiles, const R: usize>(
         tiles: &mut T,
-        x: &Tile<'_>,
+        x: &Tile<R>,
         work: &mut Work,
         unit: *const u8,
         i: usize,
+        acc: &mut [__m512; R],
     ) {
         let d = halves(unit.add(at::D));
-        let mut block: Acc = [[0.0; STRIP]; ROWS];
-        let Work { acc, sums, spread } = work;
+        let mut block = [_mm512_setzero_ps(); R];
+        let Work { sums, spread } = work;
         for j in 0..8 {
-            let quants = unit.add(at::q6k_quants(j));
-            let out = &mut spread.0[0];
-            spread_nibbles(quants, out);
-            // Group g's top two bits: bits 2 (g mod 4) of its byte in tops vector g / 4.
-            let tops = std::slice::from_raw_parts(quants.add(at::Q6_TOPS), 2 * VECTOR);
-            for g in 0..8 {
-                let shift = 2 * (g % 4);
-                for byte in 0..VECTOR {
-                    out[VECTOR * g + byte] |= ((tops[VECTOR * (g / 4) + byte] >> shift) & 3) << 4;
-                }
-            }
+            spread.put(0, six_bit_groups(unit.add(at::q6k_quants(j))));
             // Sub-blocks 2j and 2j + 1 (16 weights): groups 0-3 and 4-7.
-            let weights = [out.as_ptr(), out.as_ptr().add(4 * VECTOR)];
+            let out = spread.0[0].as_ptr();
+            let weights = [out, out.add(4 * VECTOR)];
             let subs = [2 * j, 2 * j + 1];
             self::sums(tiles, x, weights, subs.map(|sub| 256 * i + 16 * sub), sums);
             for h in 0..2 {
-                let scales = byte_scales::<true>(unit.add(at::q6k_scales(subs[h])), &d);
-                for m in 0..x.rows {
+                let scales = byte_scales::<true>(unit.add(at::q6k_scales(subs[h])), d);
+                for m in 0..R {
                     // The zero point (32) times the sub-block's activation sum, in integers
                     // as the VNNI kernel starts its sums.
-                    let zero = x.at(&x.acts.zero_q6, x.acts.k / 16, m, 16 * i + subs[h]);
-                    for n in 0..STRIP {
-                        let sum = (sums[h].0[m][n] + zero) as f32;
-                        block[m][n] = sum.mul_add(scales[n], block[m][n]);
-                    }
+                    let zero = _mm512_set1_epi32(*x.x.zero[m].add(16 * i + subs[h]));
+                    let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(zero, sums[h].row(m)));
+                    block[m] = _mm512_fmadd_ps(sum, scales, block[m]);
                 }
             }
         }
@@ -362,49 +324,76 @@ impl Format for Q6K {
     }
 }
 
-/// The share's strips against its activation rows, in tiles of up to 16 rows.
+/// The share's strips against activation rows `start..start + R`: one tile product.
+#[inline(always)]
+unsafe fn tile<F: Format, T: Tiles, const R: usize>(
+    tiles: &mut T,
+    share: &Share<'_>,
+    work: &mut Work,
+    start: usize,
+) {
+    let bytes = 4 * F::GROUPS;
+    let config = Config::new()
+        .shape(0, R, ROW_BYTES)
+        .shape(1, R, ROW_BYTES)
+        .shape(2, R, bytes)
+        .shape(3, R, bytes)
+        .shape(4, F::GROUPS, ROW_BYTES)
+        .shape(5, F::GROUPS, ROW_BYTES);
+    tiles.configure(&config);
+    let acts = share.acts;
+    let x = Tile::<R> {
+        q: acts.q.as_ptr().add((share.first + start) * acts.k).cast(),
+        k: acts.k,
+        x: Acts::new(acts, F::FORMAT, share.first + start),
+    };
+    let units = acts.k / columns::unit_weights(F::FORMAT);
+    let unit_bytes = columns::unit_bytes(F::FORMAT);
+    let out = share.out.add(start * share.stride);
+    for s in 0..share.count {
+        let strip = share.strips.add(s * units * unit_bytes);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for i in 0..units {
+            F::unit(tiles, &x, work, strip.add(i * unit_bytes), i, &mut acc);
+        }
+        let width = if s + 1 == share.count {
+            share.last
+        } else {
+            STRIP
+        };
+        let mask = ((1u32 << width) - 1) as __mmask16;
+        for m in 0..R {
+            _mm512_mask_storeu_ps(out.add(m * share.stride + STRIP * s), mask, acc[m]);
+        }
+    }
+}
+
+/// The share's strips against its activation rows, in tiles of 16 rows, then one of 8, 4, 2
+/// and 1 for what is left: each tile's row count a constant, so its rows' sums stay in
+/// registers.
 #[inline(always)]
 unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize) {
-    let units = share.acts.k / columns::unit_weights(F::FORMAT);
-    let unit_bytes = columns::unit_bytes(F::FORMAT);
-    for start in (0..rows).step_by(ROWS) {
-        let tile_rows = ROWS.min(rows - start);
-        let bytes = 4 * F::GROUPS;
-        let config = Config::new()
-            .shape(0, tile_rows, ROW_BYTES)
-            .shape(1, tile_rows, ROW_BYTES)
-            .shape(2, tile_rows, bytes)
-            .shape(3, tile_rows, bytes)
-            .shape(4, F::GROUPS, ROW_BYTES)
-            .shape(5, F::GROUPS, ROW_BYTES);
-        tiles.configure(&config);
-        let x = Tile {
-            acts: share.acts,
-            first: share.first + start,
-            rows: tile_rows,
+    let mut work = Work {
+        sums: [Block([[0; STRIP]; ROWS]); 2],
+        spread: Spread([[0; 8 * VECTOR]; 2]),
+    };
+    let mut start = 0;
+    while start < rows {
+        let size = match rows - start {
+            16.. => 16,
+            8.. => 8,
+            4.. => 4,
+            2.. => 2,
+            _ => 1,
         };
-        let out = share.out.add(start * share.stride);
-        let mut work = Work {
-            acc: [[0.0; STRIP]; ROWS],
-            sums: [Block([[0; STRIP]; ROWS]); 2],
-            spread: Spread([[0; 8 * VECTOR]; 2]),
-        };
-        for s in 0..share.count {
-            let strip = share.strips.add(s * units * unit_bytes);
-            work.acc = [[0.0; STRIP]; ROWS];
-            for i in 0..units {
-                F::unit(tiles, &x, &mut work, strip.add(i * unit_bytes), i);
-            }
-            let width = if s + 1 == share.count {
-                share.last
-            } else {
-                STRIP
-            };
-            for m in 0..tile_rows {
-                let to = out.add(m * share.stride + STRIP * s);
-                std::ptr::copy_nonoverlapping(work.acc[m].as_ptr(), to, width);
-            }
+        match size {
+            16 => tile::<F, T, 16>(tiles, share, &mut work, start),
+            8 => tile::<F, T, 8>(tiles, share, &mut work, start),
+            4 => tile::<F, T, 4>(tiles, share, &mut work, start),
+            2 => tile::<F, T, 2>(tiles, share, &mut work, start),
+            _ => tile::<F, T, 1>(tiles, share, &mut work, start),
         }
+        start += size;
     }
     tiles.release();
 }
@@ -451,9 +440,32 @@ pub(super) fn dot_strips(
     unsafe { on_hardware(format, &share, rows) }
 }
 
-/// [`dot_strips`] of a share's `rows` on the tiles' model, on any CPU (tests).
+/// [`run_format`] on tiles other than the CPU's, its lane arithmetic compiled for AVX-512.
 #[cfg(test)]
-pub(super) fn emulated(format: QuantFormat, share: &Share<'_>, rows: usize) {
-    // SAFETY: the model's tiles run anywhere; `Share::new` checked the pointers' bounds.
-    unsafe { run_format(&mut Emulated::new(), format, share, rows) }
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2,fma")]
+unsafe fn on_other_tiles<T: Tiles>(
+    tiles: &mut T,
+    format: QuantFormat,
+    share: &Share<'_>,
+    rows: usize,
+) {
+    run_format(tiles, format, share, rows);
+}
+
+/// [`dot_strips`] of a share's `rows` on tiles other than the CPU's (tests): the model
+/// (`amx_tiles::Emulated`) or none at all ([`super::amx_tiles::Absent`]), on any CPU with AVX-512.
+#[cfg(test)]
+pub(super) fn on_tiles<T: Tiles>(
+    tiles: &mut T,
+    format: QuantFormat,
+    share: &Share<'_>,
+    rows: usize,
+) {
+    assert!(
+        Kernel::Avx512Vnni.runs_here(),
+        "the AMX kernel's lanes are AVX-512's"
+    );
+    // SAFETY: these tiles run anywhere and the lanes where AVX-512 runs (asserted);
+    // `Share::new` checked the pointers' bounds.
+    unsafe { on_other_tiles(tiles, format, share, rows) }
 }

@@ -134,6 +134,25 @@ impl Tiles for Hardware {
     }
 }
 
+/// Tiles that do nothing: the kernel's work outside them, timed alone (the AMX kernel's
+/// lanes measured on a CPU without tiles, `quant::tests::amx_lanes_alone`).
+#[cfg(test)]
+pub struct Absent;
+
+#[cfg(test)]
+impl Tiles for Absent {
+    unsafe fn configure(&mut self, _: &Config) {}
+    unsafe fn zero<const T: u8>(&mut self) {}
+    unsafe fn load<const T: u8>(&mut self, base: *const u8, _: usize) {
+        std::hint::black_box(base);
+    }
+    unsafe fn dot<const C: u8, const A: u8, const B: u8>(&mut self) {}
+    unsafe fn store<const T: u8>(&mut self, base: *mut u8, _: usize) {
+        std::hint::black_box(base);
+    }
+    unsafe fn release(&mut self) {}
+}
+
 /// The tiles modelled in Rust, as the reference above describes them.
 #[cfg(test)]
 pub struct Emulated {

@@ -110,7 +110,7 @@ unsafe fn zero_start<const R: usize>(x: &Acts<R>, index: usize) -> [__m512i; R] 
 #[cfg(not(miri))]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn halves(p: *const u8) -> __m512 {
+pub(super) unsafe fn halves(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
 }
 
@@ -119,7 +119,7 @@ unsafe fn halves(p: *const u8) -> __m512 {
 #[cfg(miri)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn halves(p: *const u8) -> __m512 {
+pub(super) unsafe fn halves(p: *const u8) -> __m512 {
     let values: [f32; 16] = std::array::from_fn(|i| {
         half::f16::from_bits(p.add(2 * i).cast::<u16>().read_unaligned()).to_f32()
     });
@@ -129,7 +129,7 @@ unsafe fn halves(p: *const u8) -> __m512 {
 /// 16 bytes at `p` (unsigned, or signed where `SIGNED`) as f32 times `d`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: __m512) -> __m512 {
+pub(super) unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: __m512) -> __m512 {
     let bytes = _mm_loadu_si128(p.cast());
     let ints = if SIGNED {
         _mm512_cvtepi8_epi32(bytes)
@@ -142,7 +142,7 @@ unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: __m512) -> __m512 {
 /// The 8 groups of 32 weights in 4 nibble vectors at `p` (low nibbles groups 0-3, high 4-7).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn nibble_groups(p: *const u8) -> [__m512i; 8] {
+pub(super) unsafe fn nibble_groups(p: *const u8) -> [__m512i; 8] {
     let mask = _mm512_set1_epi8(0x0F);
     let v: [__m512i; 4] = std::array::from_fn(|t| _mm512_loadu_si512(p.add(VECTOR * t).cast()));
     std::array::from_fn(|g| {
@@ -176,6 +176,28 @@ unsafe fn five_bit_groups(quants: *const u8) -> [__m512i; 8] {
             _ => _mm512_srli_epi16::<3>(planes),
         };
         _mm512_ternarylogic_epi32::<0xF8>(low[g], moved, bit)
+    })
+}
+
+/// The 8 groups of 32 six-bit weights at `quants` (a Q6_K sub-block pair): 4 nibble vectors,
+/// then two vectors of top bits, group `g`'s in bits 2 (g mod 4) of vector g / 4. Each
+/// group's bits move to bits 4-5 and join its nibbles (`a | (b & 0x30)`: one `vpternlogd`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn six_bit_groups(quants: *const u8) -> [__m512i; 8] {
+    let low = nibble_groups(quants);
+    let tops: [__m512i; 2] =
+        std::array::from_fn(|h| _mm512_loadu_si512(quants.add(at::Q6_TOPS + VECTOR * h).cast()));
+    let mask = _mm512_set1_epi8(0x30);
+    std::array::from_fn(|g| {
+        let t = tops[g / 4];
+        let moved = match g % 4 {
+            0 => _mm512_slli_epi16::<4>(t),
+            1 => _mm512_slli_epi16::<2>(t),
+            2 => t,
+            _ => _mm512_srli_epi16::<2>(t),
+        };
+        _mm512_ternarylogic_epi32::<0xF8>(low[g], moved, mask)
     })
 }
 
@@ -347,7 +369,7 @@ impl Format for Q4_0 {
 /// two bytes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn paired_bytes(p: *const u8) -> __m512i {
+pub(super) unsafe fn paired_bytes(p: *const u8) -> __m512i {
     /// Word `2p` from word `p` (the first sub-block's), `2p + 1` from `16 + p`.
     static INTERLEAVE: [i16; 32] = {
         let mut index = [0i16; 32];
@@ -400,7 +422,7 @@ unsafe fn paired_sums<const R: usize, const T: usize>(
 #[cfg(not(miri))]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
+pub(super) unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
     let mut sums = sums;
     std::arch::asm!(
         "vpdpwssd {sums}, {pairs}, dword ptr [{p}]{{1to16}}",
@@ -418,7 +440,7 @@ unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m5
 #[cfg(miri)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
+pub(super) unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
     let both = _mm512_set1_epi32(p.cast::<i32>().read_unaligned());
     _mm512_add_epi32(sums, _mm512_madd_epi16(pairs, both))
 }
@@ -515,33 +537,16 @@ impl Format for Q6K {
         stream: &mut Stream,
     ) {
         let d = halves(unit.add(at::D));
-        let tops_mask = _mm512_set1_epi8(0x30);
         let mut block = [_mm512_setzero_ps(); R];
         for j in 0..8 {
             stream.advance();
-            let quants = unit.add(at::q6k_quants(j));
-            let low = nibble_groups(quants);
-            let tops: [__m512i; 2] = std::array::from_fn(|h| {
-                _mm512_loadu_si512(quants.add(at::Q6_TOPS + VECTOR * h).cast())
-            });
-            // Group g's two top bits (bits 2 (g mod 4) of its tops vector) moved to bits 4-5,
-            // then joined to its low nibble (`a | (b & 0x30)`: one `vpternlogd`).
-            let u = |g: usize| {
-                let t = tops[g / 4];
-                let moved = match g % 4 {
-                    0 => _mm512_slli_epi16::<4>(t),
-                    1 => _mm512_slli_epi16::<2>(t),
-                    2 => t,
-                    _ => _mm512_srli_epi16::<2>(t),
-                };
-                _mm512_ternarylogic_epi32::<0xF8>(low[g], moved, tops_mask)
-            };
+            let u = six_bit_groups(unit.add(at::q6k_quants(j)));
             for half in 0..2 {
                 // Sub-block 2j + half: 16 weights.
                 let sub = 2 * j + half;
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub)), d);
                 let start = zero_start::<R>(x, 16 * i + sub);
-                let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u(4 * half + g));
+                let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u[4 * half + g]);
                 for r in 0..R {
                     block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
                 }

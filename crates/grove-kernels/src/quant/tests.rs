@@ -6,6 +6,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 #[cfg(target_arch = "x86_64")]
+#[cfg(target_arch = "x86_64")]
+use super::amx_tiles::{Absent, Emulated};
 use super::simd_columns::Share;
 use super::*;
 
@@ -479,8 +481,14 @@ fn emulated_amx(matrix: &QMatrix, x: &[f32], rows: usize) -> Vec<f32> {
     let kernel = Kernel::Amx.activations();
     let lent = crate::threads::OutRows::block(&mut out, rows);
     let share = Share::new(kernel, format, strips, n, &acts, 0, lent);
-    super::amx_columns::emulated(format, &share, rows);
+    super::amx_columns::on_tiles(&mut Emulated::new(), format, &share, rows);
     out
+}
+
+/// Whether this CPU runs the AMX kernel's lanes (AVX-512), which the modelled tiles need; a
+/// CPU without prints what it skips (or fails where CI requires AVX-512).
+fn runs_amx_lanes(test: &str) -> bool {
+    !crate::skip_without("avx512", Kernel::Avx512Vnni.runs_here(), test)
 }
 
 /// The AMX kernel, its tiles modelled, against the reference on every format: tiles of 1-16
@@ -490,6 +498,9 @@ fn emulated_amx(matrix: &QMatrix, x: &[f32], rows: usize) -> Vec<f32> {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn amx_kernel_on_modelled_tiles_agrees_with_the_reference() {
+    if !runs_amx_lanes("amx_kernel_on_modelled_tiles_agrees_with_the_reference") {
+        return;
+    }
     let hardware: Vec<Kernel> = [Kernel::Avx512Vnni, Kernel::Amx]
         .into_iter()
         .filter(|kernel| kernel.runs_here())
@@ -531,6 +542,9 @@ fn amx_kernel_on_modelled_tiles_agrees_with_the_reference() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn amx_rows_are_the_same_in_any_tile() {
+    if !runs_amx_lanes("amx_rows_are_the_same_in_any_tile") {
+        return;
+    }
     let (n, k, rows) = (21, 512, 19);
     for format in amx_formats() {
         let matrix = in_layout(
@@ -549,6 +563,54 @@ fn amx_rows_are_the_same_in_any_tile() {
                 format.name()
             );
         }
+    }
+}
+
+/// The AMX kernel's work outside its tiles (spreading weights to bytes, scaling the tiles'
+/// sums), timed on tiles that do nothing, beside the VNNI kernel's whole product: on a CPU
+/// without AMX, whether the lanes alone would keep the tiles from paying. In cache, on one
+/// thread; it prints G int8 multiply-adds a second (a measurement, not a check):
+/// `cargo test --release -p grove-kernels amx_lanes_alone -- --ignored --nocapture`.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn amx_lanes_alone() {
+    if !runs_amx_lanes("amx_lanes_alone") {
+        return;
+    }
+    let (n, k) = (512, 1024);
+    for format in amx_formats() {
+        let matrix = in_layout(
+            &QMatrix::random(format, n, k, 1),
+            Layout::for_kernel(Kernel::Amx),
+        );
+        let strips = matrix.strips(0, columns::strips(n));
+        let mut line = format!("{:5}", format.name());
+        for rows in [4, 8, 16] {
+            let x = random_input(rows, k, 2);
+            let kernel = Kernel::Amx.activations();
+            let acts = QuantizedRows::portable_for(kernel, &x, rows, k, &[format]);
+            let mut out = vec![0f32; rows * n];
+            let mut time = |lanes_alone: bool| {
+                let start = std::time::Instant::now();
+                for _ in 0..50 {
+                    let lent = crate::threads::OutRows::block(&mut out, rows);
+                    if lanes_alone {
+                        let share = Share::new(kernel, format, strips, n, &acts, 0, lent);
+                        super::amx_columns::on_tiles(&mut Absent, format, &share, rows);
+                    } else {
+                        super::simd_columns::dot_strips(format, strips, n, &acts, 0, lent);
+                    }
+                }
+                (n * k * rows * 50) as f64 / start.elapsed().as_secs_f64() / 1e9
+            };
+            let best = |lanes_alone: bool, time: &mut dyn FnMut(bool) -> f64| {
+                (0..5).map(|_| time(lanes_alone)).fold(0f64, f64::max)
+            };
+            let (vnni, lanes) = (best(false, &mut time), best(true, &mut time));
+            line += &format!("  r{rows}: VNNI {vnni:6.1} G, AMX lanes alone {lanes:6.1} G");
+        }
+        println!("{line}");
     }
 }
 
