@@ -1,6 +1,5 @@
-//! Which instruction sets the kernels use: the best this CPU has (short of AMX, which runs
-//! when asked for), or the one `GROVE_KERNEL` names (to measure a path against another, or to
-//! test the portable one on any machine).
+//! Which instruction sets the kernels use: the best this CPU has, or the one `GROVE_KERNEL`
+//! names (to measure a path against another, or to test the portable one on any machine).
 //!
 //! Every SIMD path asks [`level`] (once per process it reads the CPU's features and the
 //! variable), so forcing a level forces it everywhere: quantized and dense products,
@@ -21,8 +20,8 @@ pub enum Level {
     Avx2,
     /// AVX-512 F/BW/DQ with VNNI, F16C and BMI2 (every kernel).
     Avx512,
-    /// AVX-512 and AMX-INT8 tiles: quantized products of several activation rows on tiles,
-    /// everything else as `Avx512`. Runs only when asked for (see [`Level::default_here`]).
+    /// AVX-512 and AMX-INT8 tiles: quantized products of several activation rows on tiles
+    /// where they pay (see [`Level::default_here`]), everything else as `Avx512`.
     Amx,
 }
 
@@ -86,13 +85,12 @@ impl Level {
         Ok(level)
     }
 
-    /// The level kernels run at unless `GROVE_KERNEL` says otherwise: the best supported,
-    /// short of AMX. The AMX kernel is tested against a model of the tiles on every machine
-    /// and against the tiles where a CPU has them, but its speed and the row count from which
-    /// it wins have not been measured on an AMX machine yet, so it runs when asked for
-    /// (`GROVE_KERNEL=amx`).
+    /// The level kernels run at unless `GROVE_KERNEL` says otherwise: the best supported.
+    /// At the AMX level the quantized products take tiles only where a trial on this machine
+    /// found them faster (`quant::amx_trial`), or everywhere from a few rows where
+    /// `GROVE_KERNEL=amx` forces the level.
     pub fn default_here() -> Self {
-        Self::supported().min(Self::Avx512)
+        Self::supported()
     }
 
     /// The level `GROVE_KERNEL` asks for, or [`Level::default_here`] where it is unset.
@@ -110,6 +108,12 @@ impl Level {
 pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| Level::from_env().unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// Whether `GROVE_KERNEL` names the level (read once), rather than the CPU deciding.
+pub fn forced() -> bool {
+    static FORCED: OnceLock<bool> = OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var(VARIABLE).is_ok_and(|value| !value.trim().is_empty()))
 }
 
 /// Whether the kernels may use `wanted`'s instructions.
@@ -144,10 +148,7 @@ mod tests {
                 ))
             ),
         }
-        assert!(
-            Level::default_here() <= Level::Avx512,
-            "AMX only when asked"
-        );
+        assert_eq!(Level::default_here(), Level::supported());
         let unknown = Level::parse("sse9").unwrap_err();
         assert!(
             unknown.contains("\"sse9\" is not a kernel level"),

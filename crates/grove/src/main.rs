@@ -5,6 +5,7 @@
 // `unsafe` lives in grove-kernels only.
 #![forbid(unsafe_code)]
 
+mod amx;
 mod bench;
 mod generate;
 mod loading;
@@ -47,13 +48,17 @@ enum Command {
     TrainDrafter(train::TrainDrafterArgs),
     /// Write a seeded random Qwen3 checkpoint with a byte-level tokenizer.
     TinyModel(loading::TinyModelArgs),
+    /// Multiply on AMX tiles and on the VNNI kernel, and print their agreement and times as
+    /// JSON: the trial start-up runs in a child process (`amx.rs`).
+    #[command(name = "kernel-trial", hide = true)]
+    KernelTrial,
 }
 
 /// The kernels this process runs, as reports name them: the instruction level, the quantized
-/// products' kernel (`GROVE_KERNEL` forces a lower level), with the formats it hands to
-/// another kernel where there are any (`quantized_by_format`), and the arithmetic of bfloat16
-/// checkpoints' products and of a bf16 KV cache's long rows (`dense_bf16`: "bf16 dot" on
-/// AVX-512 BF16, else "f32").
+/// products' kernel (`GROVE_KERNEL` forces a lower level), where AMX tiles multiply
+/// (`amx_tiles`, on AMX CPUs), the formats it hands to another kernel where there are any
+/// (`quantized_by_format`), and the arithmetic of bfloat16 checkpoints' products and of a
+/// bf16 KV cache's long rows (`dense_bf16`: "bf16 dot" on AVX-512 BF16, else "f32").
 pub fn kernels() -> serde_json::Value {
     let kernel = grove_kernels::quant::Kernel::detect();
     let mut json = serde_json::json!({
@@ -61,6 +66,9 @@ pub fn kernels() -> serde_json::Value {
         "quantized": kernel.name(),
         "dense_bf16": grove_kernels::strips::Bf16Arithmetic::here().name(),
     });
+    if let Some(tiles) = amx::report() {
+        json["amx_tiles"] = tiles;
+    }
     let handed_on = kernel.handed_on();
     if !handed_on.is_empty() {
         let by_format = handed_on
@@ -77,10 +85,12 @@ pub fn kernels_line() -> String {
     let handed_on: Vec<String> = (kernel.handed_on().iter())
         .map(|(format, to)| format!("; {format} {}", to.name()))
         .collect();
+    let tiles = amx::report_line().map_or(String::new(), |line| format!(", {line}"));
     format!(
-        "kernels {} (quantized products {}{}; bf16 weights and bf16 cache {})",
+        "kernels {} (quantized products {}{}{}; bf16 weights and bf16 cache {})",
         grove_kernels::cpu::level().name(),
         kernel.name(),
+        tiles,
         handed_on.concat(),
         grove_kernels::strips::Bf16Arithmetic::here().name()
     )
@@ -114,6 +124,10 @@ fn main() -> ExitCode {
         eprintln!("error: {error}");
         return ExitCode::FAILURE;
     }
+    // Where the CPU has AMX tiles, a trial decides where they multiply, before any product.
+    if !matches!(cli.command, Command::KernelTrial | Command::TinyModel(_)) {
+        amx::settle();
+    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Serve(args) => serve::run(args),
@@ -121,6 +135,7 @@ fn main() -> ExitCode {
         Command::TrainTarget(args) => train::run_target(args),
         Command::TrainDrafter(args) => train::run_drafter(args),
         Command::TinyModel(args) => loading::write_tiny_model(args),
+        Command::KernelTrial => amx::print_trial(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

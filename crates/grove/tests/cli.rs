@@ -83,6 +83,22 @@ fn generate_json_on_the_golden_target_matches_the_reference() {
     let bf16 = kernels["dense_bf16"].as_str().unwrap();
     let avx512 = level == "avx512" || level == "amx";
     assert!(bf16 == "f32" || (bf16 == "bf16 dot" && avx512), "{kernels}");
+    // On an AMX CPU start-up ran the tiles' trial in a child process: it must have run (and
+    // found the tiles' bits the VNNI kernel's); elsewhere there is no trial to report.
+    let forced = std::env::var("GROVE_KERNEL").is_ok_and(|v| !v.trim().is_empty());
+    match (level, forced) {
+        ("amx", false) => {
+            let tiles = &kernels["amx_tiles"];
+            assert_eq!(tiles["agrees"], true, "{kernels}");
+            assert_eq!(
+                tiles["formats"].as_array().map(Vec::len),
+                Some(4),
+                "{kernels}"
+            );
+        }
+        ("amx", true) => assert_eq!(kernels["amx_tiles"]["forced"], true, "{kernels}"),
+        _ => assert!(kernels.get("amx_tiles").is_none(), "{kernels}"),
+    }
     if level != "scalar" {
         let output = Command::new(env!("CARGO_BIN_EXE_grove"))
             .args(["generate", "--model-path", target.to_str().unwrap()])
@@ -746,5 +762,27 @@ fn bench_report_writes_json_and_charts() {
             let bytes = std::fs::read(out.join(chart)).unwrap();
             assert!(bytes.starts_with(b"\x89PNG"), "{chart} is not a PNG");
         }
+    }
+}
+
+/// The trial start-up runs on AMX CPUs (`grove kernel-trial`, hidden): its JSON where the CPU
+/// has tiles, else an error saying there are none.
+#[test]
+fn the_tiles_trial_runs_where_there_are_tiles_and_says_so_where_not() {
+    let output = grove(&["kernel-trial"]);
+    if !output.status.success() {
+        let log = stderr(&output);
+        assert!(log.contains("gives no AMX tiles"), "{log}");
+        let required = std::env::var("GROVE_REQUIRE_AMX").as_deref() == Ok("1");
+        assert!(
+            !required,
+            "GROVE_REQUIRE_AMX=1 but the trial found no tiles: {log}"
+        );
+        return;
+    }
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["agrees"], true, "{json}");
+    for format in json["formats"].as_array().unwrap() {
+        assert_eq!(format["times"].as_array().unwrap().len(), 3, "{json}");
     }
 }

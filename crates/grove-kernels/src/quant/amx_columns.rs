@@ -34,9 +34,10 @@ use super::simd_columns::{
 use super::{Kernel, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
 
-/// Fewer activation rows than this go through the VNNI kernel: a tile product of one row
-/// wastes 15 of its 16. Not yet measured on an AMX machine (see docs/benchmarks.md): 4 is
-/// where llama.cpp's AMX kernels take over from its AVX-512 ones.
+/// Where `GROVE_KERNEL=amx` forces the tiles (or a test names the AMX kernel), fewer
+/// activation rows than this go through the VNNI kernel: a tile product of one row wastes 15
+/// of its 16. 4 is where llama.cpp's AMX kernels take over from its AVX-512 ones; otherwise a
+/// trial on the machine decides (`amx_trial`).
 pub const MIN_ROWS: usize = 4;
 
 /// 16 activation rows x 16 weight rows of 32-bit values, a tile's rows as stored.
@@ -98,7 +99,7 @@ struct Tile<const R: usize> {
     x: Acts<R>,
 }
 
-/// Two blocks' integer sums into `out` (each tile row's first `R` rows): blocks whose
+/// Two blocks' integer sums into `work.sums` (each tile row's first `R` rows): blocks whose
 /// weights are `B` tiles at `weights` (rows of 64 bytes) and whose activation values start at
 /// `offsets` in each row.
 #[inline(always)]
@@ -107,8 +108,9 @@ unsafe fn sums<T: Tiles, const R: usize>(
     x: &Tile<R>,
     weights: [*const u8; 2],
     offsets: [usize; 2],
-    out: &mut [Block; 2],
+    work: &mut Work,
 ) {
+    let out = &mut work.sums;
     tiles.zero::<0>();
     tiles.zero::<1>();
     tiles.load::<2>(x.q.add(offsets[0]), x.k);
@@ -152,7 +154,7 @@ unsafe fn two_blocks<T: Tiles, const R: usize>(
     weights: [*const u8; 2],
     acc: &mut [__m512; R],
 ) {
-    sums(tiles, x, weights, [64 * i, 64 * i + 32], &mut work.sums);
+    sums(tiles, x, weights, [64 * i, 64 * i + 32], work);
     for b in 0..2 {
         let scales = unit.add(at::block_scales(b));
         scale_block(x, acc, &work.sums[b], scales, 2 * i + b);
@@ -228,18 +230,18 @@ impl Format for Q4K {
         let d = halves(unit.add(at::D));
         // The super-block's scaled sums, before its activation scale.
         let mut block = [_mm512_setzero_ps(); R];
-        let Work { sums, spread } = work;
         for pair in 0..4 {
             let j = [2 * pair, 2 * pair + 1];
             for h in 0..2 {
-                spread.put(h, nibble_groups(unit.add(at::q4k_quants(j[h]))));
+                work.spread
+                    .put(h, nibble_groups(unit.add(at::q4k_quants(j[h]))));
             }
-            let weights = [0, 1].map(|h| spread.0[h].as_ptr());
-            self::sums(tiles, x, weights, j.map(|j| 256 * i + 32 * j), sums);
+            let weights = [0, 1].map(|h| work.spread.0[h].as_ptr());
+            sums(tiles, x, weights, j.map(|j| 256 * i + 32 * j), work);
             for h in 0..2 {
                 let scales = byte_scales::<false>(unit.add(at::q4k_scales(j[h])), d);
                 for m in 0..R {
-                    let sum = _mm512_cvtepi32_ps(sums[h].row(m));
+                    let sum = _mm512_cvtepi32_ps(work.sums[h].row(m));
                     block[m] = _mm512_fmadd_ps(sum, scales, block[m]);
                 }
             }
@@ -301,21 +303,21 @@ impl Format for Q6K {
     ) {
         let d = halves(unit.add(at::D));
         let mut block = [_mm512_setzero_ps(); R];
-        let Work { sums, spread } = work;
         for j in 0..8 {
-            spread.put(0, six_bit_groups(unit.add(at::q6k_quants(j))));
+            work.spread
+                .put(0, six_bit_groups(unit.add(at::q6k_quants(j))));
             // Sub-blocks 2j and 2j + 1 (16 weights): groups 0-3 and 4-7.
-            let out = spread.0[0].as_ptr();
+            let out = work.spread.0[0].as_ptr();
             let weights = [out, out.add(4 * VECTOR)];
             let subs = [2 * j, 2 * j + 1];
-            self::sums(tiles, x, weights, subs.map(|sub| 256 * i + 16 * sub), sums);
+            sums(tiles, x, weights, subs.map(|sub| 256 * i + 16 * sub), work);
             for h in 0..2 {
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(subs[h])), d);
                 for m in 0..R {
                     // The zero point (32) times the sub-block's activation sum, in integers
                     // as the VNNI kernel starts its sums.
                     let zero = _mm512_set1_epi32(*x.x.zero[m].add(16 * i + subs[h]));
-                    let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(zero, sums[h].row(m)));
+                    let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(zero, work.sums[h].row(m)));
                     block[m] = _mm512_fmadd_ps(sum, scales, block[m]);
                 }
             }
@@ -368,9 +370,28 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
     }
 }
 
+/// The row counts of the tiles `rows` rows pass in: 16 at a time, then 8, 4, 2 and 1.
+fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
+    let mut left = rows;
+    std::iter::from_fn(move || {
+        let size = match left {
+            0 => return None,
+            16.. => 16,
+            8.. => 8,
+            4.. => 4,
+            2.. => 2,
+            _ => 1,
+        };
+        left -= size;
+        Some(size)
+    })
+}
+
 /// The share's strips against its activation rows, in tiles of 16 rows, then one of 8, 4, 2
 /// and 1 for what is left: each tile's row count a constant, so its rows' sums stay in
-/// registers.
+/// registers. (Unlike the VNNI kernel's, no requests for the weights ahead: with the tiles
+/// modelled away they cost the lanes a third to a half of their speed in cache, and what
+/// they would gain from memory is unmeasured.)
 #[inline(always)]
 unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize) {
     let mut work = Work {
@@ -378,14 +399,7 @@ unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize
         spread: Spread([[0; 8 * VECTOR]; 2]),
     };
     let mut start = 0;
-    while start < rows {
-        let size = match rows - start {
-            16.. => 16,
-            8.. => 8,
-            4.. => 4,
-            2.. => 2,
-            _ => 1,
-        };
+    for size in tile_sizes(rows) {
         match size {
             16 => tile::<F, T, 16>(tiles, share, &mut work, start),
             8 => tile::<F, T, 8>(tiles, share, &mut work, start),

@@ -15,10 +15,12 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The fastest kernel allowed here (this CPU's, unless `GROVE_KERNEL` asks for less).
+    /// The fastest kernel allowed here (this CPU's, unless `GROVE_KERNEL` asks for less). The
+    /// AMX kernel where the level allows it and tiles are in use: `GROVE_KERNEL=amx`, or a
+    /// trial on this machine found them faster for some format (`amx_trial`).
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if crate::cpu::allows(crate::cpu::Level::Amx) {
+        if crate::cpu::allows(crate::cpu::Level::Amx) && super::amx_trial::tiles_in_use() {
             return Self::Amx;
         }
         #[cfg(target_arch = "x86_64")]

@@ -18,6 +18,8 @@
 mod amx_columns;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx_tiles;
+#[cfg(target_arch = "x86_64")]
+pub mod amx_trial;
 mod arena;
 #[cfg(target_arch = "x86_64")]
 mod avx2_columns;
@@ -519,7 +521,9 @@ impl QMatrix {
         if kernel != Kernel::Scalar && matches!(self.layout, Layout::Columns(_)) {
             debug_assert!(first.is_multiple_of(columns::STRIP));
             let strips = self.strips(first / columns::STRIP, columns::strips(w));
-            if kernel == Kernel::Amx && rows >= amx_columns::MIN_ROWS {
+            if kernel == Kernel::Amx
+                && amx_trial::tiles_from(self.format).is_some_and(|r| rows >= r)
+            {
                 // Tiles of 16 rows: the tile holds a block's activations, L1 need not.
                 amx_columns::dot_strips(self.format, strips, w, acts, 0, out);
                 return;
