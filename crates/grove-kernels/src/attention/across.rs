@@ -120,15 +120,16 @@ fn softmax_and_sums<'a, E: Element>(
     keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
 ) -> Piece {
     let n = keys.n;
-    let (mut max, mut sum) = (vec![0f32; count], vec![0f32; count]);
-    for (q, terms) in scores.chunks_exact_mut(n).enumerate() {
-        max[q] = terms.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        // The terms in a pass of their own (independent: in vectors), then their sum in order.
-        for term in terms.iter_mut() {
-            *term = exp_nonpositive(*term - max[q]);
-        }
-        sum[q] = terms.iter().fold(0f32, |total, &term| total + term);
-    }
+    let (max, sum) = match count {
+        1 => softmax_in_order::<1>(&mut scores, n),
+        2 => softmax_in_order::<2>(&mut scores, n),
+        3 => softmax_in_order::<3>(&mut scores, n),
+        4 => softmax_in_order::<4>(&mut scores, n),
+        5 => softmax_in_order::<5>(&mut scores, n),
+        6 => softmax_in_order::<6>(&mut scores, n),
+        7 => softmax_in_order::<7>(&mut scores, n),
+        _ => softmax_in_order::<8>(&mut scores, n),
+    };
     let mut out = vec![0f32; count * d];
     let layout = WeightLayout {
         n,
@@ -137,6 +138,37 @@ fn softmax_and_sums<'a, E: Element>(
     };
     weighted_sums_laid::<true, _>(&mut out, d, &scores, layout, &keys.value);
     Piece { max, sum, out }
+}
+
+/// `Q` queries' scores (`[query][key]`, `n` keys) into their terms, and each query's largest
+/// score and sum of terms, both in key order. The queries go side by side, so their running
+/// largest and sums are `Q` independent chains: one query's 4096 keys at a time, each add
+/// waited on the one before (a fifth of a decode row's attention, `perf annotate`). The terms
+/// in a pass of their own (independent: in vectors).
+#[inline(always)]
+fn softmax_in_order<const Q: usize>(scores: &mut [f32], n: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut largest = [f32::NEG_INFINITY; Q];
+    {
+        let rows: [&[f32]; Q] = std::array::from_fn(|q| &scores[q * n..(q + 1) * n]);
+        for key in 0..n {
+            for q in 0..Q {
+                largest[q] = largest[q].max(rows[q][key]);
+            }
+        }
+    }
+    for (terms, m) in scores.chunks_exact_mut(n).zip(largest) {
+        for term in terms.iter_mut() {
+            *term = exp_nonpositive(*term - m);
+        }
+    }
+    let rows: [&[f32]; Q] = std::array::from_fn(|q| &scores[q * n..(q + 1) * n]);
+    let mut total = [0f32; Q];
+    for key in 0..n {
+        for q in 0..Q {
+            total[q] += rows[q][key];
+        }
+    }
+    (largest.to_vec(), total.to_vec())
 }
 
 /// The scaled dots of `Q` queries with the piece's `n` keys into `scores` (`[query][key]`),
