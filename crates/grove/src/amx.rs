@@ -20,7 +20,7 @@ use grove_kernels::quant::QuantFormat;
 /// The hidden subcommand the child runs.
 pub const TRIAL_COMMAND: &str = "kernel-trial";
 
-/// How long the child may take (it takes tens of milliseconds).
+/// How long the child may take (it takes a few hundred milliseconds).
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What start-up found, for reports.

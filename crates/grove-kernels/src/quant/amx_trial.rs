@@ -2,11 +2,12 @@
 //!
 //! Tiles pay only once their products outrun the AVX-512 VNNI kernel's, and how many
 //! activation rows that takes depends on the CPU (its tile unit, its vector ports, whether
-//! two vCPUs share a core), so no constant here could say. [`run`] multiplies a matrix of
-//! each format on both kernels, checks that the tiles give the VNNI kernel's bits (a row's
-//! outputs must not depend on the kernel: plain decoding's one row goes through VNNI, a
-//! verify's tree rows through the tiles), times both at 4, 8 and 16 rows, and gives each
-//! format the fewest rows from which the tiles are faster ([`tiles_from`]). A program
+//! two vCPUs share a core, its memory), so no constant here could say. [`run`] multiplies a
+//! matrix of each format on both kernels, checks that the tiles give the VNNI kernel's bits
+//! (a row's outputs must not depend on the kernel: plain decoding's one row goes through
+//! VNNI, a verify's tree rows through the tiles), times both at 4, 8 and 16 rows with the
+//! weights read from memory, as a verify reads them, and gives each format the fewest rows
+//! from which the tiles are faster ([`tiles_from`]). A program
 //! [`adopt`]s the outcome; the `grove` binary runs the trial in a child process, so a CPU
 //! whose tiles fault costs the tiles, not the program.
 //!
@@ -124,13 +125,14 @@ pub fn tiles_from(format: QuantFormat) -> Option<usize> {
     }
 }
 
-/// Runs the trial (tens of milliseconds); an error where this CPU has no tiles (or Linux
-/// refused them).
+/// Runs the trial (a few hundred milliseconds); an error where this CPU has no tiles (or
+/// Linux refused them).
 pub fn run() -> Result<Trial, String> {
     if !Kernel::Amx.runs_here() {
         return Err("this CPU (or its kernel) gives no AMX tiles".into());
     }
-    let (n, k) = (512, 1024);
+    // 8.4 M weights: 4.7 (Q4_K) to 8.9 MB (Q8_0), read from memory for each timed product.
+    let (n, k) = (2048, 4096);
     let mut agrees = true;
     let mut formats = Vec::new();
     for format in QuantFormat::ALL.into_iter().filter(|f| f.has_amx_kernel()) {
@@ -173,23 +175,44 @@ fn product(matrix: &QMatrix, acts: &QuantizedRows, tiles: bool, out: OutRows<'_>
     }
 }
 
-/// The best of seven timings of each kernel's product of `rows` rows, alternating.
+/// The best of five timings of each kernel's product of `rows` rows, alternating, each with
+/// the weights read from memory ([`from_memory`]): as a verify reads them, where the VNNI
+/// kernel's requests for the weights ahead (which the tiles' kernel does not make) count.
 fn best_times(matrix: &QMatrix, acts: &QuantizedRows, rows: usize) -> (f64, f64) {
     let mut out = vec![0f32; rows * matrix.n];
+    let weights = matrix.strips(0, columns::strips(matrix.n));
     let mut time = |tiles: bool| {
-        let reps = 64 / rows;
-        let start = Instant::now();
-        for _ in 0..reps {
+        from_memory(weights, &mut || {
             product(matrix, acts, tiles, OutRows::block(&mut out, rows));
-        }
-        start.elapsed().as_secs_f64() / reps as f64
+        })
     };
     let (mut tiles, mut vnni) = (f64::MAX, f64::MAX);
-    for _ in 0..7 {
+    for _ in 0..5 {
         tiles = tiles.min(time(true));
         vnni = vnni.min(time(false));
     }
     (tiles, vnni)
+}
+
+/// The seconds `product` takes with `bytes` (its weights) read from memory, as a verify
+/// reads them: every line of `bytes` evicted from every cache level first.
+pub(super) fn from_memory(bytes: &[u8], product: &mut impl FnMut()) -> f64 {
+    use std::arch::x86_64::{_mm_clflush, _mm_mfence};
+    for line in bytes.chunks(64) {
+        // SAFETY: `clflush` (SSE2, every x86-64) of a line inside a live slice.
+        #[allow(unsafe_code)]
+        unsafe {
+            _mm_clflush(line.as_ptr())
+        };
+    }
+    // SAFETY: SSE2; orders the evictions before the product's loads.
+    #[allow(unsafe_code)]
+    unsafe {
+        _mm_mfence()
+    };
+    let start = Instant::now();
+    product();
+    start.elapsed().as_secs_f64()
 }
 
 #[cfg(test)]

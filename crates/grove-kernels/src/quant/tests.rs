@@ -568,8 +568,10 @@ fn amx_rows_are_the_same_in_any_tile() {
 
 /// The AMX kernel's work outside its tiles (spreading weights to bytes, scaling the tiles'
 /// sums), timed on tiles that do nothing, beside the VNNI kernel's whole product: on a CPU
-/// without AMX, whether the lanes alone would keep the tiles from paying. In cache, on one
-/// thread; it prints G int8 multiply-adds a second (a measurement, not a check):
+/// without AMX, whether the lanes alone would keep the tiles from paying. On one thread, a
+/// 512 x 1024 matrix in cache (best of 5 runs of 50 products) and a 2048 x 4096 one read
+/// from memory (evicted before each product, best of 5); it prints G int8 multiply-adds a
+/// second (a measurement, not a check):
 /// `cargo test --release -p grove-kernels amx_lanes_alone -- --ignored --nocapture`.
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -578,39 +580,47 @@ fn amx_lanes_alone() {
     if !runs_amx_lanes("amx_lanes_alone") {
         return;
     }
-    let (n, k) = (512, 1024);
-    for format in amx_formats() {
-        let matrix = in_layout(
-            &QMatrix::random(format, n, k, 1),
-            Layout::for_kernel(Kernel::Amx),
-        );
-        let strips = matrix.strips(0, columns::strips(n));
-        let mut line = format!("{:5}", format.name());
-        for rows in [4, 8, 16] {
-            let x = random_input(rows, k, 2);
-            let kernel = Kernel::Amx.activations();
-            let acts = QuantizedRows::portable_for(kernel, &x, rows, k, &[format]);
-            let mut out = vec![0f32; rows * n];
-            let mut time = |lanes_alone: bool| {
-                let start = std::time::Instant::now();
-                for _ in 0..50 {
-                    let lent = crate::threads::OutRows::block(&mut out, rows);
-                    if lanes_alone {
-                        let share = Share::new(kernel, format, strips, n, &acts, 0, lent);
-                        super::amx_columns::on_tiles(&mut Absent, format, &share, rows);
+    for (place, (n, k), reps) in [("cache", (512, 1024), 50), ("memory", (2048, 4096), 1)] {
+        for format in amx_formats() {
+            let matrix = in_layout(
+                &QMatrix::random(format, n, k, 1),
+                Layout::for_kernel(Kernel::Amx),
+            );
+            let strips = matrix.strips(0, columns::strips(n));
+            let mut line = format!("{place:6} {:5}", format.name());
+            for rows in [4, 8, 16] {
+                let x = random_input(rows, k, 2);
+                let kernel = Kernel::Amx.activations();
+                let acts = QuantizedRows::portable_for(kernel, &x, rows, k, &[format]);
+                let mut out = vec![0f32; rows * n];
+                let mut time = |lanes_alone: bool| {
+                    let mut product = || {
+                        let lent = crate::threads::OutRows::block(&mut out, rows);
+                        if lanes_alone {
+                            let share = Share::new(kernel, format, strips, n, &acts, 0, lent);
+                            super::amx_columns::on_tiles(&mut Absent, format, &share, rows);
+                        } else {
+                            super::simd_columns::dot_strips(format, strips, n, &acts, 0, lent);
+                        }
+                    };
+                    let seconds = if reps == 1 {
+                        super::amx_trial::from_memory(strips, &mut product)
                     } else {
-                        super::simd_columns::dot_strips(format, strips, n, &acts, 0, lent);
-                    }
+                        let start = std::time::Instant::now();
+                        (0..reps).for_each(|_| product());
+                        start.elapsed().as_secs_f64()
+                    };
+                    (n * k * rows * reps) as f64 / seconds / 1e9
+                };
+                let (mut vnni, mut lanes) = (0f64, 0f64);
+                for _ in 0..5 {
+                    vnni = vnni.max(time(false));
+                    lanes = lanes.max(time(true));
                 }
-                (n * k * rows * 50) as f64 / start.elapsed().as_secs_f64() / 1e9
-            };
-            let best = |lanes_alone: bool, time: &mut dyn FnMut(bool) -> f64| {
-                (0..5).map(|_| time(lanes_alone)).fold(0f64, f64::max)
-            };
-            let (vnni, lanes) = (best(false, &mut time), best(true, &mut time));
-            line += &format!("  r{rows}: VNNI {vnni:6.1} G, AMX lanes alone {lanes:6.1} G");
+                line += &format!("  r{rows}: VNNI {vnni:6.1} G, AMX lanes alone {lanes:6.1} G");
+            }
+            println!("{line}");
         }
-        println!("{line}");
     }
 }
 
