@@ -600,28 +600,13 @@ unsafe fn strip<F: Format, const R: usize>(
     }
 }
 
-/// The tiles `rows` activation rows pass in: 8 at a time, then 4, 2 and 1.
-fn tile_sizes(rows: usize) -> impl Iterator<Item = (usize, usize)> {
-    let mut done = 0;
-    std::iter::from_fn(move || {
-        let size = match rows - done {
-            0 => return None,
-            8.. => 8,
-            4.. => 4,
-            2.. => 2,
-            _ => 1,
-        };
-        done += size;
-        Some((done - size, size))
-    })
-}
-
 /// Activation rows `0..rows` of the share against its strips, in blocks of
-/// [`ACT_ROWS_PER_BLOCK`] rows. Within a block a strip at a time: every tile of the block's
-/// rows (7 rows: 4, 2 and 1) passes over a strip while it is in L1, and the weights ahead are
-/// requested at the pace of all those passes ([`Stream`]). The blocks after the first find
-/// the share's weights in cache, and ask for the next share's into L2 instead, each for its
-/// part, so memory keeps streaming while they multiply.
+/// [`ACT_ROWS_PER_BLOCK`] rows, each block one tile of its row count (1 to 8: a verify of 5
+/// rows passed as tiles of 4 and 1, and a one-row tile multiplies at half the pace of a
+/// four-row one, so 5 rows cost 4 and 1 more than 4). A strip at a time, while it is in L1;
+/// the weights ahead are requested at the pace of the tile's passes ([`Stream`]). The blocks
+/// after the first find the share's weights in cache, and ask for the next share's into L2
+/// instead, each for its part, so memory keeps streaming while they multiply.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
@@ -631,26 +616,27 @@ unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
     for block in 0..blocks {
         let first = block * ACT_ROWS_PER_BLOCK;
         let block_rows = ACT_ROWS_PER_BLOCK.min(rows - first);
-        let tiles = tile_sizes(block_rows).count();
         let mut stream = if block == 0 {
-            Stream::new(share.strips, len, unit_bytes.div_ceil(tiles * F::PACES))
+            Stream::new(share.strips, len, unit_bytes.div_ceil(F::PACES))
         } else {
             // Past the share's end: the next share's weights, which this thread multiplies
             // next unless the other threads took them.
             let part = len.div_ceil(blocks - 1);
             let from = share.strips.wrapping_add(len + (block - 1) * part);
-            let advances = share.count * units * tiles * F::PACES;
+            let advances = share.count * units * F::PACES;
             Stream::into_l2(from, part, part.div_ceil(advances))
         };
         for s in 0..share.count {
-            for (start, size) in tile_sizes(block_rows) {
-                let start = first + start;
-                match size {
-                    8 => strip::<F, 8>(share, s, start, &mut stream),
-                    4 => strip::<F, 4>(share, s, start, &mut stream),
-                    2 => strip::<F, 2>(share, s, start, &mut stream),
-                    _ => strip::<F, 1>(share, s, start, &mut stream),
-                }
+            let stream = &mut stream;
+            match block_rows {
+                8 => strip::<F, 8>(share, s, first, stream),
+                7 => strip::<F, 7>(share, s, first, stream),
+                6 => strip::<F, 6>(share, s, first, stream),
+                5 => strip::<F, 5>(share, s, first, stream),
+                4 => strip::<F, 4>(share, s, first, stream),
+                3 => strip::<F, 3>(share, s, first, stream),
+                2 => strip::<F, 2>(share, s, first, stream),
+                _ => strip::<F, 1>(share, s, first, stream),
             }
         }
     }
