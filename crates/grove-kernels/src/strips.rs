@@ -80,6 +80,9 @@ const ROWS_PER_TASK: usize = 64;
 const PARALLEL_MIN_WORK: usize = 1 << 18;
 /// Activation rows per pass over a strip (the most the registers hold: two sums per row).
 const TILE: usize = 8;
+/// The AVX-512 passes' row counts: the rows left, up to [`TILE`], in one pass (a pass of 5
+/// rows as 4 and 1 read every strip twice, once at a one-row tile's pace).
+const AVX512_TILES: [usize; TILE] = [8, 7, 6, 5, 4, 3, 2, 1];
 
 /// An `[n, k]` matrix (f32 or bfloat16 weights, f32 arithmetic) in column strips.
 #[derive(Debug, Clone)]
@@ -468,13 +471,17 @@ unsafe fn product_avx512<W: Weight>(
         w,
         stride,
         rows,
-        &[TILE, 4, 2, 1],
+        &AVX512_TILES,
         |tile, strip, done, at, width| {
             // SAFETY: the strip holds `k` vectors, rows `done..done + tile` of `x` exist and the
             // masked stores stay inside `out` (asserted above).
             match tile {
                 TILE => strip_tile::<W, TILE>(strip, k, x, done, out, at, width),
+                7 => strip_tile::<W, 7>(strip, k, x, done, out, at, width),
+                6 => strip_tile::<W, 6>(strip, k, x, done, out, at, width),
+                5 => strip_tile::<W, 5>(strip, k, x, done, out, at, width),
                 4 => strip_tile::<W, 4>(strip, k, x, done, out, at, width),
+                3 => strip_tile::<W, 3>(strip, k, x, done, out, at, width),
                 2 => strip_tile::<W, 2>(strip, k, x, done, out, at, width),
                 _ => strip_tile::<W, 1>(strip, k, x, done, out, at, width),
             }

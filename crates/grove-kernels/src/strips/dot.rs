@@ -211,13 +211,17 @@ unsafe fn product_avx512(
         w,
         stride,
         rows,
-        &[super::TILE, 4, 2, 1],
+        &super::AVX512_TILES,
         |tile, strip, done, at, width| {
             // SAFETY: the strip holds `k2` vectors, rows `done..done + tile` of `x` exist and
             // the masked stores stay inside `out` (asserted above).
             match tile {
                 super::TILE => strip_tile::<{ super::TILE }>(strip, k2, x, done, out, at, width),
+                7 => strip_tile::<7>(strip, k2, x, done, out, at, width),
+                6 => strip_tile::<6>(strip, k2, x, done, out, at, width),
+                5 => strip_tile::<5>(strip, k2, x, done, out, at, width),
                 4 => strip_tile::<4>(strip, k2, x, done, out, at, width),
+                3 => strip_tile::<3>(strip, k2, x, done, out, at, width),
                 2 => strip_tile::<2>(strip, k2, x, done, out, at, width),
                 _ => strip_tile::<1>(strip, k2, x, done, out, at, width),
             }
