@@ -664,26 +664,27 @@ unsafe fn passes<F: Format, const D: bool>(
     for (start, size) in tile_sizes::<F>(rows) {
         match size {
             6 => pass::<F, 6, D>(share, place, start, stream, decoded),
+            5 => pass::<F, 5, D>(share, place, start, stream, decoded),
             4 => pass::<F, 4, D>(share, place, start, stream, decoded),
+            3 => pass::<F, 3, D>(share, place, start, stream, decoded),
             2 => pass::<F, 2, D>(share, place, start, stream, decoded),
             _ => pass::<F, 1, D>(share, place, start, stream, decoded),
         }
     }
 }
 
-/// The tile sizes `rows` activation rows pass in: `F::TILE` (6 or 4), then 4, 2 and 1.
+/// The tile sizes `rows` activation rows pass in: `F::TILE` (6 or 4) at a time, the rest in
+/// one tile (3 rows went as 2 and 1, the one-row pass at about half the pace; splitting a
+/// whole tile and one row more into two even tiles was not faster: docs/benchmarks.md,
+/// session 40).
 fn tile_sizes<F: Format>(rows: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut done = 0;
     std::iter::from_fn(move || {
-        let size = match rows - done {
-            0 => return None,
-            6.. if F::TILE >= 6 => 6,
-            4.. => 4,
-            left @ (2 | 3) => left - left % 2,
-            _ => 1,
-        };
-        done += size;
-        Some((done - size, size))
+        let size = (rows - done).min(F::TILE);
+        (size > 0).then(|| {
+            done += size;
+            (done - size, size)
+        })
     })
 }
 
