@@ -763,6 +763,29 @@ fn bench_report_writes_json_and_charts() {
             assert!(bytes.starts_with(b"\x89PNG"), "{chart} is not a PNG");
         }
     }
+    // The automatic budget alone: its charts take it where no fixed budget ran.
+    let auto_out = dir.path().join("report-auto");
+    let output = grove(&[
+        "bench",
+        "--model-path",
+        TINY_MODEL,
+        "--speculative-algorithm",
+        "ddtree",
+        "--speculative-draft-model-path",
+        drafter.to_str().unwrap(),
+        "--budgets",
+        "auto",
+        "--new-tokens",
+        "8",
+        "--repetitions",
+        "1",
+        "--threads",
+        "1",
+        "--report",
+        auto_out.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(auto_out.join("report.json").exists());
 }
 
 /// The trial start-up runs on AMX CPUs (`grove kernel-trial`, hidden): its JSON where the CPU

@@ -289,9 +289,10 @@ fn charts(report: &Report, dir: &Path) -> Result<()> {
         .find(|m| m.method == "dflash")
         .context("dflash ran")?;
     budget_chart(&trees, dflash, auto, dir)?;
-    let best = trees
-        .iter()
+    // The best fixed budget, or the automatic one where no fixed budget ran (`--budgets auto`).
+    let best = (trees.iter().copied())
         .max_by(|a, b| a.speedup_vs_none.total_cmp(&b.speedup_vs_none))
+        .or(auto)
         .context("a ddtree budget ran")?;
     acceptance_chart(dflash, best, dir)
 }
