@@ -20,7 +20,8 @@ use grove_kernels::quant::QuantFormat;
 /// The hidden subcommand the child runs.
 pub const TRIAL_COMMAND: &str = "kernel-trial";
 
-/// How long the child may take (it takes a few hundred milliseconds).
+/// How long the child may take (estimated at a few hundred milliseconds; not yet timed on an
+/// AMX CPU).
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What start-up found, for reports.

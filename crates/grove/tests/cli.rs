@@ -697,26 +697,30 @@ fn bench_report_writes_json_and_charts() {
             &drafter,
         )
         .unwrap();
+    // A report of `budgets` into `out`.
+    let run_report = |budgets: &str, out: &std::path::Path| {
+        grove(&[
+            "bench",
+            "--model-path",
+            TINY_MODEL,
+            "--speculative-algorithm",
+            "ddtree",
+            "--speculative-draft-model-path",
+            drafter.to_str().unwrap(),
+            "--budgets",
+            budgets,
+            "--new-tokens",
+            "8",
+            "--repetitions",
+            "1",
+            "--threads",
+            "1",
+            "--report",
+            out.to_str().unwrap(),
+        ])
+    };
     let out = dir.path().join("report");
-    let output = grove(&[
-        "bench",
-        "--model-path",
-        TINY_MODEL,
-        "--speculative-algorithm",
-        "ddtree",
-        "--speculative-draft-model-path",
-        drafter.to_str().unwrap(),
-        "--budgets",
-        "1,4",
-        "--new-tokens",
-        "8",
-        "--repetitions",
-        "1",
-        "--threads",
-        "1",
-        "--report",
-        out.to_str().unwrap(),
-    ]);
+    let output = run_report("1,4", &out);
     assert!(output.status.success(), "{}", stderr(&output));
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
@@ -765,25 +769,7 @@ fn bench_report_writes_json_and_charts() {
     }
     // The automatic budget alone: its charts take it where no fixed budget ran.
     let auto_out = dir.path().join("report-auto");
-    let output = grove(&[
-        "bench",
-        "--model-path",
-        TINY_MODEL,
-        "--speculative-algorithm",
-        "ddtree",
-        "--speculative-draft-model-path",
-        drafter.to_str().unwrap(),
-        "--budgets",
-        "auto",
-        "--new-tokens",
-        "8",
-        "--repetitions",
-        "1",
-        "--threads",
-        "1",
-        "--report",
-        auto_out.to_str().unwrap(),
-    ]);
+    let output = run_report("auto", &auto_out);
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(auto_out.join("report.json").exists());
 }

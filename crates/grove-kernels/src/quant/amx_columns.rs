@@ -99,7 +99,7 @@ struct Tile<const R: usize> {
     x: Acts<R>,
 }
 
-/// Two blocks' integer sums into `work.sums` (each tile row's first `R` rows): blocks whose
+/// Two blocks' integer sums into `out` (each tile row's first `R` rows): blocks whose
 /// weights are `B` tiles at `weights` (rows of 64 bytes) and whose activation values start at
 /// `offsets` in each row.
 #[inline(always)]
@@ -108,9 +108,8 @@ unsafe fn sums<T: Tiles, const R: usize>(
     x: &Tile<R>,
     weights: [*const u8; 2],
     offsets: [usize; 2],
-    work: &mut Work,
+    out: &mut [Block; 2],
 ) {
-    let out = &mut work.sums;
     tiles.zero::<0>();
     tiles.zero::<1>();
     tiles.load::<2>(x.q.add(offsets[0]), x.k);
@@ -154,7 +153,7 @@ unsafe fn two_blocks<T: Tiles, const R: usize>(
     weights: [*const u8; 2],
     acc: &mut [__m512; R],
 ) {
-    sums(tiles, x, weights, [64 * i, 64 * i + 32], work);
+    sums(tiles, x, weights, [64 * i, 64 * i + 32], &mut work.sums);
     for b in 0..2 {
         let scales = unit.add(at::block_scales(b));
         scale_block(x, acc, &work.sums[b], scales, 2 * i + b);
@@ -237,7 +236,13 @@ impl Format for Q4K {
                     .put(h, nibble_groups(unit.add(at::q4k_quants(j[h]))));
             }
             let weights = [0, 1].map(|h| work.spread.0[h].as_ptr());
-            sums(tiles, x, weights, j.map(|j| 256 * i + 32 * j), work);
+            sums(
+                tiles,
+                x,
+                weights,
+                j.map(|j| 256 * i + 32 * j),
+                &mut work.sums,
+            );
             for h in 0..2 {
                 let scales = byte_scales::<false>(unit.add(at::q4k_scales(j[h])), d);
                 for m in 0..R {
@@ -310,7 +315,13 @@ impl Format for Q6K {
             let out = work.spread.0[0].as_ptr();
             let weights = [out, out.add(4 * VECTOR)];
             let subs = [2 * j, 2 * j + 1];
-            sums(tiles, x, weights, subs.map(|sub| 256 * i + 16 * sub), work);
+            sums(
+                tiles,
+                x,
+                weights,
+                subs.map(|sub| 256 * i + 16 * sub),
+                &mut work.sums,
+            );
             for h in 0..2 {
                 let scales = byte_scales::<true>(unit.add(at::q6k_scales(subs[h])), d);
                 for m in 0..R {

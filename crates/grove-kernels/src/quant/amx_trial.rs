@@ -125,7 +125,7 @@ pub fn tiles_from(format: QuantFormat) -> Option<usize> {
     }
 }
 
-/// Runs the trial (a few hundred milliseconds); an error where this CPU has no tiles (or
+/// Runs the trial (estimated at a few hundred milliseconds); an error where this CPU has no tiles (or
 /// Linux refused them).
 pub fn run() -> Result<Trial, String> {
     if !Kernel::Amx.runs_here() {
