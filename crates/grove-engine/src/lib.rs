@@ -14,6 +14,7 @@ mod detokenizer;
 mod drafter;
 mod emitter;
 mod generate;
+mod logprobs;
 mod request;
 mod runner;
 mod sampler;
@@ -26,6 +27,7 @@ pub use budget::{AutoBudgetReport, BudgetTracePoint, CostCell};
 pub use detokenizer::Detokenizer;
 pub use drafter::{DraftBlock, Drafter};
 pub use generate::Generator;
+pub use logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 pub use request::{
     GenerateOutput, GenerateRequest, GenerateStats, GeneratorOptions, DEFAULT_PREFILL_CHUNK,
 };

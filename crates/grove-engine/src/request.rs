@@ -3,6 +3,7 @@
 
 use grove_core::{FinishReason, SamplingParams, StopCondition, TokenId};
 
+use crate::logprobs::TokenLogprob;
 use crate::speculation::{SpecAlgorithm, SpeculationOverride};
 
 /// Prompt rows per prefill forward: bounds activation memory on long prompts.
@@ -35,6 +36,9 @@ pub struct GenerateRequest {
     pub stop: StopCondition,
     /// The request's own speculation, within the generator's (default: the generator's).
     pub speculation: SpeculationOverride,
+    /// Each chosen token's log-probability, with this many alternatives (at most
+    /// [`crate::MAX_TOP_LOGPROBS`]); `None`: none.
+    pub logprobs: Option<usize>,
 }
 
 impl GenerateRequest {
@@ -49,6 +53,7 @@ impl GenerateRequest {
                 ..Default::default()
             },
             speculation: SpeculationOverride::default(),
+            logprobs: None,
         }
     }
 }
@@ -99,5 +104,8 @@ pub struct GenerateOutput {
     pub token_ids: Vec<TokenId>,
     pub text: String,
     pub finish_reason: FinishReason,
+    /// One per token of `token_ids` when the request asked for log-probabilities.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprob>,
     pub stats: GenerateStats,
 }

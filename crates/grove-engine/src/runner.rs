@@ -20,6 +20,7 @@ use grove_spec::{
 use crate::budget::AutoBudget;
 use crate::drafter::DraftBlock;
 use crate::emitter::Emitter;
+use crate::logprobs::TokenLogprob;
 use crate::request::{GenerateRequest, GeneratorOptions};
 use crate::sequence::{Pools, Sequence};
 use crate::speculation::{self, Method, Speculation, SpeculationOverride};
@@ -278,6 +279,10 @@ impl<'a> RoundRunner<'a> {
             if sequence.emitted == 0 {
                 let logits = output.logits_row(0).map_err(ModelError::from)?;
                 sequence.anchor = sequence.sampler.sample(&logits);
+                if let Some(top) = sequence.request.logprobs {
+                    let chosen = TokenLogprob::of(&logits, sequence.anchor, top);
+                    sequence.logprobs.push(chosen);
+                }
                 sequence.emitted = 1;
                 sequence.decode_start = Instant::now();
                 sequence.finish = sequence.emitter.emit(sequence.anchor, on_text)?;
@@ -494,9 +499,17 @@ impl<'a> RoundRunner<'a> {
     ) -> Result<AcceptResult, EngineError> {
         let vocab = logits.len() / tree.tokens.len();
         // The target's choice at each visited node, drawn once per node in path order; nodes
-        // off the path are never sampled.
+        // off the path are never sampled. Its log-probability from the same row, if asked.
+        let (sampler, choices) = (&mut sequence.sampler, &mut sequence.choice_logprobs);
+        let top = sequence.request.logprobs;
+        choices.clear();
         let result = AcceptResult::walk(tree, |node| {
-            sequence.sampler.sample(&logits[node * vocab..][..vocab])
+            let row = &logits[node * vocab..][..vocab];
+            let token = sampler.sample(row);
+            if let Some(top) = top {
+                choices.push(TokenLogprob::of(row, token, top));
+            }
+            token
         });
         sequence
             .table

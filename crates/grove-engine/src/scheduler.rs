@@ -19,6 +19,7 @@ use grove_core::{TokenId, ValidationError};
 use grove_kv::{PrefixCache, PrefixCacheStats};
 
 use crate::budget::{measure_costs, AutoBudget};
+use crate::logprobs::TokenLogprob;
 use crate::request::{GenerateOutput, GenerateRequest};
 use crate::runner::{RoundRunner, StepTimings};
 use crate::sequence::{Pools, Sequence};
@@ -35,7 +36,12 @@ pub enum EngineEvent {
     Started { id: RequestId },
     /// Tokens a step chose for a request (several per round when drafts are accepted); a stop
     /// token that ends the request is included.
-    Tokens { id: RequestId, tokens: Vec<TokenId> },
+    Tokens {
+        id: RequestId,
+        tokens: Vec<TokenId>,
+        /// Their log-probabilities, when the request asked (else empty).
+        logprobs: Vec<TokenLogprob>,
+    },
     /// Text that became final for a request.
     Text { id: RequestId, text: String },
     /// A request ended; its pages are back in the pool.
@@ -241,6 +247,7 @@ impl<'a> Engine<'a> {
             for (sequence, tokens) in self.running.iter().zip(result.emitted) {
                 events.push(EngineEvent::Tokens {
                     id: sequence.id,
+                    logprobs: sequence.last_logprobs(tokens.len()),
                     tokens,
                 });
             }
@@ -346,12 +353,14 @@ impl<'a> Engine<'a> {
                     })
                 },
             )?;
+            let first_logprobs = sequence.last_logprobs(1);
             self.measure_prefill(progress.tokens, start.elapsed());
             budget = budget.saturating_sub(progress.tokens);
             if let Some(token) = progress.first {
                 events.push(EngineEvent::Tokens {
                     id,
                     tokens: vec![token],
+                    logprobs: first_logprobs,
                 });
             }
             if progress.done {

@@ -11,6 +11,7 @@ use grove_spec::{AcceptResult, AcceptanceStats};
 
 use crate::budget::SequenceBudget;
 use crate::emitter::Emitter;
+use crate::logprobs::TokenLogprob;
 use crate::request::{GenerateOutput, GenerateRequest, GenerateStats};
 use crate::sampler::Sampler;
 use crate::speculation::{self, Method};
@@ -88,6 +89,11 @@ pub(crate) struct Sequence<'r> {
     pub anchor: TokenId,
     pub sampler: Sampler,
     pub emitter: Emitter<'r>,
+    /// The log-probabilities of the tokens emitted so far (when the request asks).
+    pub logprobs: Vec<TokenLogprob>,
+    /// Those of the round's choices, in walk order: the round's new tokens, before a stop
+    /// cuts them.
+    pub choice_logprobs: Vec<TokenLogprob>,
     pub acceptance: AcceptanceStats,
     pub phases: PhaseMicros,
     pub emitted: usize,
@@ -128,6 +134,8 @@ impl<'r> Sequence<'r> {
             anchor: 0,
             sampler: Sampler::new(request.sampling.clone()),
             emitter,
+            logprobs: Vec::new(),
+            choice_logprobs: Vec::new(),
             acceptance: AcceptanceStats::new(max_depth),
             phases: PhaseMicros::default(),
             request,
@@ -179,9 +187,16 @@ impl<'r> Sequence<'r> {
             }
         }
         result.cut(tokens.len());
+        let choices = self.choice_logprobs.drain(..);
+        self.logprobs.extend(choices.take(tokens.len()));
         self.emitted += tokens.len();
         self.acceptance.record(&result, tree_nodes);
         Ok(tokens)
+    }
+
+    /// The log-probabilities of its last `count` emitted tokens (none if it did not ask).
+    pub fn last_logprobs(&self, count: usize) -> Vec<TokenLogprob> {
+        self.logprobs[self.logprobs.len().saturating_sub(count)..].to_vec()
     }
 
     /// Starts its empty page tables on the longest cached prefix of what it committed (never
@@ -282,6 +297,7 @@ impl<'r> Sequence<'r> {
             token_ids,
             text,
             finish_reason,
+            logprobs: self.logprobs,
             stats,
         })
     }

@@ -37,6 +37,7 @@ fn batched_requests_produce_exactly_their_solo_outputs() -> Result<()> {
                     ..Default::default()
                 },
                 speculation: Default::default(),
+                logprobs: None,
             }
         })
         .collect();
@@ -116,6 +117,7 @@ fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
         let alone = generator.generate(request, |_| {})?;
         let unspeculated = GenerateRequest {
             speculation: SpeculationOverride::default(),
+            logprobs: None,
             ..request.clone()
         };
         let reference = plain.generate(&unspeculated, |_| {})?;

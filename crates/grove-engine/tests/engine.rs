@@ -67,7 +67,7 @@ fn drive(
                     assert!(started.contains(&id), "text before start");
                     texts.entry(ids[&id]).or_default().push_str(&text)
                 }
-                EngineEvent::Tokens { id, tokens } => {
+                EngineEvent::Tokens { id, tokens, .. } => {
                     streamed.entry(id).or_default().extend(tokens);
                 }
                 EngineEvent::Finished { id, output } => {

@@ -34,6 +34,7 @@ fn request(prompt: Vec<u32>, max_new_tokens: usize, sampling: SamplingParams) ->
             ..Default::default()
         },
         speculation: Default::default(),
+        logprobs: None,
     }
 }
 

@@ -163,6 +163,7 @@ fn check_law(
                 ..Default::default()
             },
             speculation: Default::default(),
+            logprobs: None,
         };
         let output = generator.generate(&request, |_| {})?;
         let (t1, t2) = (output.token_ids[0] as usize, output.token_ids[1] as usize);

@@ -280,6 +280,12 @@ impl TextTokenizer {
         on_backend!(&self.tokenizer, t => t.decode(ids, true)).map_err(|e| self.error(e))
     }
 
+    /// One token's text alone, a special token written out (`<|im_end|>`): what a
+    /// log-probability's entry names.
+    pub fn token_text(&self, id: TokenId) -> Result<String, ModelError> {
+        on_backend!(&self.tokenizer, t => t.decode(&[id], false)).map_err(|e| self.error(e))
+    }
+
     /// The id of the tokenizer's `eos_token`, if it names one in the vocabulary.
     pub fn eos_token_id(&self) -> Option<TokenId> {
         self.eos_token.as_deref().and_then(|t| self.token_to_id(t))

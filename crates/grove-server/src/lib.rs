@@ -10,6 +10,7 @@
 
 mod error;
 mod listener;
+mod logprobs;
 pub mod metrics;
 mod protocol;
 mod routes;

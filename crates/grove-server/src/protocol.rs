@@ -122,7 +122,7 @@ pub struct ChatRequest {
     /// The newer name of `max_tokens` for chat.
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
-    pub top_logprobs: Option<i64>,
+    pub top_logprobs: Option<Value>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub response_format: Option<Value>,

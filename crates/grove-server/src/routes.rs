@@ -16,11 +16,13 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
 use grove_core::ValidationError;
-use grove_engine::{GenerateOutput, GenerateRequest, SpecAlgorithm};
+use grove_engine::{GenerateOutput, GenerateRequest, SpecAlgorithm, TokenLogprob};
+use grove_model::TextTokenizer;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::error::ApiError;
+use crate::logprobs::TokenTexts;
 use crate::metrics;
 use crate::protocol::{
     ChatRequest, CommonFields, CompletionRequest, ModelCard, PromptTokensDetails, SpeculativeUsage,
@@ -251,6 +253,7 @@ async fn run(
             return error.into_response();
         }
     };
+    let logprobs = valid.generate.logprobs.is_some();
     let events = match submit(&state, valid.generate).await {
         Ok(events) => events,
         Err(error) => return error.into_response(),
@@ -267,6 +270,8 @@ async fn run(
         created: unix_now(),
         model: state.limits.name.clone(),
         endpoint,
+        tokenizer: state.limits.tokenizer.clone(),
+        logprobs,
     };
     if valid.stream {
         Sse::new(sse_stream(
@@ -313,7 +318,7 @@ async fn collect(mut events: UnboundedReceiver<WorkerEvent>) -> Result<GenerateO
         match event {
             WorkerEvent::Finished(output) => return Ok(*output),
             WorkerEvent::Failed(error) | WorkerEvent::Rejected(error) => return Err(error),
-            WorkerEvent::Text(_) | WorkerEvent::Tokens(_) | WorkerEvent::Accepted => {}
+            WorkerEvent::Text(_) | WorkerEvent::Tokens(..) | WorkerEvent::Accepted => {}
         }
     }
     Err(ApiError::Internal("the engine dropped the request".into()))
@@ -325,6 +330,10 @@ struct Reply {
     created: u64,
     model: String,
     endpoint: Endpoint,
+    /// For the tokens' texts in `logprobs`.
+    tokenizer: Option<Arc<TextTokenizer>>,
+    /// The request asked for log-probabilities.
+    logprobs: bool,
 }
 
 impl Reply {
@@ -364,7 +373,20 @@ impl Reply {
         if with_token_ids {
             choice["token_ids"] = json!(output.token_ids);
         }
+        if self.logprobs {
+            choice["logprobs"] = self.logprobs(&output.logprobs, 0).0;
+        }
         self.envelope(false, json!([choice]), Some(usage(output)))
+    }
+
+    /// The endpoint's `logprobs` object for these tokens, the first at character `offset` of
+    /// the completion (completions' `text_offset`); and the offset after them.
+    fn logprobs(&self, logprobs: &[TokenLogprob], offset: usize) -> (Value, usize) {
+        let texts = TokenTexts::new(self.tokenizer.as_deref());
+        match self.endpoint {
+            Endpoint::Chat => (texts.chat(logprobs), offset),
+            Endpoint::Completions => texts.completion(logprobs, offset),
+        }
     }
 
     /// One streamed piece: text (a delta for chat), or the end with its finish reason.
@@ -411,9 +433,18 @@ fn data(value: &Value) -> Result<Event, Infallible> {
     Ok(Event::default().data(value.to_string()))
 }
 
+/// A stream's state between events: completions' character offset of the next token, and the
+/// text a request with log-probabilities holds until its step's tokens arrive.
+struct Streaming {
+    reply: Reply,
+    events: UnboundedReceiver<WorkerEvent>,
+    offset: usize,
+    held: String,
+}
+
 /// SSE events for one request: chat's role chunk, text chunks as the engine finalizes text
-/// (and each step's token ids when asked), the finish chunk, the usage chunk if asked,
-/// `[DONE]`. Dropping the stream (the client went away) closes the channel, and the engine
+/// (and each step's token ids when asked; with log-probabilities, one chunk a step, its text
+/// and its tokens' entries), the finish chunk, the usage chunk if asked, `[DONE]`. Dropping the stream (the client went away) closes the channel, and the engine
 /// cancels the sequence before its next step.
 fn sse_stream(
     reply: Reply,
@@ -430,43 +461,76 @@ fn sse_stream(
         ))],
         Endpoint::Completions => Vec::new(),
     };
-    let body = stream::unfold(Some((reply, events)), move |state| async move {
-        let (reply, mut events) = state?;
-        let batch = match events.recv().await {
-            Some(WorkerEvent::Text(text)) => {
-                return Some((
-                    vec![data(&reply.chunk(Some(&text), None))],
-                    Some((reply, events)),
-                ))
+    let state = Streaming {
+        reply,
+        events,
+        offset: 0,
+        held: String::new(),
+    };
+    let body = stream::unfold(Some(state), move |state| async move {
+        let Streaming {
+            reply,
+            mut events,
+            mut offset,
+            mut held,
+        } = state?;
+        // Text and tokens keep the stream going; the rest end it.
+        let (batch, more) = match events.recv().await {
+            // With log-probabilities, a step's text waits for its tokens to ride one chunk.
+            Some(WorkerEvent::Text(text)) if reply.logprobs => {
+                held.push_str(&text);
+                (Vec::new(), true)
             }
-            Some(WorkerEvent::Tokens(tokens)) => {
-                let batch = if return_token_ids {
-                    let mut chunk = reply.chunk(None, None);
+            Some(WorkerEvent::Text(text)) => (vec![data(&reply.chunk(Some(&text), None))], true),
+            Some(WorkerEvent::Tokens(tokens, logprobs)) => {
+                let text = std::mem::take(&mut held);
+                let mut chunk = reply.chunk(Some(text.as_str()).filter(|t| !t.is_empty()), None);
+                if reply.logprobs {
+                    let (value, next) = reply.logprobs(&logprobs, offset);
+                    chunk["choices"][0]["logprobs"] = value;
+                    offset = next;
+                }
+                if return_token_ids {
                     chunk["choices"][0]["token_ids"] = json!(tokens);
+                }
+                let batch = if return_token_ids || reply.logprobs {
                     vec![data(&chunk)]
                 } else {
                     Vec::new()
                 };
-                return Some((batch, Some((reply, events))));
+                (batch, true)
             }
             Some(WorkerEvent::Finished(output)) => {
-                let mut batch = vec![data(&reply.chunk(None, Some(&output)))];
+                // Text released at the end (held back until then, or after the last tokens).
+                let mut batch = Vec::new();
+                if !held.is_empty() {
+                    batch.push(data(&reply.chunk(Some(&held), None)));
+                }
+                batch.push(data(&reply.chunk(None, Some(&output))));
                 if include_usage {
                     batch.push(data(&reply.envelope(true, json!([]), Some(usage(&output)))));
                 }
                 batch.push(Ok(Event::default().data("[DONE]")));
-                batch
+                (batch, false)
             }
             // A stream that fails still ends as streams do, so clients stop reading.
             Some(WorkerEvent::Failed(error)) | Some(WorkerEvent::Rejected(error)) => {
-                vec![data(&error.body()), Ok(Event::default().data("[DONE]"))]
+                let error = data(&error.body());
+                (vec![error, Ok(Event::default().data("[DONE]"))], false)
             }
-            Some(WorkerEvent::Accepted) => Vec::new(),
-            None => vec![data(
-                &ApiError::Internal("the engine dropped the request".into()).body(),
-            )],
+            Some(WorkerEvent::Accepted) => (Vec::new(), false),
+            None => {
+                let error = ApiError::Internal("the engine dropped the request".into());
+                (vec![data(&error.body())], false)
+            }
         };
-        Some((batch, None))
+        let state = Streaming {
+            reply,
+            events,
+            offset,
+            held,
+        };
+        Some((batch, more.then_some(state)))
     });
     stream::iter(opening).chain(body.flat_map(stream::iter))
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use grove_core::{SamplingDefaults, SamplingParams, StopCondition, TokenId, ValidationError};
-use grove_engine::{Budget, GenerateRequest, SpeculationOverride};
+use grove_engine::{Budget, GenerateRequest, SpeculationOverride, MAX_TOP_LOGPROBS};
 use grove_model::{ChatMessage, TextTokenizer};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -101,6 +101,20 @@ fn unsupported(field: &'static str, allowed: &'static str) -> ValidationError {
     ValidationError::Unsupported { field, allowed }
 }
 
+/// A count of alternative tokens per position (`logprobs` of completions, `top_logprobs` of
+/// chat): an integer in [0, MAX_TOP_LOGPROBS].
+fn top_count(field: &'static str, value: &Value) -> Result<usize, ValidationError> {
+    value
+        .as_u64()
+        .filter(|&n| n <= MAX_TOP_LOGPROBS as u64)
+        .map(|n| n as usize)
+        .ok_or_else(|| ValidationError::OutOfRange {
+            field,
+            limit: "an integer in [0, 20]",
+            value: value.to_string(),
+        })
+}
+
 /// `value` must be absent or pass `ok`; else the field is refused as unsupported.
 fn only(ok: bool, field: &'static str, allowed: &'static str) -> Result<(), ValidationError> {
     if ok {
@@ -120,11 +134,10 @@ impl ModelLimits {
             "echo",
             "must be false or absent",
         )?;
-        only(
-            request.logprobs.as_ref().is_none_or(|v| v.is_null()),
-            "logprobs",
-            "must be null or absent",
-        )?;
+        let logprobs = match request.logprobs {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(top_count("logprobs", &value)?),
+        };
         only(
             request.best_of.is_none_or(|b| b == 1),
             "best_of",
@@ -143,23 +156,30 @@ impl ModelLimits {
                 Err(lists) => return Err(ValidationError::ManyPrompts { count: lists.len() }),
             },
         };
-        self.finish(prompt, common, None, DEFAULT_COMPLETION_MAX_TOKENS)
+        let mut valid = self.finish(prompt, common, None, DEFAULT_COMPLETION_MAX_TOKENS)?;
+        valid.generate.logprobs = logprobs;
+        Ok(valid)
     }
 
     pub fn chat(
         &self,
         (request, common): (ChatRequest, CommonFields),
     ) -> Result<ValidRequest, ValidationError> {
-        only(
-            request.logprobs != Some(true),
-            "logprobs",
-            "must be false or absent",
-        )?;
-        only(
-            request.top_logprobs.is_none(),
-            "top_logprobs",
-            "must be absent (log-probabilities are not implemented)",
-        )?;
+        let top = match request.top_logprobs {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(top_count("top_logprobs", &value)?),
+        };
+        let logprobs = match (request.logprobs == Some(true), top) {
+            (true, top) => Some(top.unwrap_or(0)),
+            (false, None) => None,
+            (false, Some(top)) => {
+                return Err(ValidationError::OutOfRange {
+                    field: "top_logprobs",
+                    limit: "absent or null unless `logprobs` is true",
+                    value: top.to_string(),
+                })
+            }
+        };
         let no_tools = "tool calls are not implemented";
         only(
             request.tools.as_ref().is_none_or(|v| v.is_null()),
@@ -213,7 +233,9 @@ impl ModelLimits {
                     reason: e.to_string(),
                 })?;
         let default_max = self.max_model_len().saturating_sub(prompt.len()).max(1);
-        self.finish(prompt, common, request.max_completion_tokens, default_max)
+        let mut valid = self.finish(prompt, common, request.max_completion_tokens, default_max)?;
+        valid.generate.logprobs = logprobs;
+        Ok(valid)
     }
 
     fn tokenizer(&self, field: &'static str) -> Result<&TextTokenizer, ValidationError> {
@@ -330,6 +352,7 @@ impl ModelLimits {
                     stop_strings: stop_strings(common.stop)?,
                 },
                 speculation: speculation(common.speculative)?,
+                logprobs: None,
             },
             stream: common.stream,
             return_token_ids: common.return_token_ids,

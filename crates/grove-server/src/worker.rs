@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use grove_core::TokenId;
 use grove_engine::{
     Drafter, Engine, EngineEvent, EngineLimits, GenerateOutput, GenerateRequest, Generator,
-    GeneratorOptions, RequestId, SpecAlgorithm, SpeculationSettings,
+    GeneratorOptions, RequestId, SpecAlgorithm, SpeculationSettings, TokenLogprob,
 };
 use grove_model::{Model, TextTokenizer};
 use tokio::sync::mpsc::UnboundedSender;
@@ -52,7 +52,8 @@ pub(crate) struct Submission {
 pub(crate) enum WorkerEvent {
     Accepted,
     Rejected(ApiError),
-    Tokens(Vec<TokenId>),
+    /// A step's tokens for the request, with their log-probabilities if it asked.
+    Tokens(Vec<TokenId>, Vec<TokenLogprob>),
     Text(String),
     Finished(Box<GenerateOutput>),
     Failed(ApiError),
@@ -354,7 +355,11 @@ fn dispatch(
                     throughput.prompt += client.prompt_tokens;
                 }
             }
-            EngineEvent::Tokens { id, tokens } => {
+            EngineEvent::Tokens {
+                id,
+                tokens,
+                logprobs,
+            } => {
                 let Some(client) = clients.get_mut(&id) else {
                     continue;
                 };
@@ -367,7 +372,7 @@ fn dispatch(
                 client.last_tokens = Some(now);
                 throughput.generated += tokens.len();
                 // A send fails only when the client is gone; it is cancelled before the next step.
-                let _ = client.events.send(WorkerEvent::Tokens(tokens));
+                let _ = client.events.send(WorkerEvent::Tokens(tokens, logprobs));
             }
             EngineEvent::Text { id, text } => {
                 if let Some(client) = clients.get(&id) {

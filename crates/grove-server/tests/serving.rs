@@ -10,25 +10,6 @@ use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-/// Reads an SSE response to its end: the JSON payloads, and whether `[DONE]` closed it.
-async fn read_stream(response: reqwest::Response) -> (Vec<Value>, bool) {
-    let text = response.text().await.unwrap();
-    let mut events = Vec::new();
-    let mut done = false;
-    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let data = block
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .collect::<String>();
-        if data == "[DONE]" {
-            done = true;
-        } else if !data.is_empty() {
-            events.push(serde_json::from_str(&data).unwrap());
-        }
-    }
-    (events, done)
-}
-
 fn prompts(count: usize, seed: u64) -> Vec<(Vec<u32>, usize)> {
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
     (0..count)
@@ -162,13 +143,7 @@ async fn streams_carry_the_same_text_and_usage_as_json_answers() {
         let mut streaming = request.clone();
         streaming["stream"] = json!(true);
         streaming["stream_options"] = json!({"include_usage": true});
-        let response = server
-            .client
-            .post(format!("{}{path}", server.base))
-            .json(&streaming)
-            .send()
-            .await
-            .unwrap();
+        let response = server.send(path, &streaming).await;
         assert_eq!(response.status().as_u16(), 200);
         assert!(response.headers()["content-type"]
             .to_str()

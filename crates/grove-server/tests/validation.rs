@@ -261,9 +261,17 @@ rule!(
     Some("stream_options")
 );
 rule!(
-    logprobs_unsupported,
+    logprobs_past_twenty,
     C,
-    completion(json!({"logprobs": 2})),
+    completion(json!({"logprobs": 21})),
+    400,
+    BAD,
+    Some("logprobs")
+);
+rule!(
+    logprobs_not_a_count,
+    C,
+    completion(json!({"logprobs": true})),
     400,
     BAD,
     Some("logprobs")
@@ -381,9 +389,25 @@ rule!(
     Some("messages[1].role")
 );
 rule!(
-    chat_top_logprobs,
+    chat_top_logprobs_without_logprobs,
     CHAT,
     chat(json!({"top_logprobs": 2})),
+    400,
+    BAD,
+    Some("top_logprobs")
+);
+rule!(
+    chat_top_logprobs_past_twenty,
+    CHAT,
+    chat(json!({"logprobs": true, "top_logprobs": 21})),
+    400,
+    BAD,
+    Some("top_logprobs")
+);
+rule!(
+    chat_top_logprobs_negative,
+    CHAT,
+    chat(json!({"logprobs": true, "top_logprobs": -1})),
     400,
     BAD,
     Some("top_logprobs")

@@ -18,5 +18,6 @@ pub use candidates::{
     map_to_target_ids, merge_shards, top_k_candidates, DepthCandidates, ShardCandidates,
 };
 pub use plan::{SegmentPlan, VerifyPlan};
+pub use scan::log_sum_exp;
 pub use stats::AcceptanceStats;
 pub use tree::DraftTree;

@@ -13,7 +13,7 @@ const LANES: usize = 16;
 /// `log(sum(exp(x)))` over `values`, max-shifted and summed in f32 lanes: the reference's
 /// value (`torch.logsumexp`) to a few f32 ulps. `-inf` for an empty or all `-inf` row; NaN
 /// where a value is NaN or `+inf` (as the sequential formula gives).
-pub(crate) fn log_sum_exp(values: &[f32]) -> f32 {
+pub fn log_sum_exp(values: &[f32]) -> f32 {
     let max = row_max(values);
     if !max.is_finite() {
         if max == f32::NEG_INFINITY {

@@ -56,6 +56,10 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Each generated token's log-probability (the raw logits' log-softmax) with this many
+    /// most likely alternatives (0-20), in `--format json`'s `logprobs`.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=20))]
+    pub logprobs: Option<u8>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub format: OutputFormat,
 }
@@ -119,6 +123,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
             stop_strings: args.stop.clone(),
         },
         speculation: Default::default(),
+        logprobs: args.logprobs.map(usize::from),
     };
     let options = GeneratorOptions {
         page_size: args.model.page_size,

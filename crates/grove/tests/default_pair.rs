@@ -1,6 +1,7 @@
 //! The embedded default pair (`assets/default`): a trained target and its trained DFlash
 //! drafter. Greedy DDTree and DFlash equal plain greedy decoding on code prompts, and the
-//! drafter is a trained one: mean tau well above what a random drafter reaches.
+//! drafter is a trained one: mean tau well above what a random drafter reaches. The tokens'
+//! log-probabilities are plain decoding's too, and `grove generate --logprobs` prints them.
 
 use std::path::PathBuf;
 
@@ -49,12 +50,16 @@ fn ddtree_and_dflash_on_the_default_pair_are_lossless_with_a_trained_drafter() {
         .unwrap();
     let (mut tokens, mut rounds) = (0, 0);
     for prompt in PROMPTS {
-        let request = GenerateRequest::greedy(&tokenizer.encode(prompt, true).unwrap(), 48);
+        let mut request = GenerateRequest::greedy(&tokenizer.encode(prompt, true).unwrap(), 48);
+        request.logprobs = Some(3);
         let reference = plain.generate(&request, |_| {}).unwrap();
         let chain = dflash.generate(&request, |_| {}).unwrap();
         let tree = ddtree.generate(&request, |_| {}).unwrap();
         assert_eq!(chain.token_ids, reference.token_ids, "dflash on {prompt:?}");
         assert_eq!(tree.token_ids, reference.token_ids, "ddtree on {prompt:?}");
+        assert_eq!(reference.logprobs.len(), reference.token_ids.len());
+        assert_eq!(chain.logprobs, reference.logprobs, "dflash on {prompt:?}");
+        assert_eq!(tree.logprobs, reference.logprobs, "ddtree on {prompt:?}");
         tokens += tree.stats.accept_lengths.iter().sum::<usize>();
         rounds += tree.stats.rounds;
     }
@@ -66,5 +71,44 @@ fn ddtree_and_dflash_on_the_default_pair_are_lossless_with_a_trained_drafter() {
     assert!(
         tau > 1.5,
         "mean tau {tau:.2}: the drafter is not a trained one"
+    );
+}
+
+#[test]
+fn generate_prints_each_tokens_log_probability_when_asked() {
+    let grove = |extra: &[&str]| {
+        let mut args = vec!["generate", "--prompt", "def f(x):", "--max-new-tokens", "8"];
+        args.extend_from_slice(extra);
+        std::process::Command::new(env!("CARGO_BIN_EXE_grove"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let output = grove(&[
+        "--speculative-algorithm",
+        "ddtree",
+        "--logprobs",
+        "2",
+        "--format",
+        "json",
+    ]);
+    assert!(output.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (ids, logprobs) = (
+        json["token_ids"].as_array().unwrap(),
+        json["logprobs"].as_array().unwrap(),
+    );
+    assert_eq!(logprobs.len(), ids.len());
+    for (entry, id) in logprobs.iter().zip(ids) {
+        assert_eq!(&entry["token"], id);
+        assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
+        assert_eq!(entry["top"].as_array().unwrap().len(), 2);
+    }
+    let refused = grove(&["--logprobs", "21"]);
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("--logprobs") && message.contains("21"),
+        "{message}"
     );
 }

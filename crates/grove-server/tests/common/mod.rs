@@ -143,14 +143,18 @@ impl TestServer {
         }
     }
 
-    pub async fn post(&self, path: &str, body: impl Borrow<Value>) -> (u16, Value) {
-        let response = self
-            .client
+    /// The response to posting `body` as JSON to `path`, unread (a stream's, for one).
+    pub async fn send(&self, path: &str, body: impl Borrow<Value>) -> reqwest::Response {
+        self.client
             .post(format!("{}{path}", self.base))
             .json(body.borrow())
             .send()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    pub async fn post(&self, path: &str, body: impl Borrow<Value>) -> (u16, Value) {
+        let response = self.send(path, body).await;
         let status = response.status().as_u16();
         (status, response.json().await.unwrap())
     }
@@ -207,4 +211,23 @@ pub fn greedy_body(prompt: &[u32], max_tokens: usize, algorithm: &str) -> Value 
         "model": "golden", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "return_token_ids": true, "speculative": {"algorithm": algorithm},
     })
+}
+
+/// Reads an SSE response to its end: the JSON payloads, and whether `[DONE]` closed it.
+pub async fn read_stream(response: reqwest::Response) -> (Vec<Value>, bool) {
+    let text = response.text().await.unwrap();
+    let mut events = Vec::new();
+    let mut done = false;
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let data = block
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect::<String>();
+        if data == "[DONE]" {
+            done = true;
+        } else if !data.is_empty() {
+            events.push(serde_json::from_str(&data).unwrap());
+        }
+    }
+    (events, done)
 }

@@ -197,6 +197,7 @@ fn alternate(
             ..Default::default()
         },
         speculation: Default::default(),
+        logprobs: None,
     };
     let mut runs = Alternation::default();
     let mut memory_test = None;

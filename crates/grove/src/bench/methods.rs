@@ -193,6 +193,7 @@ fn measure(
                 ..Default::default()
             },
             speculation: Default::default(),
+            logprobs: None,
         };
         for ((_, generator), sample) in methods.iter().zip(samples.iter_mut()) {
             let stats = generator.generate(&request, |_| {})?.stats;

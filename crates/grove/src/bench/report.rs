@@ -79,6 +79,7 @@ pub(super) fn code_requests(
                     stop_strings: Vec::new(),
                 },
                 speculation: Default::default(),
+                logprobs: None,
             })
         })
         .collect()

@@ -96,6 +96,35 @@ sampled = [
 ]
 check(sampled[0] == sampled[1], f"seeded sampling differs: {sampled}")
 
+# Log-probabilities parse into the client's types, one per completion token, the same from
+# plain decoding and speculation, in a stream and in the whole answer.
+def chat_logprobs(**extra):
+    answer = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Write a loop."}], max_tokens=16,
+        temperature=0, logprobs=True, top_logprobs=2, **extra,
+    )
+    return answer, [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                    for t in answer.choices[0].logprobs.content]
+answer, entries = chat_logprobs()
+check(len(entries) == answer.usage.completion_tokens, f"{len(entries)} entries: {answer.usage}")
+check(all(top[0] == (token, logprob) and len(top) == 2 for token, logprob, top in entries),
+      f"greedy takes the most likely: {entries}")
+_, plain_entries = chat_logprobs(extra_body={"speculative": {"algorithm": "none"}})
+check(plain_entries == entries, f"speculation changed log-probabilities: {plain_entries} vs {entries}")
+completion_lp = client.completions.create(model=name, prompt="def fib(n):", max_tokens=12, temperature=0,
+                                          logprobs=3)
+lp = completion_lp.choices[0].logprobs
+check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+      == completion_lp.usage.completion_tokens, f"{lp}")
+streamed_lp = [
+    value
+    for c in client.completions.create(model=name, prompt="def fib(n):", max_tokens=12, temperature=0,
+                                       logprobs=3, stream=True)
+    if c.choices and c.choices[0].logprobs
+    for value in c.choices[0].logprobs.token_logprobs
+]
+check(streamed_lp == lp.token_logprobs, f"streamed {streamed_lp} vs {lp.token_logprobs}")
+
 # Errors come back as the client's typed exceptions.
 try:
     client.completions.create(model=name, prompt="x", max_tokens=4, n=2)
