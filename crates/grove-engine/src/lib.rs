@@ -15,6 +15,7 @@ mod drafter;
 mod emitter;
 mod generate;
 mod logprobs;
+mod penalties;
 mod request;
 mod runner;
 mod sampler;
@@ -28,6 +29,7 @@ pub use detokenizer::Detokenizer;
 pub use drafter::{DraftBlock, Drafter};
 pub use generate::Generator;
 pub use logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
+pub use penalties::{LogitAdjustments, MAX_LOGIT_BIAS, MAX_PENALTY};
 pub use request::{
     GenerateOutput, GenerateRequest, GenerateStats, GeneratorOptions, DEFAULT_PREFILL_CHUNK,
 };

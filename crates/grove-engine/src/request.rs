@@ -4,6 +4,7 @@
 use grove_core::{FinishReason, SamplingParams, StopCondition, TokenId};
 
 use crate::logprobs::TokenLogprob;
+use crate::penalties::LogitAdjustments;
 use crate::speculation::{SpecAlgorithm, SpeculationOverride};
 
 /// Prompt rows per prefill forward: bounds activation memory on long prompts.
@@ -39,6 +40,8 @@ pub struct GenerateRequest {
     /// Each chosen token's log-probability, with this many alternatives (at most
     /// [`crate::MAX_TOP_LOGPROBS`]); `None`: none.
     pub logprobs: Option<usize>,
+    /// Presence and frequency penalties and `logit_bias` (none by default).
+    pub adjustments: LogitAdjustments,
 }
 
 impl GenerateRequest {
@@ -54,6 +57,7 @@ impl GenerateRequest {
             },
             speculation: SpeculationOverride::default(),
             logprobs: None,
+            adjustments: LogitAdjustments::default(),
         }
     }
 }

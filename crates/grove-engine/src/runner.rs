@@ -20,7 +20,8 @@ use grove_spec::{
 use crate::budget::AutoBudget;
 use crate::drafter::DraftBlock;
 use crate::emitter::Emitter;
-use crate::logprobs::TokenLogprob;
+use crate::logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
+use crate::penalties::path_tokens;
 use crate::request::{GenerateRequest, GeneratorOptions};
 use crate::sequence::{Pools, Sequence};
 use crate::speculation::{self, Method, Speculation, SpeculationOverride};
@@ -120,6 +121,14 @@ impl<'a> RoundRunner<'a> {
             });
         }
         request.sampling.validate()?;
+        request.adjustments.validate(config.vocab_size)?;
+        if let Some(top) = request.logprobs.filter(|&top| top > MAX_TOP_LOGPROBS) {
+            return Err(ValidationError::OutOfRange {
+                field: "logprobs",
+                limit: "at most 20 alternatives",
+                value: top.to_string(),
+            });
+        }
         self.resolve(request.speculation)
     }
 
@@ -278,7 +287,8 @@ impl<'a> RoundRunner<'a> {
             self.end_prefill(sequence, pools)?;
             if sequence.emitted == 0 {
                 let logits = output.logits_row(0).map_err(ModelError::from)?;
-                sequence.anchor = sequence.sampler.sample(&logits);
+                sequence.anchor = sequence.choose(&logits, Vec::new);
+                sequence.count(sequence.anchor);
                 if let Some(top) = sequence.request.logprobs {
                     let chosen = TokenLogprob::of(&logits, sequence.anchor, top);
                     sequence.logprobs.push(chosen);
@@ -500,17 +510,19 @@ impl<'a> RoundRunner<'a> {
         let vocab = logits.len() / tree.tokens.len();
         // The target's choice at each visited node, drawn once per node in path order; nodes
         // off the path are never sampled. Its log-probability from the same row, if asked.
-        let (sampler, choices) = (&mut sequence.sampler, &mut sequence.choice_logprobs);
+        let mut choices = std::mem::take(&mut sequence.choice_logprobs);
         let top = sequence.request.logprobs;
         choices.clear();
         let result = AcceptResult::walk(tree, |node| {
             let row = &logits[node * vocab..][..vocab];
-            let token = sampler.sample(row);
+            let path = || path_tokens(&tree.parents, &tree.tokens, node);
+            let token = sequence.choose(row, path);
             if let Some(top) = top {
                 choices.push(TokenLogprob::of(row, token, top));
             }
             token
         });
+        sequence.choice_logprobs = choices;
         sequence
             .table
             .commit_path(&mut pools.kv, segment.base, &result.path);

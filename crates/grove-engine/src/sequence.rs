@@ -1,6 +1,7 @@
 //! One request in flight and how it finishes: its page tables, sampler, emitted text and
 //! statistics, and the output it turns into.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,10 @@ pub(crate) struct Sequence<'r> {
     /// Those of the round's choices, in walk order: the round's new tokens, before a stop
     /// cuts them.
     pub choice_logprobs: Vec<TokenLogprob>,
+    /// Times each token was emitted, for the request's penalties (kept only when it has any).
+    pub generated: HashMap<TokenId, u32>,
+    /// A row adjusted by the penalties and biases (a buffer reused across choices).
+    adjusted_row: Vec<f32>,
     pub acceptance: AcceptanceStats,
     pub phases: PhaseMicros,
     pub emitted: usize,
@@ -136,6 +141,8 @@ impl<'r> Sequence<'r> {
             emitter,
             logprobs: Vec::new(),
             choice_logprobs: Vec::new(),
+            generated: HashMap::new(),
+            adjusted_row: Vec::new(),
             acceptance: AcceptanceStats::new(max_depth),
             phases: PhaseMicros::default(),
             request,
@@ -181,6 +188,7 @@ impl<'r> Sequence<'r> {
         let mut tokens = Vec::new();
         for token in result.new_tokens().collect::<Vec<_>>() {
             tokens.push(token);
+            self.count(token);
             self.finish = self.emitter.emit(token, on_text)?;
             if self.finish.is_some() {
                 break;
@@ -192,6 +200,27 @@ impl<'r> Sequence<'r> {
         self.emitted += tokens.len();
         self.acceptance.record(&result, tree_nodes);
         Ok(tokens)
+    }
+
+    /// The target's choice from `row`, a position after the tokens emitted so far and then
+    /// `path()` (a tree node's drafts), with the request's penalties and biases applied.
+    pub fn choose(&mut self, row: &[f32], path: impl FnOnce() -> Vec<TokenId>) -> TokenId {
+        let adjustments = &self.request.adjustments;
+        if adjustments.is_none() {
+            return self.sampler.sample(row);
+        }
+        let mut adjusted = std::mem::take(&mut self.adjusted_row);
+        adjustments.apply(row, &self.generated, &path(), &mut adjusted);
+        let token = self.sampler.sample(&adjusted);
+        self.adjusted_row = adjusted;
+        token
+    }
+
+    /// Counts an emitted token for the penalties.
+    pub fn count(&mut self, token: TokenId) {
+        if !self.request.adjustments.is_none() {
+            *self.generated.entry(token).or_default() += 1;
+        }
     }
 
     /// The log-probabilities of its last `count` emitted tokens (none if it did not ask).

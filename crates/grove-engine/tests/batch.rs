@@ -38,6 +38,7 @@ fn batched_requests_produce_exactly_their_solo_outputs() -> Result<()> {
                 },
                 speculation: Default::default(),
                 logprobs: None,
+                adjustments: Default::default(),
             }
         })
         .collect();
@@ -118,6 +119,7 @@ fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
         let unspeculated = GenerateRequest {
             speculation: SpeculationOverride::default(),
             logprobs: None,
+            adjustments: Default::default(),
             ..request.clone()
         };
         let reference = plain.generate(&unspeculated, |_| {})?;

@@ -164,6 +164,7 @@ fn check_law(
             },
             speculation: Default::default(),
             logprobs: None,
+            adjustments: Default::default(),
         };
         let output = generator.generate(&request, |_| {})?;
         let (t1, t2) = (output.token_ids[0] as usize, output.token_ids[1] as usize);

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use grove_core::{SamplingDefaults, SamplingParams, StopCondition, TokenId, ValidationError};
-use grove_engine::{Budget, GenerateRequest, SpeculationOverride, MAX_TOP_LOGPROBS};
+use grove_engine::{
+    Budget, GenerateRequest, LogitAdjustments, SpeculationOverride, MAX_TOP_LOGPROBS,
+};
 use grove_model::{ChatMessage, TextTokenizer};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -338,6 +340,7 @@ impl ModelLimits {
                 context: self.context,
             });
         }
+        let adjustments = adjustments(&common, self.vocab_size)?;
         Ok(ValidRequest {
             generate: GenerateRequest {
                 prompt,
@@ -353,6 +356,7 @@ impl ModelLimits {
                 },
                 speculation: speculation(common.speculative)?,
                 logprobs: None,
+                adjustments,
             },
             stream: common.stream,
             return_token_ids: common.return_token_ids,
@@ -412,24 +416,38 @@ fn unsupported_common(common: &CommonFields) -> Result<(), ValidationError> {
             value: common.n.unwrap_or(1).to_string(),
         });
     }
-    only(
-        common.presence_penalty.is_none_or(|v| v == 0.0),
-        "presence_penalty",
-        "must be 0 or absent",
-    )?;
-    only(
-        common.frequency_penalty.is_none_or(|v| v == 0.0),
-        "frequency_penalty",
-        "must be 0 or absent",
-    )?;
-    only(
-        common
-            .logit_bias
-            .as_ref()
-            .is_none_or(|v| v.as_object().is_none_or(|o| o.is_empty())),
-        "logit_bias",
-        "must be empty or absent",
-    )
+    Ok(())
+}
+
+/// The penalties and `logit_bias` (an object of token ids, as strings, to biases), checked
+/// against OpenAI's limits and the vocabulary.
+fn adjustments(common: &CommonFields, vocab: usize) -> Result<LogitAdjustments, ValidationError> {
+    let malformed = |value: &Value| ValidationError::OutOfRange {
+        field: "logit_bias",
+        limit: "an object of token ids to numbers",
+        value: value.to_string(),
+    };
+    let mut logit_bias = Vec::new();
+    match &common.logit_bias {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(biases)) => {
+            for (id, bias) in biases {
+                let id = id
+                    .parse::<u32>()
+                    .map_err(|_| malformed(&Value::String(id.clone())))?;
+                let bias = bias.as_f64().ok_or_else(|| malformed(bias))?;
+                logit_bias.push((id, bias as f32));
+            }
+        }
+        Some(other) => return Err(malformed(other)),
+    }
+    let adjustments = LogitAdjustments {
+        presence_penalty: common.presence_penalty.unwrap_or(0.0) as f32,
+        frequency_penalty: common.frequency_penalty.unwrap_or(0.0) as f32,
+        logit_bias,
+    };
+    adjustments.validate(vocab)?;
+    Ok(adjustments)
 }
 
 fn at_least_one(field: &'static str, value: i64) -> Result<usize, ValidationError> {

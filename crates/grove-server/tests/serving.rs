@@ -344,3 +344,34 @@ async fn an_automatic_budget_is_lossless_and_reports_its_choice() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn penalties_and_biases_apply_alike_for_every_method() {
+    let server = TestServer::start(default_served(), config("tiny", 6, 4096, 8, 64));
+    let base = json!({"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 32,
+                      "temperature": 0, "return_token_ids": true});
+    let (_, plain) = server.post("/v1/completions", &base).await;
+    let first = plain["choices"][0]["token_ids"][0].as_u64().unwrap();
+    let mut adjusted = base.clone();
+    adjusted["presence_penalty"] = json!(1.0);
+    adjusted["frequency_penalty"] = json!(0.5);
+    adjusted["logit_bias"] = json!({ first.to_string(): -100 });
+    let mut answers = Vec::new();
+    for algorithm in ["none", "dflash", "ddtree"] {
+        let mut request = adjusted.clone();
+        request["speculative"] = json!({"algorithm": algorithm});
+        let (status, answer) = server.post("/v1/completions", &request).await;
+        assert_eq!(status, 200, "{answer}");
+        let ids = answer["choices"][0]["token_ids"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert!(
+            !ids.contains(&json!(first)),
+            "{algorithm}: the banned token came"
+        );
+        answers.push(ids);
+    }
+    assert_eq!(answers[1], answers[0], "dflash");
+    assert_eq!(answers[2], answers[0], "ddtree");
+}

@@ -285,12 +285,52 @@ rule!(
     Some("echo")
 );
 rule!(
-    penalty_unsupported,
+    presence_penalty_past_two,
     C,
-    completion(json!({"presence_penalty": 0.5})),
+    completion(json!({"presence_penalty": 2.5})),
     400,
     BAD,
     Some("presence_penalty")
+);
+rule!(
+    frequency_penalty_below_minus_two,
+    C,
+    completion(json!({"frequency_penalty": -3})),
+    400,
+    BAD,
+    Some("frequency_penalty")
+);
+rule!(
+    logit_bias_key_not_an_id,
+    C,
+    completion(json!({"logit_bias": {"abc": 1}})),
+    400,
+    BAD,
+    Some("logit_bias")
+);
+rule!(
+    logit_bias_id_past_the_vocabulary,
+    C,
+    completion(json!({"logit_bias": {"99999999": 1}})),
+    400,
+    BAD,
+    Some("logit_bias")
+);
+rule!(
+    logit_bias_past_a_hundred,
+    C,
+    completion(json!({"logit_bias": {"5": 150}})),
+    400,
+    BAD,
+    Some("logit_bias")
+);
+rule!(
+    logit_bias_not_an_object,
+    C,
+    completion(json!({"logit_bias": [1, 2]})),
+    400,
+    BAD,
+    Some("logit_bias")
 );
 rule!(
     speculative_budget_over_ceiling,

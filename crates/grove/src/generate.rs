@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use grove_core::{FinishReason, SamplingParams, StopCondition, TokenId};
-use grove_engine::{GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{GenerateRequest, Generator, GeneratorOptions, LogitAdjustments};
 use grove_model::ChatMessage;
 
 use crate::loading::{self, ModelArgs, SpecArgs};
@@ -60,6 +60,12 @@ pub struct GenerateArgs {
     /// most likely alternatives (0-20), in `--format json`'s `logprobs`.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=20))]
     pub logprobs: Option<u8>,
+    /// Subtracted from the logit of every token already generated (OpenAI's, in [-2, 2]).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (OpenAI's, in [-2, 2]).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub format: OutputFormat,
 }
@@ -124,6 +130,11 @@ fn generate(args: &GenerateArgs) -> Result<()> {
         },
         speculation: Default::default(),
         logprobs: args.logprobs.map(usize::from),
+        adjustments: LogitAdjustments {
+            presence_penalty: args.presence_penalty,
+            frequency_penalty: args.frequency_penalty,
+            logit_bias: Vec::new(),
+        },
     };
     let options = GeneratorOptions {
         page_size: args.model.page_size,

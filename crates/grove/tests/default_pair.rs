@@ -1,7 +1,8 @@
 //! The embedded default pair (`assets/default`): a trained target and its trained DFlash
 //! drafter. Greedy DDTree and DFlash equal plain greedy decoding on code prompts, and the
 //! drafter is a trained one: mean tau well above what a random drafter reaches. The tokens'
-//! log-probabilities are plain decoding's too, and `grove generate --logprobs` prints them.
+//! log-probabilities are plain decoding's too, and `grove generate --logprobs` prints them (and
+//! takes the penalties).
 
 use std::path::PathBuf;
 
@@ -75,7 +76,7 @@ fn ddtree_and_dflash_on_the_default_pair_are_lossless_with_a_trained_drafter() {
 }
 
 #[test]
-fn generate_prints_each_tokens_log_probability_when_asked() {
+fn generate_prints_log_probabilities_and_takes_penalties_when_asked() {
     let grove = |extra: &[&str]| {
         let mut args = vec!["generate", "--prompt", "def f(x):", "--max-new-tokens", "8"];
         args.extend_from_slice(extra);
@@ -109,6 +110,15 @@ fn generate_prints_each_tokens_log_probability_when_asked() {
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(
         message.contains("--logprobs") && message.contains("21"),
+        "{message}"
+    );
+    let penalized = grove(&["--presence-penalty", "-0.5", "--frequency-penalty", "1.5"]);
+    assert!(penalized.status.success());
+    let refused = grove(&["--frequency-penalty", "3"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("frequency_penalty") && message.contains("[-2, 2]"),
         "{message}"
     );
 }

@@ -198,6 +198,7 @@ fn alternate(
         },
         speculation: Default::default(),
         logprobs: None,
+        adjustments: Default::default(),
     };
     let mut runs = Alternation::default();
     let mut memory_test = None;

@@ -194,6 +194,7 @@ fn measure(
             },
             speculation: Default::default(),
             logprobs: None,
+            adjustments: Default::default(),
         };
         for ((_, generator), sample) in methods.iter().zip(samples.iter_mut()) {
             let stats = generator.generate(&request, |_| {})?.stats;

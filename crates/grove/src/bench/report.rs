@@ -80,6 +80,7 @@ pub(super) fn code_requests(
                 },
                 speculation: Default::default(),
                 logprobs: None,
+                adjustments: Default::default(),
             })
         })
         .collect()

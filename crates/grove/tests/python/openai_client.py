@@ -125,6 +125,21 @@ streamed_lp = [
 ]
 check(streamed_lp == lp.token_logprobs, f"streamed {streamed_lp} vs {lp.token_logprobs}")
 
+# Penalties and logit_bias: a banned token never comes, and speculation stays lossless.
+first_id = client.completions.create(
+    model=name, prompt="def fib(n):", max_tokens=1, temperature=0, extra_body={"return_token_ids": True},
+).choices[0].model_extra["token_ids"][0]
+adjusted = [
+    client.completions.create(
+        model=name, prompt="def fib(n):", max_tokens=24, temperature=0, presence_penalty=0.8,
+        frequency_penalty=0.4, logit_bias={str(first_id): -100},
+        extra_body={"return_token_ids": True, "speculative": {"algorithm": algorithm}},
+    ).choices[0].model_extra["token_ids"]
+    for algorithm in ("none", "ddtree")
+]
+check(first_id not in adjusted[0], f"banned {first_id} came: {adjusted[0]}")
+check(adjusted[0] == adjusted[1], f"penalties under speculation: {adjusted}")
+
 # Errors come back as the client's typed exceptions.
 try:
     client.completions.create(model=name, prompt="x", max_tokens=4, n=2)
