@@ -13,6 +13,7 @@ mod listener;
 mod logprobs;
 pub mod metrics;
 mod protocol;
+mod reply;
 mod routes;
 mod validate;
 mod worker;

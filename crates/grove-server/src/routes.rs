@@ -1,6 +1,5 @@
 //! The HTTP routes: OpenAI completions and chat (JSON or SSE), models, health, metrics.
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -10,24 +9,20 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::stream::StreamExt;
 use grove_core::ValidationError;
-use grove_engine::{GenerateOutput, GenerateRequest, SpecAlgorithm, TokenLogprob};
-use grove_model::TextTokenizer;
-use serde_json::{json, Value};
+use grove_engine::{GenerateRequest, SpecAlgorithm};
+use serde_json::json;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::error::ApiError;
-use crate::logprobs::TokenTexts;
 use crate::metrics;
-use crate::protocol::{
-    ChatRequest, CommonFields, CompletionRequest, ModelCard, PromptTokensDetails, SpeculativeUsage,
-    Usage,
-};
+use crate::protocol::{ChatRequest, CommonFields, CompletionRequest, ModelCard};
+use crate::reply::{collect_all, sse_stream, Endpoint, Reply};
 use crate::validate::{parse_json, ModelLimits, ValidRequest};
 use crate::worker::{EngineStatus, Submission, WorkerEvent};
 
@@ -129,13 +124,6 @@ async fn refuse_declared_oversize(
         limit: MAX_BODY_BYTES,
     }
     .into_response()
-}
-
-/// Which OpenAI endpoint a response is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    Completions,
-    Chat,
 }
 
 /// Request bodies above this are refused with 413 (a 32k-token prompt is ~128 KiB of text).
@@ -253,11 +241,17 @@ async fn run(
             return error.into_response();
         }
     };
-    let logprobs = valid.generate.logprobs.is_some();
-    let events = match submit(&state, valid.generate).await {
-        Ok(events) => events,
-        Err(error) => return error.into_response(),
-    };
+    // The choices: engine requests of their own, a seed given moved on by the choice's index.
+    let mut choices = Vec::with_capacity(valid.choices);
+    for index in 0..valid.choices {
+        let mut request = valid.generate.clone();
+        let seed = &mut request.sampling.seed;
+        *seed = seed.map(|seed| seed.wrapping_add(index as u64));
+        match submit(&state, request).await {
+            Ok(events) => choices.push(events),
+            Err(error) => return error.into_response(),
+        }
+    }
     let reply = Reply {
         id: format!(
             "{}-{}",
@@ -271,20 +265,16 @@ async fn run(
         model: state.limits.name.clone(),
         endpoint,
         tokenizer: state.limits.tokenizer.clone(),
-        logprobs,
+        logprobs: valid.generate.logprobs.is_some(),
+        token_ids: valid.return_token_ids,
     };
     if valid.stream {
-        Sse::new(sse_stream(
-            reply,
-            events,
-            valid.include_usage,
-            valid.return_token_ids,
-        ))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+        Sse::new(sse_stream(reply, choices, valid.include_usage))
+            .keep_alive(KeepAlive::default())
+            .into_response()
     } else {
-        match collect(events).await {
-            Ok(output) => Json(reply.complete(&output, valid.return_token_ids)).into_response(),
+        match collect_all(choices).await {
+            Ok(outputs) => Json(reply.complete(&outputs)).into_response(),
             Err(error) => error.into_response(),
         }
     }
@@ -311,228 +301,6 @@ async fn submit(
         Some(WorkerEvent::Rejected(error)) => Err(error),
         _ => Err(stopped()),
     }
-}
-
-async fn collect(mut events: UnboundedReceiver<WorkerEvent>) -> Result<GenerateOutput, ApiError> {
-    while let Some(event) = events.recv().await {
-        match event {
-            WorkerEvent::Finished(output) => return Ok(*output),
-            WorkerEvent::Failed(error) | WorkerEvent::Rejected(error) => return Err(error),
-            WorkerEvent::Text(_) | WorkerEvent::Tokens(..) | WorkerEvent::Accepted => {}
-        }
-    }
-    Err(ApiError::Internal("the engine dropped the request".into()))
-}
-
-/// The fields every response object of one request shares.
-struct Reply {
-    id: String,
-    created: u64,
-    model: String,
-    endpoint: Endpoint,
-    /// For the tokens' texts in `logprobs`.
-    tokenizer: Option<Arc<TextTokenizer>>,
-    /// The request asked for log-probabilities.
-    logprobs: bool,
-}
-
-impl Reply {
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.endpoint, chunk) {
-            (Endpoint::Completions, _) => "text_completion",
-            (Endpoint::Chat, false) => "chat.completion",
-            (Endpoint::Chat, true) => "chat.completion.chunk",
-        }
-    }
-
-    fn envelope(&self, chunk: bool, choices: Value, usage: Option<Usage>) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.object(chunk),
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": usage,
-        })
-    }
-
-    /// The non-streaming response.
-    fn complete(&self, output: &GenerateOutput, with_token_ids: bool) -> Value {
-        let mut choice = match self.endpoint {
-            Endpoint::Completions => json!({
-                "index": 0, "text": output.text, "logprobs": null,
-                "finish_reason": output.finish_reason,
-            }),
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": output.text},
-                "logprobs": null,
-                "finish_reason": output.finish_reason,
-            }),
-        };
-        if with_token_ids {
-            choice["token_ids"] = json!(output.token_ids);
-        }
-        if self.logprobs {
-            choice["logprobs"] = self.logprobs(&output.logprobs, 0).0;
-        }
-        self.envelope(false, json!([choice]), Some(usage(output)))
-    }
-
-    /// The endpoint's `logprobs` object for these tokens, the first at character `offset` of
-    /// the completion (completions' `text_offset`); and the offset after them.
-    fn logprobs(&self, logprobs: &[TokenLogprob], offset: usize) -> (Value, usize) {
-        let texts = TokenTexts::new(self.tokenizer.as_deref());
-        match self.endpoint {
-            Endpoint::Chat => (texts.chat(logprobs), offset),
-            Endpoint::Completions => texts.completion(logprobs, offset),
-        }
-    }
-
-    /// One streamed piece: text (a delta for chat), or the end with its finish reason.
-    fn chunk(&self, text: Option<&str>, output: Option<&GenerateOutput>) -> Value {
-        let finish_reason = output.map(|o| o.finish_reason);
-        let choice = match self.endpoint {
-            Endpoint::Completions => json!({
-                "index": 0, "text": text.unwrap_or(""), "logprobs": null,
-                "finish_reason": finish_reason,
-            }),
-            Endpoint::Chat => json!({
-                "index": 0,
-                "delta": text.map_or(json!({}), |t| json!({"content": t})),
-                "logprobs": null,
-                "finish_reason": finish_reason,
-            }),
-        };
-        self.envelope(true, json!([choice]), None)
-    }
-}
-
-fn usage(output: &GenerateOutput) -> Usage {
-    let stats = &output.stats;
-    Usage {
-        prompt_tokens: stats.prompt_tokens,
-        completion_tokens: stats.new_tokens,
-        total_tokens: stats.prompt_tokens + stats.new_tokens,
-        prompt_tokens_details: PromptTokensDetails {
-            cached_tokens: stats.cached_tokens,
-        },
-        speculative: SpeculativeUsage {
-            algorithm: stats.algorithm,
-            budget: stats.budget,
-            auto_budget: stats.auto_budget,
-            mean_budget: stats.mean_budget,
-            rounds_without_drafts: stats.rounds_without_drafts,
-            rounds: stats.rounds,
-            mean_accept_length: stats.mean_accept_length,
-        },
-    }
-}
-
-fn data(value: &Value) -> Result<Event, Infallible> {
-    Ok(Event::default().data(value.to_string()))
-}
-
-/// A stream's state between events: completions' character offset of the next token, and the
-/// text a request with log-probabilities holds until its step's tokens arrive.
-struct Streaming {
-    reply: Reply,
-    events: UnboundedReceiver<WorkerEvent>,
-    offset: usize,
-    held: String,
-}
-
-/// SSE events for one request: chat's role chunk, text chunks as the engine finalizes text
-/// (and each step's token ids when asked; with log-probabilities, one chunk a step, its text
-/// and its tokens' entries), the finish chunk, the usage chunk if asked, `[DONE]`. Dropping the stream (the client went away) closes the channel, and the engine
-/// cancels the sequence before its next step.
-fn sse_stream(
-    reply: Reply,
-    events: UnboundedReceiver<WorkerEvent>,
-    include_usage: bool,
-    return_token_ids: bool,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let opening = match reply.endpoint {
-        Endpoint::Chat => vec![data(&reply.envelope(
-            true,
-            json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                    "logprobs": null, "finish_reason": null}]),
-            None,
-        ))],
-        Endpoint::Completions => Vec::new(),
-    };
-    let state = Streaming {
-        reply,
-        events,
-        offset: 0,
-        held: String::new(),
-    };
-    let body = stream::unfold(Some(state), move |state| async move {
-        let Streaming {
-            reply,
-            mut events,
-            mut offset,
-            mut held,
-        } = state?;
-        // Text and tokens keep the stream going; the rest end it.
-        let (batch, more) = match events.recv().await {
-            // With log-probabilities, a step's text waits for its tokens to ride one chunk.
-            Some(WorkerEvent::Text(text)) if reply.logprobs => {
-                held.push_str(&text);
-                (Vec::new(), true)
-            }
-            Some(WorkerEvent::Text(text)) => (vec![data(&reply.chunk(Some(&text), None))], true),
-            Some(WorkerEvent::Tokens(tokens, logprobs)) => {
-                let text = std::mem::take(&mut held);
-                let mut chunk = reply.chunk(Some(text.as_str()).filter(|t| !t.is_empty()), None);
-                if reply.logprobs {
-                    let (value, next) = reply.logprobs(&logprobs, offset);
-                    chunk["choices"][0]["logprobs"] = value;
-                    offset = next;
-                }
-                if return_token_ids {
-                    chunk["choices"][0]["token_ids"] = json!(tokens);
-                }
-                let batch = if return_token_ids || reply.logprobs {
-                    vec![data(&chunk)]
-                } else {
-                    Vec::new()
-                };
-                (batch, true)
-            }
-            Some(WorkerEvent::Finished(output)) => {
-                // Text released at the end (held back until then, or after the last tokens).
-                let mut batch = Vec::new();
-                if !held.is_empty() {
-                    batch.push(data(&reply.chunk(Some(&held), None)));
-                }
-                batch.push(data(&reply.chunk(None, Some(&output))));
-                if include_usage {
-                    batch.push(data(&reply.envelope(true, json!([]), Some(usage(&output)))));
-                }
-                batch.push(Ok(Event::default().data("[DONE]")));
-                (batch, false)
-            }
-            // A stream that fails still ends as streams do, so clients stop reading.
-            Some(WorkerEvent::Failed(error)) | Some(WorkerEvent::Rejected(error)) => {
-                let error = data(&error.body());
-                (vec![error, Ok(Event::default().data("[DONE]"))], false)
-            }
-            Some(WorkerEvent::Accepted) => (Vec::new(), false),
-            None => {
-                let error = ApiError::Internal("the engine dropped the request".into());
-                (vec![data(&error.body())], false)
-            }
-        };
-        let state = Streaming {
-            reply,
-            events,
-            offset,
-            held,
-        };
-        Some((batch, more.then_some(state)))
-    });
-    stream::iter(opening).chain(body.flat_map(stream::iter))
 }
 
 async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {

@@ -53,6 +53,8 @@ impl ModelLimits {
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
     pub generate: GenerateRequest,
+    /// Choices to generate (`n`), each an engine request of its own.
+    pub choices: usize,
     pub stream: bool,
     pub include_usage: bool,
     pub return_token_ids: bool,
@@ -102,6 +104,9 @@ fn missing_field(message: &str) -> Option<String> {
 fn unsupported(field: &'static str, allowed: &'static str) -> ValidationError {
     ValidationError::Unsupported { field, allowed }
 }
+
+/// The most choices (`n`) one request may ask for: each is a sequence of its own in the engine.
+pub const MAX_CHOICES: usize = 16;
 
 /// A count of alternative tokens per position (`logprobs` of completions, `top_logprobs` of
 /// chat): an integer in [0, MAX_TOP_LOGPROBS].
@@ -323,7 +328,6 @@ impl ModelLimits {
         max_tokens_alias: Option<i64>,
         default_max_tokens: usize,
     ) -> Result<ValidRequest, ValidationError> {
-        unsupported_common(&common)?;
         let max_new_tokens = match (max_tokens_alias, common.max_tokens) {
             (Some(n), _) => at_least_one("max_completion_tokens", n)?,
             (None, Some(n)) => at_least_one("max_new_tokens", n)?,
@@ -340,6 +344,17 @@ impl ModelLimits {
                 context: self.context,
             });
         }
+        let choices = match common.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ValidationError::OutOfRange {
+                    field: "n",
+                    limit: "in [1, 16]",
+                    value: n.to_string(),
+                })
+            }
+        };
         let adjustments = adjustments(&common, self.vocab_size)?;
         Ok(ValidRequest {
             generate: GenerateRequest {
@@ -358,6 +373,7 @@ impl ModelLimits {
                 logprobs: None,
                 adjustments,
             },
+            choices,
             stream: common.stream,
             return_token_ids: common.return_token_ids,
             include_usage: common.stream_options.is_some_and(|o| o.include_usage),
@@ -405,18 +421,6 @@ fn chat_message(index: usize, message: Message) -> Result<ChatMessage, Validatio
         role: message.role,
         content,
     })
-}
-
-/// The OpenAI fields grove accepts only at their neutral values.
-fn unsupported_common(common: &CommonFields) -> Result<(), ValidationError> {
-    if common.n.is_some_and(|n| n != 1) {
-        return Err(ValidationError::OutOfRange {
-            field: "n",
-            limit: "1 (one choice per request)",
-            value: common.n.unwrap_or(1).to_string(),
-        });
-    }
-    Ok(())
 }
 
 /// The penalties and `logit_bias` (an object of token ids, as strings, to biases), checked

@@ -229,13 +229,14 @@ rule!(
     Some("seed")
 );
 rule!(
-    n_above_one,
+    n_above_sixteen,
     C,
-    completion(json!({"n": 2})),
+    completion(json!({"n": 17})),
     400,
     BAD,
     Some("n")
 );
+rule!(n_zero, C, completion(json!({"n": 0})), 400, BAD, Some("n"));
 rule!(
     too_many_stops,
     C,

@@ -140,10 +140,23 @@ adjusted = [
 check(first_id not in adjusted[0], f"banned {first_id} came: {adjusted[0]}")
 check(adjusted[0] == adjusted[1], f"penalties under speculation: {adjusted}")
 
+# Several choices: greedy ones are the single answer each; usage counts the prompt once.
+several = client.completions.create(model=name, prompt="def fib(n):", max_tokens=24, temperature=0, n=3)
+check([c.index for c in several.choices] == [0, 1, 2], f"{several.choices}")
+check(all(c.text == choice.text for c in several.choices), f"{several.choices} vs {choice.text!r}")
+check(several.usage.prompt_tokens == usage.prompt_tokens
+      and several.usage.completion_tokens == 3 * usage.completion_tokens, f"{several.usage}")
+streamed_choices = {}
+for c in client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Write a loop."}],
+                                        max_tokens=16, temperature=0.8, seed=4, n=2, stream=True):
+    for part in c.choices:
+        streamed_choices[part.index] = streamed_choices.get(part.index, "") + (part.delta.content or "")
+check(sorted(streamed_choices) == [0, 1], f"{streamed_choices}")
+
 # Errors come back as the client's typed exceptions.
 try:
-    client.completions.create(model=name, prompt="x", max_tokens=4, n=2)
-    check(False, "n=2 accepted")
+    client.completions.create(model=name, prompt="x", max_tokens=4, n=17)
+    check(False, "n=17 accepted")
 except openai.BadRequestError as error:
     check(error.status_code == 400 and "`n`" in str(error), f"{error}")
 try:

@@ -1,0 +1,324 @@
+//! The answer to one request, from the engine's events for each of its `n` choices (each an
+//! engine request of its own): the JSON response once every choice finished, or the SSE
+//! stream, the choices' chunks interleaved as their steps come, each tagged with its index.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::Event;
+use futures_util::stream::{self, BoxStream, Stream, StreamExt};
+use grove_engine::{GenerateOutput, TokenLogprob};
+use grove_model::TextTokenizer;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::error::ApiError;
+use crate::logprobs::TokenTexts;
+use crate::protocol::{PromptTokensDetails, SpeculativeUsage, Usage};
+use crate::worker::WorkerEvent;
+
+/// Which OpenAI endpoint a response is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Completions,
+    Chat,
+}
+
+/// The fields every response object of one request shares, and what it asked to see.
+pub(crate) struct Reply {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub endpoint: Endpoint,
+    /// For the tokens' texts in `logprobs`.
+    pub tokenizer: Option<Arc<TextTokenizer>>,
+    /// The request asked for log-probabilities.
+    pub logprobs: bool,
+    /// The request asked for the token ids (vLLM's `return_token_ids`).
+    pub token_ids: bool,
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value, usage: Option<Usage>) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+        })
+    }
+
+    /// The non-streaming response: one choice per output, in order.
+    pub fn complete(&self, outputs: &[GenerateOutput]) -> Value {
+        let choices: Vec<Value> = outputs
+            .iter()
+            .enumerate()
+            .map(|(index, output)| self.choice(index, output))
+            .collect();
+        self.envelope(false, json!(choices), Some(usage(outputs)))
+    }
+
+    fn choice(&self, index: usize, output: &GenerateOutput) -> Value {
+        let mut choice = match self.endpoint {
+            Endpoint::Completions => json!({
+                "index": index, "text": output.text, "logprobs": null,
+                "finish_reason": output.finish_reason,
+            }),
+            Endpoint::Chat => json!({
+                "index": index,
+                "message": {"role": "assistant", "content": output.text},
+                "logprobs": null,
+                "finish_reason": output.finish_reason,
+            }),
+        };
+        if self.token_ids {
+            choice["token_ids"] = json!(output.token_ids);
+        }
+        if self.logprobs {
+            choice["logprobs"] = self.logprobs(&output.logprobs, 0).0;
+        }
+        choice
+    }
+
+    /// The endpoint's `logprobs` object for these tokens, the first at character `offset` of
+    /// the completion (completions' `text_offset`); and the offset after them.
+    fn logprobs(&self, logprobs: &[TokenLogprob], offset: usize) -> (Value, usize) {
+        let texts = TokenTexts::new(self.tokenizer.as_deref());
+        match self.endpoint {
+            Endpoint::Chat => (texts.chat(logprobs), offset),
+            Endpoint::Completions => texts.completion(logprobs, offset),
+        }
+    }
+
+    /// One streamed piece of choice `index`: text (a delta for chat), or its end with its
+    /// finish reason.
+    fn chunk(&self, index: usize, text: Option<&str>, output: Option<&GenerateOutput>) -> Value {
+        let finish_reason = output.map(|o| o.finish_reason);
+        let choice = match self.endpoint {
+            Endpoint::Completions => json!({
+                "index": index, "text": text.unwrap_or(""), "logprobs": null,
+                "finish_reason": finish_reason,
+            }),
+            Endpoint::Chat => json!({
+                "index": index,
+                "delta": text.map_or(json!({}), |t| json!({"content": t})),
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }),
+        };
+        self.envelope(true, json!([choice]), None)
+    }
+}
+
+/// `usage` over a request's choices: the prompt once (its K/V is shared: the choices after the
+/// first find it in the prefix cache), the completions' tokens summed, and the speculation's
+/// rounds pooled.
+pub(crate) fn usage(outputs: &[GenerateOutput]) -> Usage {
+    let first = &outputs[0].stats;
+    let sum = |f: fn(&GenerateOutput) -> usize| outputs.iter().map(f).sum::<usize>();
+    let completion_tokens = sum(|o| o.stats.new_tokens);
+    let rounds = sum(|o| o.stats.rounds);
+    let per_round = |f: fn(&GenerateOutput) -> f64| {
+        let total: f64 = outputs.iter().map(|o| f(o) * o.stats.rounds as f64).sum();
+        if rounds == 0 {
+            f(&outputs[0])
+        } else {
+            total / rounds as f64
+        }
+    };
+    Usage {
+        prompt_tokens: first.prompt_tokens,
+        completion_tokens,
+        total_tokens: first.prompt_tokens + completion_tokens,
+        prompt_tokens_details: PromptTokensDetails {
+            cached_tokens: first.cached_tokens,
+        },
+        speculative: SpeculativeUsage {
+            algorithm: first.algorithm,
+            budget: first.budget,
+            auto_budget: first.auto_budget,
+            mean_budget: per_round(|o| o.stats.mean_budget),
+            rounds_without_drafts: sum(|o| o.stats.rounds_without_drafts),
+            rounds,
+            mean_accept_length: per_round(|o| o.stats.mean_accept_length),
+        },
+    }
+}
+
+/// Waits for every choice's output; the first failure drops the rest (their sequences are
+/// cancelled before the engine's next step).
+pub(crate) async fn collect_all(
+    choices: Vec<UnboundedReceiver<WorkerEvent>>,
+) -> Result<Vec<GenerateOutput>, ApiError> {
+    futures_util::future::try_join_all(choices.into_iter().map(collect)).await
+}
+
+async fn collect(mut events: UnboundedReceiver<WorkerEvent>) -> Result<GenerateOutput, ApiError> {
+    while let Some(event) = events.recv().await {
+        match event {
+            WorkerEvent::Finished(output) => return Ok(*output),
+            WorkerEvent::Failed(error) | WorkerEvent::Rejected(error) => return Err(error),
+            WorkerEvent::Text(_) | WorkerEvent::Tokens(..) | WorkerEvent::Accepted => {}
+        }
+    }
+    Err(ApiError::Internal("the engine dropped the request".into()))
+}
+
+fn data(value: &Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(value.to_string()))
+}
+
+/// A choice's stream state: completions' character offset of its next token, the text a
+/// request with log-probabilities holds until its step's tokens arrive, and its output once
+/// finished.
+#[derive(Default)]
+struct Choice {
+    offset: usize,
+    held: String,
+    output: Option<GenerateOutput>,
+}
+
+/// The stream's state between events. An event is `(choice, None)` when that choice's channel
+/// closed before it finished.
+struct Streaming {
+    reply: Reply,
+    events: BoxStream<'static, (usize, Option<WorkerEvent>)>,
+    choices: Vec<Choice>,
+    include_usage: bool,
+}
+
+impl Streaming {
+    /// The chunks for one event, and whether the stream goes on.
+    fn on(
+        &mut self,
+        index: usize,
+        event: Option<WorkerEvent>,
+    ) -> (Vec<Result<Event, Infallible>>, bool) {
+        let reply = &self.reply;
+        let choice = &mut self.choices[index];
+        match event {
+            // With log-probabilities, a step's text waits for its tokens to ride one chunk.
+            Some(WorkerEvent::Text(text)) if reply.logprobs => {
+                choice.held.push_str(&text);
+                (Vec::new(), true)
+            }
+            Some(WorkerEvent::Text(text)) => {
+                (vec![data(&reply.chunk(index, Some(&text), None))], true)
+            }
+            Some(WorkerEvent::Tokens(tokens, logprobs)) => {
+                if !(reply.token_ids || reply.logprobs) {
+                    return (Vec::new(), true);
+                }
+                let text = std::mem::take(&mut choice.held);
+                let mut chunk =
+                    reply.chunk(index, Some(text.as_str()).filter(|t| !t.is_empty()), None);
+                if reply.logprobs {
+                    let (value, next) = reply.logprobs(&logprobs, choice.offset);
+                    chunk["choices"][0]["logprobs"] = value;
+                    choice.offset = next;
+                }
+                if reply.token_ids {
+                    chunk["choices"][0]["token_ids"] = json!(tokens);
+                }
+                (vec![data(&chunk)], true)
+            }
+            Some(WorkerEvent::Finished(output)) => {
+                // Text released at the end (held back until then, or after the last tokens).
+                let mut batch = Vec::new();
+                if !choice.held.is_empty() {
+                    batch.push(data(&reply.chunk(index, Some(&choice.held), None)));
+                }
+                batch.push(data(&reply.chunk(index, None, Some(&output))));
+                choice.output = Some(*output);
+                if self.choices.iter().any(|c| c.output.is_none()) {
+                    return (batch, true);
+                }
+                if self.include_usage {
+                    let outputs: Vec<GenerateOutput> = self
+                        .choices
+                        .iter_mut()
+                        .filter_map(|c| c.output.take())
+                        .collect();
+                    let usage = usage(&outputs);
+                    batch.push(data(&self.reply.envelope(true, json!([]), Some(usage))));
+                }
+                batch.push(Ok(Event::default().data("[DONE]")));
+                (batch, false)
+            }
+            // A stream that fails still ends as streams do, so clients stop reading.
+            Some(WorkerEvent::Failed(error)) | Some(WorkerEvent::Rejected(error)) => {
+                let error = data(&error.body());
+                (vec![error, Ok(Event::default().data("[DONE]"))], false)
+            }
+            Some(WorkerEvent::Accepted) => (Vec::new(), true),
+            None => {
+                let error = ApiError::Internal("the engine dropped the request".into());
+                (vec![data(&error.body())], false)
+            }
+        }
+    }
+}
+
+/// SSE events for one request: chat's role chunk for each choice, text chunks as the engine
+/// finalizes text (and each step's token ids when asked; with log-probabilities, one chunk a
+/// step, its text and its tokens' entries), each choice's finish chunk, then the usage chunk
+/// if asked and `[DONE]`. Dropping the stream (the client went away) closes the channels, and
+/// the engine cancels the sequences before its next step.
+pub(crate) fn sse_stream(
+    reply: Reply,
+    choices: Vec<UnboundedReceiver<WorkerEvent>>,
+    include_usage: bool,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let opening: Vec<_> = match reply.endpoint {
+        Endpoint::Chat => (0..choices.len())
+            .map(|index| {
+                data(&reply.envelope(
+                    true,
+                    json!([{"index": index, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": null, "finish_reason": null}]),
+                    None,
+                ))
+            })
+            .collect(),
+        Endpoint::Completions => Vec::new(),
+    };
+    let count = choices.len();
+    let events = stream::select_all(choices.into_iter().enumerate().map(|(index, events)| {
+        stream::unfold(Some(events), move |events| async move {
+            let mut events = events?;
+            match events.recv().await {
+                // A choice's stream ends with its last event: its channel closes after it.
+                Some(event @ (WorkerEvent::Finished(_) | WorkerEvent::Failed(_))) => {
+                    Some(((index, Some(event)), None))
+                }
+                Some(event) => Some(((index, Some(event)), Some(events))),
+                None => Some(((index, None), None)),
+            }
+        })
+        .boxed()
+    }))
+    .boxed();
+    let state = Streaming {
+        reply,
+        events,
+        choices: (0..count).map(|_| Choice::default()).collect(),
+        include_usage,
+    };
+    let body = stream::unfold(Some(state), |state| async move {
+        let mut state = state?;
+        let (index, event) = state.events.next().await?;
+        let (batch, more) = state.on(index, event);
+        Some((batch, more.then_some(state)))
+    });
+    stream::iter(opening).chain(body.flat_map(stream::iter))
+}

@@ -1,0 +1,98 @@
+//! `n` choices per request: each an engine request of its own (a seed moved on by the choice's
+//! index), answered together in JSON or interleaved in one stream, usage counting the prompt
+//! once.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn texts(answer: &Value) -> Vec<String> {
+    answer["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i, "{answer}");
+            c["text"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_choice_is_the_single_request_with_its_seed() {
+    let server = TestServer::start(default_served(), config("tiny", 6, 4096, 8, 64));
+    let request = json!({"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 20,
+                         "temperature": 0.9, "seed": 40, "n": 3});
+    let (status, answer) = server.post("/v1/completions", &request).await;
+    assert_eq!(status, 200, "{answer}");
+    let choices = texts(&answer);
+    assert_eq!(choices.len(), 3);
+    let mut completion_tokens = 0;
+    for (index, text) in choices.iter().enumerate() {
+        let mut single = request.clone();
+        single["n"] = json!(1);
+        single["seed"] = json!(40 + index);
+        let (_, alone) = server.post("/v1/completions", &single).await;
+        assert_eq!(&texts(&alone)[0], text, "choice {index}");
+        completion_tokens += alone["usage"]["completion_tokens"].as_u64().unwrap();
+        assert_eq!(
+            answer["usage"]["prompt_tokens"],
+            alone["usage"]["prompt_tokens"]
+        );
+    }
+    assert_eq!(answer["usage"]["completion_tokens"], completion_tokens);
+    assert!(
+        choices.iter().any(|t| t != &choices[0]),
+        "seeds differ: {choices:?}"
+    );
+
+    let greedy = json!({"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 20,
+                        "temperature": 0, "n": 2});
+    let (_, answer) = server.post("/v1/completions", &greedy).await;
+    let choices = texts(&answer);
+    assert_eq!(choices[0], choices[1], "greedy choices are one answer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_interleaves_the_choices_and_ends_once() {
+    let server = TestServer::start(default_served(), config("tiny", 6, 4096, 8, 64));
+    let request = json!({"model": "tiny", "messages": [{"role": "user", "content": "Write a loop."}],
+                         "max_tokens": 24, "temperature": 0.8, "seed": 9, "n": 2});
+    let (status, whole) = server.post("/v1/chat/completions", &request).await;
+    assert_eq!(status, 200, "{whole}");
+    let mut streaming = request.clone();
+    streaming["stream"] = json!(true);
+    streaming["stream_options"] = json!({"include_usage": true});
+    let (events, done) = read_stream(server.send("/v1/chat/completions", &streaming).await).await;
+    assert!(done, "no [DONE]");
+    let (mut text, mut roles, mut finishes) = ([String::new(), String::new()], [0; 2], [0; 2]);
+    for event in &events {
+        for choice in event["choices"].as_array().unwrap() {
+            let index = choice["index"].as_u64().unwrap() as usize;
+            if choice["delta"]["role"] == "assistant" {
+                roles[index] += 1;
+            }
+            if let Some(piece) = choice["delta"]["content"].as_str() {
+                text[index].push_str(piece);
+            }
+            if !choice["finish_reason"].is_null() {
+                finishes[index] += 1;
+            }
+        }
+    }
+    assert_eq!(roles, [1, 1]);
+    assert_eq!(finishes, [1, 1]);
+    for (index, text) in text.iter().enumerate() {
+        assert_eq!(
+            text, &whole["choices"][index]["message"]["content"],
+            "choice {index}"
+        );
+    }
+    let usage = &events.last().unwrap()["usage"];
+    assert_eq!(
+        usage["completion_tokens"],
+        whole["usage"]["completion_tokens"]
+    );
+}
