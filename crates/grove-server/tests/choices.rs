@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 fn texts(answer: &Value) -> Vec<String> {
@@ -95,4 +96,29 @@ async fn a_stream_interleaves_the_choices_and_ends_once() {
         usage["completion_tokens"],
         whole["usage"]["completion_tokens"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_choice_of_a_request_its_client_left_is_cancelled() {
+    let server = TestServer::start(golden_served(), config("golden", 8, 4096, 16, 64));
+    let initial_pages = server.idle_free_pages().await;
+    let long = json!({"model": "golden", "prompt": [3, 4, 5, 6], "max_tokens": 900,
+                      "temperature": 0.8, "ignore_eos": true, "stream": true, "n": 3});
+    let response = server.send("/v1/completions", &long).await;
+    let mut chunks = response.bytes_stream();
+    // Read one event, then hang up.
+    assert!(!chunks.next().await.unwrap().unwrap().is_empty());
+    drop(chunks);
+    let mut unstreamed = long.clone();
+    unstreamed["stream"] = json!(false);
+    let error = server
+        .client
+        .post(format!("{}/v1/completions", server.base))
+        .json(&unstreamed)
+        .timeout(std::time::Duration::from_millis(50))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(error.is_timeout(), "{error}");
+    assert_eq!(server.idle_free_pages().await, initial_pages);
 }
