@@ -40,6 +40,10 @@ pub struct GenerateRequest {
     /// Each chosen token's log-probability, with this many alternatives (at most
     /// [`crate::MAX_TOP_LOGPROBS`]); `None`: none.
     pub logprobs: Option<usize>,
+    /// The prompt's tokens' log-probabilities too (each after the tokens before it; the first
+    /// has none), with `logprobs`' alternatives: what a prompt scores under the model. The
+    /// prompt is then prefilled whole, not taken from the prefix cache.
+    pub prompt_logprobs: bool,
     /// Presence and frequency penalties and `logit_bias` (none by default).
     pub adjustments: LogitAdjustments,
 }
@@ -57,6 +61,7 @@ impl GenerateRequest {
             },
             speculation: SpeculationOverride::default(),
             logprobs: None,
+            prompt_logprobs: false,
             adjustments: LogitAdjustments::default(),
         }
     }
@@ -111,5 +116,8 @@ pub struct GenerateOutput {
     /// One per token of `token_ids` when the request asked for log-probabilities.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<TokenLogprob>,
+    /// One per prompt token after the first, when the request asked for the prompt's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prompt_logprobs: Vec<TokenLogprob>,
     pub stats: GenerateStats,
 }

@@ -263,10 +263,19 @@ impl<'a> RoundRunner<'a> {
             .min(self.options.prefill_chunk)
             .min(tokens.len() - start)
             .max(1);
+        // Scoring the prompt: every row's logits, in chunks small enough for them.
+        let scoring = sequence.request.prompt_logprobs
+            && sequence.prompt_logprobs.len() + 1 < sequence.request.prompt.len();
+        let len = if scoring { len.min(SCORING_CHUNK) } else { len };
         let chunk = &tokens[start..start + len];
         table.reserve(len)?;
         let positions: Vec<usize> = (start..start + len).collect();
-        let segment = Segment::causal(table, chunk, &positions, LogitRows::Last);
+        let rows = if scoring {
+            LogitRows::All
+        } else {
+            LogitRows::Last
+        };
+        let segment = Segment::causal(table, chunk, &positions, rows);
         let batch = ForwardBatch {
             segments: vec![segment],
             taps,
@@ -277,6 +286,9 @@ impl<'a> RoundRunner<'a> {
             let features = Tensor::cat(&output.taps, 1).map_err(ModelError::from)?;
             sequence.prefill_features.push(features);
         }
+        if scoring {
+            score_prompt(sequence, &output, start, len)?;
+        }
         let done = start + len == tokens.len();
         let mut progress = PrefillProgress {
             tokens: len,
@@ -286,7 +298,8 @@ impl<'a> RoundRunner<'a> {
         if done {
             self.end_prefill(sequence, pools)?;
             if sequence.emitted == 0 {
-                let logits = output.logits_row(0).map_err(ModelError::from)?;
+                let last = if scoring { len - 1 } else { 0 };
+                let logits = output.logits_row(last).map_err(ModelError::from)?;
                 sequence.anchor = sequence.choose(&logits, Vec::new);
                 sequence.count(sequence.anchor);
                 if let Some(top) = sequence.request.logprobs {
@@ -618,4 +631,30 @@ impl<'a> RoundRunner<'a> {
         }
         Ok(candidates)
     }
+}
+
+/// Prompt rows per prefill forward when the prompt is scored: each row's logits are kept
+/// (Qwen2.5's 151936 a row: 39 MB for 64 rows, where 512 would take 311 MB).
+const SCORING_CHUNK: usize = 64;
+
+/// The log-probabilities of the prompt tokens that rows `start..start + len` of a prefill
+/// forward predict (row `p` predicts token `p + 1`), each recorded once, in order (a preempted
+/// sequence's second prefill finds them recorded).
+fn score_prompt(
+    sequence: &mut Sequence<'_>,
+    output: &grove_model::ForwardOutput,
+    start: usize,
+    len: usize,
+) -> Result<(), EngineError> {
+    let top = sequence.request.logprobs.unwrap_or(0);
+    let prompt = &sequence.request.prompt;
+    for row in 0..len {
+        let next = start + row + 1;
+        if next < prompt.len() && next == sequence.prompt_logprobs.len() + 1 {
+            let logits = output.logits_row(row).map_err(ModelError::from)?;
+            let scored = TokenLogprob::of(&logits, prompt[next], top);
+            sequence.prompt_logprobs.push(scored);
+        }
+    }
+    Ok(())
 }

@@ -92,6 +92,8 @@ pub(crate) struct Sequence<'r> {
     pub emitter: Emitter<'r>,
     /// The log-probabilities of the tokens emitted so far (when the request asks).
     pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's (from its second token), filled as its prefill's chunks run.
+    pub prompt_logprobs: Vec<TokenLogprob>,
     /// Those of the round's choices, in walk order: the round's new tokens, before a stop
     /// cuts them.
     pub choice_logprobs: Vec<TokenLogprob>,
@@ -140,6 +142,7 @@ impl<'r> Sequence<'r> {
             sampler: Sampler::new(request.sampling.clone()),
             emitter,
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
             choice_logprobs: Vec::new(),
             generated: HashMap::new(),
             adjusted_row: Vec::new(),
@@ -235,6 +238,12 @@ impl<'r> Sequence<'r> {
         let Some(cache) = pools.prefix.as_mut() else {
             return 0;
         };
+        // Scoring the prompt needs the logits of every prompt row.
+        if self.request.prompt_logprobs
+            && self.prompt_logprobs.len() + 1 < self.request.prompt.len()
+        {
+            return 0;
+        }
         debug_assert!(self.table.is_empty(), "sharing into a prefilled sequence");
         let tokens = self.committed_tokens();
         let found = cache.lookup(&tokens, tokens.len() - 1, self.draft_table.is_some());
@@ -327,6 +336,7 @@ impl<'r> Sequence<'r> {
             text,
             finish_reason,
             logprobs: self.logprobs,
+            prompt_logprobs: self.prompt_logprobs,
             stats,
         })
     }

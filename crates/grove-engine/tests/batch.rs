@@ -38,6 +38,7 @@ fn batched_requests_produce_exactly_their_solo_outputs() -> Result<()> {
                 },
                 speculation: Default::default(),
                 logprobs: None,
+                prompt_logprobs: false,
                 adjustments: Default::default(),
             }
         })
@@ -119,6 +120,7 @@ fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
         let unspeculated = GenerateRequest {
             speculation: SpeculationOverride::default(),
             logprobs: None,
+            prompt_logprobs: false,
             adjustments: Default::default(),
             ..request.clone()
         };

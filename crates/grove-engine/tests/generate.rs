@@ -35,6 +35,7 @@ fn request(prompt: Vec<u32>, max_new_tokens: usize, sampling: SamplingParams) ->
         },
         speculation: Default::default(),
         logprobs: None,
+        prompt_logprobs: false,
         adjustments: Default::default(),
     }
 }

@@ -130,18 +130,9 @@ fn log_probabilities_are_the_targets_log_softmax_at_each_position() -> Result<()
     let output =
         Generator::new(&target, None, GeneratorOptions::default()).generate(&request, |_| {})?;
     let tokens: Vec<TokenId> = prompt.iter().chain(&output.token_ids).copied().collect();
-    let pool = PagePool::new(tokens.len(), 1)?;
-    let mut kv = target.new_kv_store(pool.num_slots());
-    let mut table = pool.new_table();
-    table.reserve(tokens.len())?;
-    let positions: Vec<usize> = (0..tokens.len()).collect();
-    let batch = ForwardBatch {
-        segments: vec![Segment::causal(&table, &tokens, &positions, LogitRows::All)],
-        taps: &[],
-    };
-    let forward = target.forward(&batch, &mut kv)?;
+    let rows = every_row(&target, &tokens)?;
     for (i, lp) in output.logprobs.iter().enumerate() {
-        let row = forward.logits_row(prompt.len() - 1 + i)?;
+        let row = &rows[prompt.len() - 1 + i];
         let norm: f64 = row.iter().map(|&x| f64::from(x).exp()).sum();
         let expected = |t: TokenId| f64::from(row[t as usize]) - norm.ln();
         assert!(
@@ -169,4 +160,51 @@ fn a_request_that_does_not_ask_gets_none() -> Result<()> {
     let json = serde_json::to_value(&output)?;
     assert!(json.get("logprobs").is_none(), "omitted from the JSON too");
     Ok(())
+}
+
+/// A scored prompt (`prompt_logprobs`): one entry per prompt token after the first, each the
+/// log-softmax of a causal forward's row before it, over a prompt longer than a scoring chunk;
+/// what is generated after it does not change.
+#[test]
+fn a_scored_prompt_gets_each_tokens_log_probability_and_the_same_generation() -> Result<()> {
+    let (target, _) = golden_pair()?;
+    let prompt: Vec<TokenId> = (0..150).map(|i| (i * 37 % 1000) as TokenId).collect();
+    let generator = Generator::new(&target, None, GeneratorOptions::default());
+    let plain = generator.generate(&greedy(&prompt, 6), |_| {})?;
+    let mut request = with_logprobs(&prompt, 6, SamplingParams::greedy());
+    request.prompt_logprobs = true;
+    let scored = generator.generate(&request, |_| {})?;
+    assert_eq!(scored.token_ids, plain.token_ids);
+    assert_eq!(scored.prompt_logprobs.len(), prompt.len() - 1);
+    let rows = every_row(&target, &prompt)?;
+    for (i, lp) in scored.prompt_logprobs.iter().enumerate() {
+        assert_eq!(lp.token, prompt[i + 1]);
+        assert_eq!(lp.top.len(), TOP);
+        let row = &rows[i];
+        let norm: f64 = row.iter().map(|&x| f64::from(x).exp()).sum();
+        let expected = f64::from(row[lp.token as usize]) - norm.ln();
+        assert!(
+            (f64::from(lp.logprob) - expected).abs() < 1e-4,
+            "prompt token {}",
+            i + 1
+        );
+    }
+    Ok(())
+}
+
+/// Every row's logits of one causal forward over `tokens`.
+fn every_row(target: &Decoder, tokens: &[TokenId]) -> Result<Vec<Vec<f32>>> {
+    let pool = PagePool::new(tokens.len(), 1)?;
+    let mut kv = target.new_kv_store(pool.num_slots());
+    let mut table = pool.new_table();
+    table.reserve(tokens.len())?;
+    let positions: Vec<usize> = (0..tokens.len()).collect();
+    let batch = ForwardBatch {
+        segments: vec![Segment::causal(&table, tokens, &positions, LogitRows::All)],
+        taps: &[],
+    };
+    let forward = target.forward(&batch, &mut kv)?;
+    (0..tokens.len())
+        .map(|row| Ok(forward.logits_row(row)?))
+        .collect()
 }

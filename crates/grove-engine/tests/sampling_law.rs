@@ -164,6 +164,7 @@ fn check_law(
             },
             speculation: Default::default(),
             logprobs: None,
+            prompt_logprobs: false,
             adjustments: Default::default(),
         };
         let output = generator.generate(&request, |_| {})?;

@@ -78,6 +78,35 @@ impl<'a> TokenTexts<'a> {
     }
 }
 
+impl TokenTexts<'_> {
+    /// Completions' `logprobs` with the prompt echoed: its first token (which nothing
+    /// scores: `null` where the others have values) and the scored rest, then the completion's
+    /// tokens, offsets running from the prompt's start.
+    pub fn completion_echo(
+        &self,
+        first: u32,
+        prompt: &[TokenLogprob],
+        generated: &[TokenLogprob],
+    ) -> Value {
+        let text = self.text(first);
+        let (rest, offset) = self.completion(prompt, text.chars().count());
+        let (completion, _) = self.completion(generated, offset);
+        let mut joined = json!({
+            "tokens": [text],
+            "token_logprobs": [null],
+            "top_logprobs": [null],
+            "text_offset": [0],
+        });
+        for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+            let list = joined[key].as_array_mut().expect("a list");
+            for part in [&rest, &completion] {
+                list.extend(part[key].as_array().expect("a list").iter().cloned());
+            }
+        }
+        joined
+    }
+}
+
 fn finite(logprob: f32) -> f32 {
     if logprob.is_finite() {
         logprob

@@ -15,6 +15,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::error::ApiError;
 use crate::logprobs::TokenTexts;
 use crate::protocol::{PromptTokensDetails, SpeculativeUsage, Usage};
+use crate::validate::Echo;
 use crate::worker::WorkerEvent;
 
 /// Which OpenAI endpoint a response is for.
@@ -36,6 +37,8 @@ pub(crate) struct Reply {
     pub logprobs: bool,
     /// The request asked for the token ids (vLLM's `return_token_ids`).
     pub token_ids: bool,
+    /// Completions' `echo` (never with a stream).
+    pub echo: Option<Echo>,
 }
 
 impl Reply {
@@ -65,10 +68,19 @@ impl Reply {
             .enumerate()
             .map(|(index, output)| self.choice(index, output))
             .collect();
-        self.envelope(false, json!(choices), Some(usage(outputs)))
+        let mut usage = usage(outputs);
+        if self.echo.as_ref().is_some_and(|e| e.without_completion) {
+            // Only the prompt was asked for: the token generated alongside is not answered.
+            usage.completion_tokens = 0;
+            usage.total_tokens = usage.prompt_tokens;
+        }
+        self.envelope(false, json!(choices), Some(usage))
     }
 
     fn choice(&self, index: usize, output: &GenerateOutput) -> Value {
+        if let Some(echo) = &self.echo {
+            return self.echoed(index, echo, output);
+        }
         let mut choice = match self.endpoint {
             Endpoint::Completions => json!({
                 "index": index, "text": output.text, "logprobs": null,
@@ -86,6 +98,35 @@ impl Reply {
         }
         if self.logprobs {
             choice["logprobs"] = self.logprobs(&output.logprobs, 0).0;
+        }
+        choice
+    }
+
+    /// A completion's choice with its prompt before it (`echo`), the completion left out
+    /// where the request only scores the prompt.
+    fn echoed(&self, index: usize, echo: &Echo, output: &GenerateOutput) -> Value {
+        let kept = if echo.without_completion {
+            0
+        } else {
+            output.token_ids.len()
+        };
+        let completion = if echo.without_completion {
+            ""
+        } else {
+            &output.text
+        };
+        let mut choice = json!({
+            "index": index, "text": format!("{}{completion}", echo.text), "logprobs": null,
+            "finish_reason": output.finish_reason,
+        });
+        if self.token_ids {
+            choice["token_ids"] = json!(output.token_ids[..kept]);
+        }
+        if self.logprobs {
+            let texts = TokenTexts::new(self.tokenizer.as_deref());
+            let generated = &output.logprobs[..kept.min(output.logprobs.len())];
+            choice["logprobs"] =
+                texts.completion_echo(echo.first_token, &output.prompt_logprobs, generated);
         }
         choice
     }

@@ -267,6 +267,7 @@ async fn run(
         tokenizer: state.limits.tokenizer.clone(),
         logprobs: valid.generate.logprobs.is_some(),
         token_ids: valid.return_token_ids,
+        echo: valid.echo,
     };
     if valid.stream {
         Sse::new(sse_stream(reply, choices, valid.include_usage))

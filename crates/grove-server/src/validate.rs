@@ -58,6 +58,18 @@ pub struct ValidRequest {
     pub stream: bool,
     pub include_usage: bool,
     pub return_token_ids: bool,
+    /// Completions' `echo`: the prompt comes back before the completion.
+    pub echo: Option<Echo>,
+}
+
+/// What `echo` puts back: the prompt's text, its first token (which no row scores), and
+/// whether the completion itself is left out (`max_tokens: 0`: the prompt is only scored; the
+/// engine generates one token, which the answer drops).
+#[derive(Debug, Clone)]
+pub struct Echo {
+    pub text: String,
+    pub first_token: TokenId,
+    pub without_completion: bool,
 }
 
 /// Parses a JSON object body into the endpoint's fields `T` and the shared fields, naming the
@@ -136,11 +148,17 @@ impl ModelLimits {
         &self,
         (request, common): (CompletionRequest, CommonFields),
     ) -> Result<ValidRequest, ValidationError> {
+        let echo = request.echo == Some(true);
         only(
-            request.echo != Some(true),
+            !(echo && common.stream),
             "echo",
-            "must be false or absent",
+            "must be false or absent with `stream`",
         )?;
+        let mut common = common;
+        let without_completion = echo && common.max_tokens == Some(0);
+        if without_completion {
+            common.max_tokens = Some(1);
+        }
         let logprobs = match request.logprobs {
             None | Some(Value::Null) => None,
             Some(value) => Some(top_count("logprobs", &value)?),
@@ -151,20 +169,33 @@ impl ModelLimits {
             "must be 1 or absent",
         )?;
         only(request.suffix.is_none(), "suffix", "must be absent")?;
-        let prompt = match request.prompt {
-            Prompt::Text(text) => self.encode(&text, "prompt", true)?,
-            Prompt::Tokens(ids) => self.token_ids(&ids)?,
+        let (prompt, text) = match request.prompt {
+            Prompt::Text(text) => (self.encode(&text, "prompt", true)?, Some(text)),
+            Prompt::Tokens(ids) => (self.token_ids(&ids)?, None),
             Prompt::Texts(texts) => match <[String; 1]>::try_from(texts) {
-                Ok([text]) => self.encode(&text, "prompt", true)?,
+                Ok([text]) => (self.encode(&text, "prompt", true)?, Some(text)),
                 Err(texts) => return Err(ValidationError::ManyPrompts { count: texts.len() }),
             },
             Prompt::TokenLists(lists) => match <[Vec<i64>; 1]>::try_from(lists) {
-                Ok([ids]) => self.token_ids(&ids)?,
+                Ok([ids]) => (self.token_ids(&ids)?, None),
                 Err(lists) => return Err(ValidationError::ManyPrompts { count: lists.len() }),
             },
         };
+        let echo = echo.then(|| Echo {
+            // A prompt of token ids echoes as their text.
+            text: text.unwrap_or_else(|| {
+                let tokenizer = self.tokenizer.as_deref();
+                tokenizer
+                    .and_then(|t| t.decode(&prompt).ok())
+                    .unwrap_or_default()
+            }),
+            first_token: prompt.first().copied().unwrap_or_default(),
+            without_completion,
+        });
         let mut valid = self.finish(prompt, common, None, DEFAULT_COMPLETION_MAX_TOKENS)?;
         valid.generate.logprobs = logprobs;
+        valid.generate.prompt_logprobs = echo.is_some() && logprobs.is_some();
+        valid.echo = echo;
         Ok(valid)
     }
 
@@ -371,9 +402,11 @@ impl ModelLimits {
                 },
                 speculation: speculation(common.speculative)?,
                 logprobs: None,
+                prompt_logprobs: false,
                 adjustments,
             },
             choices,
+            echo: None,
             stream: common.stream,
             return_token_ids: common.return_token_ids,
             include_usage: common.stream_options.is_some_and(|o| o.include_usage),

@@ -145,3 +145,63 @@ async fn requests_without_logprobs_get_null() {
         .iter()
         .all(|e| e["choices"].get(0).is_none_or(|c| c["logprobs"].is_null())));
 }
+
+/// `echo`: the prompt comes back before the completion, and with `logprobs` it is scored
+/// (`max_tokens: 0` scores it alone, the way evaluation harnesses ask), the same on a second
+/// request that the prefix cache could have served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_echoed_prompt_comes_back_scored() {
+    let server = TestServer::start(default_served(), config("tiny", 6, 4096, 8, 64));
+    let prompt = "def add(a, b):\n    return a + b\n";
+    let score = json!({"model": "tiny", "prompt": prompt, "max_tokens": 0, "echo": true,
+                       "logprobs": 1, "temperature": 0});
+    let (status, scored) = server.post("/v1/completions", &score).await;
+    assert_eq!(status, 200, "{scored}");
+    let choice = &scored["choices"][0];
+    assert_eq!(choice["text"], prompt);
+    assert_eq!(scored["usage"]["completion_tokens"], 0);
+    let prompt_tokens = scored["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    let logprobs = &choice["logprobs"];
+    let values = logprobs["token_logprobs"].as_array().unwrap();
+    assert_eq!(values.len(), prompt_tokens, "{logprobs}");
+    assert!(values[0].is_null() && logprobs["top_logprobs"][0].is_null());
+    assert!(values[1..].iter().all(|v| v.as_f64().unwrap() <= 0.0));
+    assert_eq!(logprobs["text_offset"][0], 0);
+    let tokens = logprobs["tokens"].as_array().unwrap().iter();
+    let texts: String = tokens.map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(texts, prompt, "the tokens' texts lay end to end");
+    let (_, again) = server.post("/v1/completions", &score).await;
+    assert_eq!(
+        again["choices"][0]["logprobs"], *logprobs,
+        "a cached prompt scores alike"
+    );
+
+    // With a completion: the prompt's entries, then the completion's as a plain request has them.
+    let mut both = score.clone();
+    both["max_tokens"] = json!(6);
+    let (_, echoed) = server.post("/v1/completions", &both).await;
+    let mut plain = both.clone();
+    plain["echo"] = json!(false);
+    let (_, alone) = server.post("/v1/completions", &plain).await;
+    let (echoed, alone) = (&echoed["choices"][0], &alone["choices"][0]);
+    assert_eq!(
+        echoed["text"].as_str().unwrap(),
+        format!("{prompt}{}", alone["text"].as_str().unwrap())
+    );
+    let echoed_values = echoed["logprobs"]["token_logprobs"].as_array().unwrap();
+    assert_eq!(&echoed_values[..prompt_tokens], &values[..]);
+    assert_eq!(
+        &echoed_values[prompt_tokens..],
+        alone["logprobs"]["token_logprobs"].as_array().unwrap()
+    );
+
+    // Without logprobs, only the text.
+    let mut text_only = both.clone();
+    text_only["logprobs"] = json!(null);
+    let (_, answer) = server.post("/v1/completions", &text_only).await;
+    assert!(answer["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with(prompt));
+    assert!(answer["choices"][0]["logprobs"].is_null());
+}

@@ -278,9 +278,17 @@ rule!(
     Some("logprobs")
 );
 rule!(
-    echo_unsupported,
+    zero_max_tokens_without_echo,
     C,
-    completion(json!({"echo": true})),
+    completion(json!({"max_tokens": 0})),
+    400,
+    BAD,
+    Some("max_tokens")
+);
+rule!(
+    echo_with_stream,
+    C,
+    completion(json!({"echo": true, "stream": true})),
     400,
     BAD,
     Some("echo")

@@ -130,6 +130,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
         },
         speculation: Default::default(),
         logprobs: args.logprobs.map(usize::from),
+        prompt_logprobs: false,
         adjustments: LogitAdjustments {
             presence_penalty: args.presence_penalty,
             frequency_penalty: args.frequency_penalty,

@@ -198,6 +198,7 @@ fn alternate(
         },
         speculation: Default::default(),
         logprobs: None,
+        prompt_logprobs: false,
         adjustments: Default::default(),
     };
     let mut runs = Alternation::default();

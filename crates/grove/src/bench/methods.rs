@@ -194,6 +194,7 @@ fn measure(
             },
             speculation: Default::default(),
             logprobs: None,
+            prompt_logprobs: false,
             adjustments: Default::default(),
         };
         for ((_, generator), sample) in methods.iter().zip(samples.iter_mut()) {

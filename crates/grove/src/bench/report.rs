@@ -80,6 +80,7 @@ pub(super) fn code_requests(
                 },
                 speculation: Default::default(),
                 logprobs: None,
+                prompt_logprobs: false,
                 adjustments: Default::default(),
             })
         })

@@ -140,6 +140,13 @@ adjusted = [
 check(first_id not in adjusted[0], f"banned {first_id} came: {adjusted[0]}")
 check(adjusted[0] == adjusted[1], f"penalties under speculation: {adjusted}")
 
+# Scoring a prompt: echo with max_tokens=0 gives the prompt back with its tokens' log-probabilities.
+scored = client.completions.create(model=name, prompt="def fib(n):", max_tokens=0, echo=True, logprobs=1)
+scored_lp = scored.choices[0].logprobs
+check(scored.choices[0].text == "def fib(n):" and scored.usage.completion_tokens == 0, f"{scored}")
+check(len(scored_lp.token_logprobs) == scored.usage.prompt_tokens and scored_lp.token_logprobs[0] is None
+      and all(v <= 0 for v in scored_lp.token_logprobs[1:]), f"{scored_lp}")
+
 # Several choices: greedy ones are the single answer each; usage counts the prompt once.
 several = client.completions.create(model=name, prompt="def fib(n):", max_tokens=24, temperature=0, n=3)
 check([c.index for c in several.choices] == [0, 1, 2], f"{several.choices}")
