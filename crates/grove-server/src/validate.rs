@@ -168,18 +168,20 @@ impl ModelLimits {
             "best_of",
             "must be 1 or absent",
         )?;
-        only(request.suffix.is_none(), "suffix", "must be absent")?;
-        let (prompt, text) = match request.prompt {
-            Prompt::Text(text) => (self.encode(&text, "prompt", true)?, Some(text)),
-            Prompt::Tokens(ids) => (self.token_ids(&ids)?, None),
-            Prompt::Texts(texts) => match <[String; 1]>::try_from(texts) {
-                Ok([text]) => (self.encode(&text, "prompt", true)?, Some(text)),
-                Err(texts) => return Err(ValidationError::ManyPrompts { count: texts.len() }),
-            },
-            Prompt::TokenLists(lists) => match <[Vec<i64>; 1]>::try_from(lists) {
-                Ok([ids]) => (self.token_ids(&ids)?, None),
-                Err(lists) => return Err(ValidationError::ManyPrompts { count: lists.len() }),
-            },
+        let ignore_eos = common.ignore_eos;
+        let (fim, (prompt, text)) = match request.suffix {
+            Some(suffix) => {
+                only(!echo, "echo", "must be false or absent with `suffix`")?;
+                let Prompt::Text(prefix) = request.prompt else {
+                    return Err(unsupported("suffix", "needs a text `prompt` (the prefix)"));
+                };
+                let fim = self.fim_tokens()?;
+                (
+                    Some(fim.clone()),
+                    (fim.prompt(self, &prefix, &suffix)?, None),
+                )
+            }
+            None => (None, self.prompt(request.prompt)?),
         };
         let echo = echo.then(|| Echo {
             // A prompt of token ids echoes as their text.
@@ -193,6 +195,11 @@ impl ModelLimits {
             without_completion,
         });
         let mut valid = self.finish(prompt, common, None, DEFAULT_COMPLETION_MAX_TOKENS)?;
+        if let Some(fim) = fim.filter(|_| !ignore_eos) {
+            // A middle ends where the model would end a file (`<|endoftext|>`), which a chat
+            // model's stop ids may not list.
+            valid.generate.stop.stop_token_ids.extend(fim.stops);
+        }
         valid.generate.logprobs = logprobs;
         valid.generate.prompt_logprobs = echo.is_some() && logprobs.is_some();
         valid.echo = echo;
@@ -283,6 +290,34 @@ impl ModelLimits {
                 field,
                 model: self.name.clone(),
             })
+    }
+
+    /// A completion's prompt as token ids, and its text where it came as text.
+    fn prompt(&self, prompt: Prompt) -> Result<(Vec<TokenId>, Option<String>), ValidationError> {
+        Ok(match prompt {
+            Prompt::Text(text) => (self.encode(&text, "prompt", true)?, Some(text)),
+            Prompt::Tokens(ids) => (self.token_ids(&ids)?, None),
+            Prompt::Texts(texts) => match <[String; 1]>::try_from(texts) {
+                Ok([text]) => (self.encode(&text, "prompt", true)?, Some(text)),
+                Err(texts) => return Err(ValidationError::ManyPrompts { count: texts.len() }),
+            },
+            Prompt::TokenLists(lists) => match <[Vec<i64>; 1]>::try_from(lists) {
+                Ok([ids]) => (self.token_ids(&ids)?, None),
+                Err(lists) => return Err(ValidationError::ManyPrompts { count: lists.len() }),
+            },
+        })
+    }
+
+    /// The model's fill-in-the-middle tokens, or why `suffix` cannot be served.
+    fn fim_tokens(&self) -> Result<FimTokens, ValidationError> {
+        let tokenizer = self.tokenizer("suffix")?;
+        FimTokens::of(tokenizer).ok_or_else(|| {
+            unsupported(
+                "suffix",
+                "the model has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, \
+                 <|fim_middle|> or <fim_prefix>, <fim_suffix>, <fim_middle>)",
+            )
+        })
     }
 
     fn encode(
@@ -601,4 +636,59 @@ fn speculation(field: Option<SpeculativeField>) -> Result<SpeculationOverride, V
         algorithm: field.algorithm,
         budget,
     })
+}
+
+/// A vocabulary's fill-in-the-middle tokens (Qwen2.5-Coder's `<|fim_prefix|>` names, or
+/// StarCoder's `<fim_prefix>`), and the tokens that end a middle.
+#[derive(Debug, Clone)]
+struct FimTokens {
+    prefix: TokenId,
+    suffix: TokenId,
+    middle: TokenId,
+    stops: Vec<TokenId>,
+}
+
+impl FimTokens {
+    fn of(tokenizer: &TextTokenizer) -> Option<Self> {
+        let id = |name: &str| tokenizer.token_to_id(name);
+        let named = |open: &str, close: &str| {
+            Some((
+                id(&format!("{open}fim_prefix{close}"))?,
+                id(&format!("{open}fim_suffix{close}"))?,
+                id(&format!("{open}fim_middle{close}"))?,
+                id(&format!("{open}fim_pad{close}")),
+            ))
+        };
+        let (prefix, suffix, middle, pad) = named("<|", "|>").or_else(|| named("<", ">"))?;
+        let stops = [id("<|endoftext|>"), pad].into_iter().flatten().collect();
+        Some(Self {
+            prefix,
+            suffix,
+            middle,
+            stops,
+        })
+    }
+
+    /// The prefix-suffix-middle prompt: `<fim_prefix>` prefix `<fim_suffix>` suffix
+    /// `<fim_middle>`, the two texts encoded without special tokens (either may be empty).
+    fn prompt(
+        &self,
+        limits: &ModelLimits,
+        prefix: &str,
+        suffix: &str,
+    ) -> Result<Vec<TokenId>, ValidationError> {
+        let encode = |text: &str, field| {
+            if text.is_empty() {
+                Ok(Vec::new())
+            } else {
+                limits.encode(text, field, false)
+            }
+        };
+        let mut prompt = vec![self.prefix];
+        prompt.extend(encode(prefix, "prompt")?);
+        prompt.push(self.suffix);
+        prompt.extend(encode(suffix, "suffix")?);
+        prompt.push(self.middle);
+        Ok(prompt)
+    }
 }

@@ -286,6 +286,30 @@ rule!(
     Some("max_tokens")
 );
 rule!(
+    suffix_without_fim_tokens,
+    C,
+    completion(json!({"suffix": ")\n"})),
+    400,
+    BAD,
+    Some("suffix")
+);
+rule!(
+    suffix_with_token_ids,
+    C,
+    completion(json!({"prompt": [1, 2], "suffix": ")"})),
+    400,
+    BAD,
+    Some("suffix")
+);
+rule!(
+    suffix_with_echo,
+    C,
+    completion(json!({"suffix": ")", "echo": true})),
+    400,
+    BAD,
+    Some("echo")
+);
+rule!(
     echo_with_stream,
     C,
     completion(json!({"echo": true, "stream": true})),

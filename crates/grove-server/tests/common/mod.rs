@@ -16,7 +16,7 @@ use grove_server::{ConnectionLimits, EngineSettings, EngineStatus, ServedModel, 
 use grove_testkit::random_checkpoint::{RandomCheckpoint, RandomDrafter};
 use serde_json::{json, Value};
 
-fn repo_dir() -> PathBuf {
+pub fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
