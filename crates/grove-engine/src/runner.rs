@@ -257,15 +257,14 @@ impl<'a> RoundRunner<'a> {
         } else {
             &[]
         };
+        // Scoring the prompt: every row's logits, in chunks small enough for them.
+        let scoring = sequence.scores_prompt();
         let table = &mut sequence.table;
         let start = table.len();
         let len = max_tokens
             .min(self.options.prefill_chunk)
             .min(tokens.len() - start)
             .max(1);
-        // Scoring the prompt: every row's logits, in chunks small enough for them.
-        let scoring = sequence.request.prompt_logprobs
-            && sequence.prompt_logprobs.len() + 1 < sequence.request.prompt.len();
         let len = if scoring { len.min(SCORING_CHUNK) } else { len };
         let chunk = &tokens[start..start + len];
         table.reserve(len)?;

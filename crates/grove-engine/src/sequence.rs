@@ -231,6 +231,12 @@ impl<'r> Sequence<'r> {
         self.logprobs[self.logprobs.len().saturating_sub(count)..].to_vec()
     }
 
+    /// Its prefill still owes prompt tokens their log-probabilities (the request scores its
+    /// prompt), so it needs every prompt row's logits.
+    pub fn scores_prompt(&self) -> bool {
+        self.request.prompt_logprobs && self.prompt_logprobs.len() + 1 < self.request.prompt.len()
+    }
+
     /// Starts its empty page tables on the longest cached prefix of what it committed (never
     /// the last token: its logits are needed), the drafter's context included when it drafts;
     /// returns the tokens shared.
@@ -239,9 +245,7 @@ impl<'r> Sequence<'r> {
             return 0;
         };
         // Scoring the prompt needs the logits of every prompt row.
-        if self.request.prompt_logprobs
-            && self.prompt_logprobs.len() + 1 < self.request.prompt.len()
-        {
+        if self.scores_prompt() {
             return 0;
         }
         debug_assert!(self.table.is_empty(), "sharing into a prefilled sequence");

@@ -176,10 +176,8 @@ impl ModelLimits {
                     return Err(unsupported("suffix", "needs a text `prompt` (the prefix)"));
                 };
                 let fim = self.fim_tokens()?;
-                (
-                    Some(fim.clone()),
-                    (fim.prompt(self, &prefix, &suffix)?, None),
-                )
+                let prompt = fim.prompt(self, &prefix, &suffix)?;
+                (Some(fim), (prompt, None))
             }
             None => (None, self.prompt(request.prompt)?),
         };
@@ -640,7 +638,7 @@ fn speculation(field: Option<SpeculativeField>) -> Result<SpeculationOverride, V
 
 /// A vocabulary's fill-in-the-middle tokens (Qwen2.5-Coder's `<|fim_prefix|>` names, or
 /// StarCoder's `<fim_prefix>`), and the tokens that end a middle.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct FimTokens {
     prefix: TokenId,
     suffix: TokenId,

@@ -153,6 +153,20 @@ impl TestServer {
             .unwrap()
     }
 
+    /// Posts `body` and gives up after 50 ms, as an impatient client does: the request's
+    /// sequences must be cancelled.
+    pub async fn give_up_on(&self, path: &str, body: impl Borrow<Value>) {
+        let error = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(body.borrow())
+            .timeout(std::time::Duration::from_millis(50))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(error.is_timeout(), "{error}");
+    }
+
     pub async fn post(&self, path: &str, body: impl Borrow<Value>) -> (u16, Value) {
         let response = self.send(path, body).await;
         let status = response.status().as_u16();
