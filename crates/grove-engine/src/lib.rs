@@ -23,6 +23,7 @@ mod scheduler;
 mod sequence;
 mod speculation;
 mod stop_strings;
+pub mod structured;
 
 pub use budget::{AutoBudgetReport, BudgetTracePoint, CostCell};
 pub use detokenizer::Detokenizer;

@@ -6,6 +6,7 @@ use grove_core::{FinishReason, SamplingParams, StopCondition, TokenId};
 use crate::logprobs::TokenLogprob;
 use crate::penalties::LogitAdjustments;
 use crate::speculation::{SpecAlgorithm, SpeculationOverride};
+use crate::structured::Grammar;
 
 /// Prompt rows per prefill forward: bounds activation memory on long prompts.
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
@@ -46,6 +47,8 @@ pub struct GenerateRequest {
     pub prompt_logprobs: bool,
     /// Presence and frequency penalties and `logit_bias` (none by default).
     pub adjustments: LogitAdjustments,
+    /// The schema the text is held to (`response_format`); `None`: free text.
+    pub grammar: Option<Grammar>,
 }
 
 impl GenerateRequest {
@@ -63,6 +66,7 @@ impl GenerateRequest {
             logprobs: None,
             prompt_logprobs: false,
             adjustments: LogitAdjustments::default(),
+            grammar: None,
         }
     }
 }

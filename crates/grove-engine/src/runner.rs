@@ -122,6 +122,13 @@ impl<'a> RoundRunner<'a> {
         }
         request.sampling.validate()?;
         request.adjustments.validate(config.vocab_size)?;
+        if request.grammar.is_some() && request.stop.stop_token_ids.is_empty() {
+            // A schema's value ends with a stop token; without one nothing may follow it.
+            return Err(ValidationError::Unsupported {
+                field: "response_format",
+                allowed: "only with an end-of-sequence token (not with ignore_eos)",
+            });
+        }
         if let Some(top) = request.logprobs.filter(|&top| top > MAX_TOP_LOGPROBS) {
             return Err(ValidationError::OutOfRange {
                 field: "logprobs",

@@ -14,8 +14,9 @@ use crate::budget::SequenceBudget;
 use crate::emitter::Emitter;
 use crate::logprobs::TokenLogprob;
 use crate::request::{GenerateOutput, GenerateRequest, GenerateStats};
-use crate::sampler::Sampler;
+use crate::sampler::{argmax, Sampler};
 use crate::speculation::{self, Method};
+use crate::structured::{Grammar, Matcher};
 use crate::EngineError;
 
 /// KV memory shared by the sequences of one engine.
@@ -101,6 +102,10 @@ pub(crate) struct Sequence<'r> {
     pub generated: HashMap<TokenId, u32>,
     /// A row adjusted by the penalties and biases (a buffer reused across choices).
     adjusted_row: Vec<f32>,
+    /// Where the request's schema stands after the tokens emitted so far (with a grammar).
+    pub grammar_state: Option<Matcher>,
+    /// The tokens the schema allows at a position (a buffer reused across choices).
+    allowed: Vec<bool>,
     pub acceptance: AcceptanceStats,
     pub phases: PhaseMicros,
     pub emitted: usize,
@@ -146,6 +151,8 @@ impl<'r> Sequence<'r> {
             choice_logprobs: Vec::new(),
             generated: HashMap::new(),
             adjusted_row: Vec::new(),
+            grammar_state: request.grammar.as_ref().map(Grammar::start),
+            allowed: Vec::new(),
             acceptance: AcceptanceStats::new(max_depth),
             phases: PhaseMicros::default(),
             request,
@@ -206,23 +213,62 @@ impl<'r> Sequence<'r> {
     }
 
     /// The target's choice from `row`, a position after the tokens emitted so far and then
-    /// `path()` (a tree node's drafts), with the request's penalties and biases applied.
+    /// `path()` (a tree node's drafts), with the request's penalties and biases applied and
+    /// the tokens its schema refuses there masked.
     pub fn choose(&mut self, row: &[f32], path: impl FnOnce() -> Vec<TokenId>) -> TokenId {
-        let adjustments = &self.request.adjustments;
-        if adjustments.is_none() {
+        let request = Arc::clone(&self.request);
+        let adjustments = &request.adjustments;
+        if adjustments.is_none() && request.grammar.is_none() {
             return self.sampler.sample(row);
         }
+        let path = path();
         let mut adjusted = std::mem::take(&mut self.adjusted_row);
-        adjustments.apply(row, &self.generated, &path(), &mut adjusted);
+        if adjustments.is_none() {
+            adjusted.clear();
+            adjusted.extend_from_slice(row);
+        } else {
+            adjustments.apply(row, &self.generated, &path, &mut adjusted);
+        }
+        if let (Some(grammar), Some(state)) = (&request.grammar, &self.grammar_state) {
+            let mut state = state.clone();
+            for &token in &path {
+                grammar.advance(&mut state, token);
+            }
+            self.restrict(grammar, &state, &mut adjusted);
+        }
         let token = self.sampler.sample(&adjusted);
         self.adjusted_row = adjusted;
         token
     }
 
-    /// Counts an emitted token for the penalties.
+    /// Masks (to -inf) the entries of `row` that `grammar` refuses in `state`. Greedy choice
+    /// needs no mask when the row's largest entry is allowed: masking keeps it the largest.
+    fn restrict(&mut self, grammar: &Grammar, state: &Matcher, row: &mut [f32]) {
+        let stops = &self.request.stop.stop_token_ids;
+        if self.sampler.params().is_greedy() && grammar.allows(state, argmax(row), stops) {
+            return;
+        }
+        self.allowed.resize(row.len(), false);
+        if grammar.mask(state, stops, &mut self.allowed) == 0 {
+            // Only a text the schema refuses gets here (the walk follows masked choices, so
+            // a visited node's path never is one): choose from the row as it is.
+            tracing::warn!(request = self.id, "no token continues the schema; unmasked");
+            return;
+        }
+        for (logit, &allowed) in row.iter_mut().zip(&self.allowed) {
+            if !allowed {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// Counts an emitted token for the penalties and moves the schema past it.
     pub fn count(&mut self, token: TokenId) {
         if !self.request.adjustments.is_none() {
             *self.generated.entry(token).or_default() += 1;
+        }
+        if let (Some(grammar), Some(state)) = (&self.request.grammar, &mut self.grammar_state) {
+            grammar.advance(state, token);
         }
     }
 

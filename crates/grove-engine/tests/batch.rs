@@ -40,6 +40,7 @@ fn batched_requests_produce_exactly_their_solo_outputs() -> Result<()> {
                 logprobs: None,
                 prompt_logprobs: false,
                 adjustments: Default::default(),
+                grammar: None,
             }
         })
         .collect();
@@ -122,6 +123,7 @@ fn per_request_speculation_in_one_batch_is_lossless() -> Result<()> {
             logprobs: None,
             prompt_logprobs: false,
             adjustments: Default::default(),
+            grammar: None,
             ..request.clone()
         };
         let reference = plain.generate(&unspeculated, |_| {})?;

@@ -37,6 +37,7 @@ fn request(prompt: Vec<u32>, max_new_tokens: usize, sampling: SamplingParams) ->
         logprobs: None,
         prompt_logprobs: false,
         adjustments: Default::default(),
+        grammar: None,
     }
 }
 

@@ -250,6 +250,7 @@ fn prompts(tokenizer: &TextTokenizer) -> Result<Vec<Vec<TokenId>>> {
             tokenizer.apply_chat_template(&[ChatMessage {
                 role: "user".into(),
                 content: question.into(),
+                ..Default::default()
             }])?
         } else {
             format!("Question: {question}\nAnswer:")
@@ -297,6 +298,7 @@ fn check_counting_and_chat(path: &Path) -> Result<()> {
         let messages = [ChatMessage {
             role: "user".into(),
             content: content.into(),
+            ..Default::default()
         }];
         let rendered = tokenizer.apply_chat_template(&messages)?;
         let ids = tokenizer.encode_chat(&rendered, &[content])?;

@@ -166,6 +166,7 @@ fn check_law(
             logprobs: None,
             prompt_logprobs: false,
             adjustments: Default::default(),
+            grammar: None,
         };
         let output = generator.generate(&request, |_| {})?;
         let (t1, t2) = (output.token_ids[0] as usize, output.token_ids[1] as usize);

@@ -17,6 +17,8 @@ pub mod layers;
 pub mod matrix;
 mod rope;
 pub mod sentencepiece;
+mod template_json;
+mod token_bytes;
 pub mod tokenizer;
 pub mod weights;
 

@@ -11,10 +11,28 @@ use crate::config::token_ids;
 use crate::ModelError;
 
 /// One chat turn.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls, as OpenAI writes them but with each call's
+    /// `arguments` parsed (templates write them with `tojson`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
+    /// A `tool` turn's answer is to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    /// A turn of text.
+    pub fn text(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            ..Self::default()
+        }
+    }
 }
 
 /// `tokenizers`' pipeline around our compact SentencePiece model (GGUF `llama` vocabularies).
@@ -286,6 +304,11 @@ impl TextTokenizer {
         on_backend!(&self.tokenizer, t => t.decode(&[id], false)).map_err(|e| self.error(e))
     }
 
+    /// Each token's bytes, by id (`None`: a special token, which writes no text).
+    pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        crate::token_bytes::of(&self.tokenizer)
+    }
+
     /// The id of the tokenizer's `eos_token`, if it names one in the vocabulary.
     pub fn eos_token_id(&self) -> Option<TokenId> {
         self.eos_token.as_deref().and_then(|t| self.token_to_id(t))
@@ -305,6 +328,16 @@ impl TextTokenizer {
 
     /// Renders the chat template with `add_generation_prompt = true`.
     pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        self.apply_chat_template_with_tools(messages, &[])
+    }
+
+    /// Renders the chat template with the tools the model may call (OpenAI's `tools`, each
+    /// `{"type": "function", "function": {...}}`; none: the template's `tools` is undefined).
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+    ) -> Result<String, ModelError> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
             ModelError::Template(
                 "the model has no chat template (`chat_template` in tokenizer_config.json, or \
@@ -316,6 +349,7 @@ impl TextTokenizer {
         let context = minijinja::context! {
             messages => messages,
             add_generation_prompt => true,
+            tools => (!tools.is_empty()).then_some(tools),
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
@@ -399,6 +433,7 @@ fn chat_environment(template: &str) -> Result<minijinja::Environment<'_>, ModelE
             .replace("%Y", "2026")
             .replace("%m", "01")
     });
+    env.add_filter("tojson", crate::template_json::tojson);
     env.add_template("chat", template)
         .map_err(|e| ModelError::Template(e.to_string()))?;
     Ok(env)
@@ -479,6 +514,7 @@ mod tests {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..Default::default()
         }
     }
 
@@ -584,6 +620,7 @@ mod tests {
             .apply_chat_template(&[ChatMessage {
                 role: "user".into(),
                 content: " hi ".into(),
+                ..Default::default()
             }])
             .unwrap();
         assert_eq!(
@@ -603,6 +640,7 @@ mod tests {
         let user = [ChatMessage {
             role: "user".into(),
             content: "hi".into(),
+            ..Default::default()
         }];
         let missing = plain().apply_chat_template(&user).unwrap_err().to_string();
         assert!(missing.contains("--chat-template"), "{missing}");
@@ -627,6 +665,7 @@ mod tests {
         let turn = |role: &str, content: &str| ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..Default::default()
         };
         let conversation = [
             turn("system", "Be brief. "),

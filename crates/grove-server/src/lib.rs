@@ -14,7 +14,9 @@ mod logprobs;
 pub mod metrics;
 mod protocol;
 mod reply;
+mod response_format;
 mod routes;
+mod tools;
 mod validate;
 mod worker;
 
@@ -23,6 +25,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use grove_core::TokenId;
+use grove_engine::structured::TokenBytes;
 
 pub use error::ApiError;
 pub use listener::{serve, ConnectionLimits};
@@ -120,6 +123,9 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
             kv_tokens: engine.kv_tokens,
             verify_rows: engine.verify_rows,
             stop_token_ids: config.stop_token_ids,
+            token_bytes: tokenizer
+                .as_deref()
+                .map(|t| Arc::new(TokenBytes::new(t.token_bytes()))),
             tokenizer,
             sampling_defaults: config.sampling_defaults,
         },

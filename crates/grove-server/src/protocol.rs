@@ -79,6 +79,8 @@ pub struct CommonFields {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub logit_bias: Option<Value>,
+    /// `text`, `json_object` or `json_schema` (see `response_format.rs`).
+    pub response_format: Option<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -114,6 +116,10 @@ pub struct ContentPart {
 pub struct Message {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant turn's calls (see `tools.rs`).
+    pub tool_calls: Option<Value>,
+    /// A `tool` turn answers this call.
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -125,7 +131,6 @@ pub struct ChatRequest {
     pub top_logprobs: Option<Value>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
-    pub response_format: Option<Value>,
 }
 
 /// `usage`, with grove's speculation extension.

@@ -15,6 +15,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::error::ApiError;
 use crate::logprobs::TokenTexts;
 use crate::protocol::{PromptTokensDetails, SpeculativeUsage, Usage};
+use crate::tools::{ToolCall, ToolChoice, Tools};
 use crate::validate::Echo;
 use crate::worker::WorkerEvent;
 
@@ -39,6 +40,8 @@ pub(crate) struct Reply {
     pub token_ids: bool,
     /// Completions' `echo` (never with a stream).
     pub echo: Option<Echo>,
+    /// Chat's tools: calls are read from the text.
+    pub tools: Option<Tools>,
 }
 
 impl Reply {
@@ -86,12 +89,22 @@ impl Reply {
                 "index": index, "text": output.text, "logprobs": null,
                 "finish_reason": output.finish_reason,
             }),
-            Endpoint::Chat => json!({
-                "index": index,
-                "message": {"role": "assistant", "content": output.text},
-                "logprobs": null,
-                "finish_reason": output.finish_reason,
-            }),
+            Endpoint::Chat => {
+                let calls = self.tools.as_ref().and_then(|t| t.parse(&output.text));
+                let (message, finish_reason) = match calls {
+                    Some((content, calls)) => (
+                        json!({"role": "assistant", "content": content,
+                               "tool_calls": self.tool_calls(index, &calls)}),
+                        self.finish_reason(output, true),
+                    ),
+                    None => (
+                        json!({"role": "assistant", "content": output.text}),
+                        self.finish_reason(output, false),
+                    ),
+                };
+                json!({"index": index, "message": message, "logprobs": null,
+                       "finish_reason": finish_reason})
+            }
         };
         if self.token_ids {
             choice["token_ids"] = json!(output.token_ids);
@@ -100,6 +113,28 @@ impl Reply {
             choice["logprobs"] = self.logprobs(&output.logprobs, 0).0;
         }
         choice
+    }
+
+    /// OpenAI's `tool_calls` for choice `index`'s calls (`index` within the stream's delta).
+    fn tool_calls(&self, choice: usize, calls: &[ToolCall]) -> Value {
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(at, call)| {
+                json!({"index": at, "id": format!("call_{}_{choice}_{at}", self.id),
+                       "type": "function",
+                       "function": {"name": call.name, "arguments": call.arguments}})
+            })
+            .collect();
+        json!(calls)
+    }
+
+    /// A choice's finish reason: `tool_calls` when it ended by itself after calling tools.
+    fn finish_reason(&self, output: &GenerateOutput, called: bool) -> Value {
+        match (called, output.finish_reason) {
+            (true, grove_core::FinishReason::Stop) => json!("tool_calls"),
+            (_, reason) => json!(reason),
+        }
     }
 
     /// A completion's choice with its prompt before it (`echo`), the completion left out
@@ -139,6 +174,33 @@ impl Reply {
             Endpoint::Chat => (texts.chat(logprobs), offset),
             Endpoint::Completions => texts.completion(logprobs, offset),
         }
+    }
+
+    /// With tools, the text a stream may send now: what comes before a call (or could not
+    /// begin one); the rest waits for the end, where the calls are read from the whole text.
+    fn release(&self, choice: &mut Choice, text: &str) -> Option<String> {
+        choice.calls.push_str(text);
+        let auto = self.tools.as_ref().map(|t| &t.choice) == Some(&ToolChoice::Auto);
+        if choice.calling || !auto {
+            return None;
+        }
+        if !choice.sent {
+            // An answer opening with JSON or a code fence may be a call written bare: it
+            // waits for the end, where it is read as calls or sent as text.
+            let start = choice.calls.trim_start();
+            if start.is_empty() {
+                return None;
+            }
+            if start.starts_with(['{', '[', '`']) {
+                choice.calling = true;
+                return None;
+            }
+        }
+        let (free, call) = crate::tools::releasable(&choice.calls);
+        choice.calling = call;
+        let released: String = choice.calls.drain(..free).collect();
+        choice.sent |= !released.is_empty();
+        (!released.is_empty()).then_some(released)
     }
 
     /// One streamed piece of choice `index`: text (a delta for chat), or its end with its
@@ -226,6 +288,12 @@ fn data(value: &Value) -> Result<Event, Infallible> {
 struct Choice {
     offset: usize,
     held: String,
+    /// With tools: text not sent yet, as it may be (or is) a call.
+    calls: String,
+    /// With tools: a call began (everything from it on waits for the end).
+    calling: bool,
+    /// With tools: text was sent (so the answer does not open with a bare call).
+    sent: bool,
     output: Option<GenerateOutput>,
 }
 
@@ -248,6 +316,11 @@ impl Streaming {
         let reply = &self.reply;
         let choice = &mut self.choices[index];
         match event {
+            Some(WorkerEvent::Text(text)) if reply.tools.is_some() => {
+                let released = reply.release(choice, &text);
+                let chunk = |t: &str| data(&reply.chunk(index, Some(t), None));
+                (released.as_deref().map(chunk).into_iter().collect(), true)
+            }
             // With log-probabilities, a step's text waits for its tokens to ride one chunk.
             Some(WorkerEvent::Text(text)) if reply.logprobs => {
                 choice.held.push_str(&text);
@@ -279,7 +352,23 @@ impl Streaming {
                 if !choice.held.is_empty() {
                     batch.push(data(&reply.chunk(index, Some(&choice.held), None)));
                 }
-                batch.push(data(&reply.chunk(index, None, Some(&output))));
+                let calls = reply.tools.as_ref().and_then(|t| t.parse(&output.text));
+                match &calls {
+                    Some((_, calls)) => {
+                        let mut chunk = reply.chunk(index, None, None);
+                        chunk["choices"][0]["delta"] =
+                            json!({"tool_calls": reply.tool_calls(index, calls)});
+                        batch.push(data(&chunk));
+                    }
+                    // What was held as a possible call was text after all.
+                    None if !choice.calls.is_empty() => {
+                        batch.push(data(&reply.chunk(index, Some(&choice.calls), None)));
+                    }
+                    None => {}
+                }
+                let mut end = reply.chunk(index, None, Some(&output));
+                end["choices"][0]["finish_reason"] = reply.finish_reason(&output, calls.is_some());
+                batch.push(data(&end));
                 choice.output = Some(*output);
                 if self.choices.iter().any(|c| c.output.is_none()) {
                     return (batch, true);

@@ -268,6 +268,7 @@ async fn run(
         logprobs: valid.generate.logprobs.is_some(),
         token_ids: valid.return_token_ids,
         echo: valid.echo,
+        tools: valid.tools,
     };
     if valid.stream {
         Sse::new(sse_stream(reply, choices, valid.include_usage))

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use grove_core::{SamplingDefaults, SamplingParams, StopCondition, TokenId, ValidationError};
+use grove_engine::structured::TokenBytes;
 use grove_engine::{
     Budget, GenerateRequest, LogitAdjustments, SpeculationOverride, MAX_TOP_LOGPROBS,
 };
@@ -36,6 +37,8 @@ pub struct ModelLimits {
     pub verify_rows: usize,
     pub stop_token_ids: Vec<TokenId>,
     pub tokenizer: Option<Arc<TextTokenizer>>,
+    /// The tokenizer's tokens as bytes, for `response_format`'s masks.
+    pub token_bytes: Option<Arc<TokenBytes>>,
     /// What a request that leaves a sampling field out gets.
     pub sampling_defaults: SamplingDefaults,
 }
@@ -60,6 +63,8 @@ pub struct ValidRequest {
     pub return_token_ids: bool,
     /// Completions' `echo`: the prompt comes back before the completion.
     pub echo: Option<Echo>,
+    /// Chat's tools, whose calls are read from the text.
+    pub tools: Option<crate::tools::Tools>,
 }
 
 /// What `echo` puts back: the prompt's text, its first token (which no row scores), and
@@ -223,25 +228,7 @@ impl ModelLimits {
                 })
             }
         };
-        let no_tools = "tool calls are not implemented";
-        only(
-            request.tools.as_ref().is_none_or(|v| v.is_null()),
-            "tools",
-            no_tools,
-        )?;
-        only(
-            request.tool_choice.as_ref().is_none_or(|v| v.is_null()),
-            "tool_choice",
-            no_tools,
-        )?;
-        only(
-            request
-                .response_format
-                .as_ref()
-                .is_none_or(|format| format.get("type").and_then(|t| t.as_str()) == Some("text")),
-            "response_format",
-            "only {\"type\": \"text\"}",
-        )?;
+        let tools = crate::tools::tools(request.tools, request.tool_choice)?;
         if request.messages.is_empty() {
             return Err(ValidationError::Empty { field: "messages" });
         }
@@ -257,11 +244,12 @@ impl ModelLimits {
             .enumerate()
             .map(|(index, message)| chat_message(index, message))
             .collect::<Result<Vec<_>, _>>()?;
-        let rendered = tokenizer.apply_chat_template(&messages).map_err(|e| {
-            ValidationError::ChatTemplate {
+        let definitions = tools.as_ref().map_or(&[][..], |t| &t.definitions);
+        let rendered = tokenizer
+            .apply_chat_template_with_tools(&messages, definitions)
+            .map_err(|e| ValidationError::ChatTemplate {
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         // Named `prompt`, as every other overflow of a chat is (the rendered messages are the
         // prompt; clients that trim history look at the code).
         self.check_length(tokenizer, &rendered, "prompt")?;
@@ -276,9 +264,37 @@ impl ModelLimits {
                     reason: e.to_string(),
                 })?;
         let default_max = self.max_model_len().saturating_sub(prompt.len()).max(1);
+        let ignore_eos = common.ignore_eos;
         let mut valid = self.finish(prompt, common, request.max_completion_tokens, default_max)?;
         valid.generate.logprobs = logprobs;
+        if let Some(tools) = &tools {
+            only(
+                valid.generate.grammar.is_none(),
+                "response_format",
+                "must be text or absent with `tools`",
+            )?;
+            valid.generate.grammar = tools.grammar(self.token_bytes.as_ref())?;
+            if valid.generate.grammar.is_some() {
+                self.schema_can_end(ignore_eos)?;
+            }
+        }
+        valid.tools = tools;
         Ok(valid)
+    }
+
+    /// A value of a schema ends with an end-of-sequence token: there must be one, and it must
+    /// end the request.
+    fn schema_can_end(&self, ignore_eos: bool) -> Result<(), ValidationError> {
+        only(
+            !ignore_eos,
+            "ignore_eos",
+            "must be false or absent with `response_format` or a required tool call",
+        )?;
+        only(
+            !self.stop_token_ids.is_empty(),
+            "response_format",
+            "json_object or json_schema only for a model with an end-of-sequence token",
+        )
     }
 
     fn tokenizer(&self, field: &'static str) -> Result<&TextTokenizer, ValidationError> {
@@ -420,6 +436,14 @@ impl ModelLimits {
             }
         };
         let adjustments = adjustments(&common, self.vocab_size)?;
+        let grammar = crate::response_format::grammar(
+            common.response_format.clone(),
+            self.token_bytes.as_ref(),
+            &self.name,
+        )?;
+        if grammar.is_some() {
+            self.schema_can_end(common.ignore_eos)?;
+        }
         Ok(ValidRequest {
             generate: GenerateRequest {
                 prompt,
@@ -437,9 +461,11 @@ impl ModelLimits {
                 logprobs: None,
                 prompt_logprobs: false,
                 adjustments,
+                grammar,
             },
             choices,
             echo: None,
+            tools: None,
             stream: common.stream,
             return_token_ids: common.return_token_ids,
             include_usage: common.stream_options.is_some_and(|o| o.include_usage),
@@ -451,7 +477,7 @@ impl ModelLimits {
 fn chat_message(index: usize, message: Message) -> Result<ChatMessage, ValidationError> {
     if !matches!(
         message.role.as_str(),
-        "system" | "user" | "assistant" | "developer"
+        "system" | "user" | "assistant" | "developer" | "tool"
     ) {
         return Err(ValidationError::Role {
             index,
@@ -483,9 +509,15 @@ fn chat_message(index: usize, message: Message) -> Result<ChatMessage, Validatio
             text
         }
     };
+    let tool_calls = match message.tool_calls {
+        None | Some(Value::Null) => None,
+        Some(calls) => Some(crate::tools::message_calls(index, calls)?),
+    };
     Ok(ChatMessage {
         role: message.role,
         content,
+        tool_calls,
+        tool_call_id: message.tool_call_id,
     })
 }
 

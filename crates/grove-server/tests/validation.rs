@@ -438,12 +438,21 @@ rule!(
     Some("messages[0].content[0]")
 );
 rule!(
-    chat_tools_unsupported,
+    chat_tool_without_function,
     CHAT,
     chat(json!({"tools": [{"type": "function"}]})),
     400,
     BAD,
-    Some("tools")
+    Some("tools[0].function")
+);
+rule!(
+    // This server's model has no end-of-sequence token for a value to end with.
+    chat_json_without_an_eos_token,
+    CHAT,
+    chat(json!({"response_format": {"type": "json_object"}})),
+    400,
+    BAD,
+    Some("response_format")
 );
 rule!(
     chat_max_completion_tokens_zero,

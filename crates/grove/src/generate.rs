@@ -1,12 +1,14 @@
 //! `grove generate`: one prompt, streamed text or one JSON object.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use grove_core::{FinishReason, SamplingParams, StopCondition, TokenId};
+use grove_engine::structured::{Grammar, Schema, TokenBytes};
 use grove_engine::{GenerateRequest, Generator, GeneratorOptions, LogitAdjustments};
-use grove_model::ChatMessage;
+use grove_model::{ChatMessage, TextTokenizer};
 
 use crate::loading::{self, ModelArgs, SpecArgs};
 
@@ -66,8 +68,32 @@ pub struct GenerateArgs {
     /// Subtracted from a token's logit once per time it was generated (OpenAI's, in [-2, 2]).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
+    /// Hold the text to a JSON object (`response_format: {"type": "json_object"}`).
+    #[arg(long, conflicts_with = "json_schema")]
+    pub json: bool,
+    /// Hold the text to the JSON Schema in this file (`response_format`'s `json_schema`).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub format: OutputFormat,
+}
+
+/// The schema `--json` or `--json-schema` asks for, over the tokenizer's tokens.
+fn grammar(args: &GenerateArgs, tokenizer: Option<&TextTokenizer>) -> Result<Option<Grammar>> {
+    let schema = match (&args.json_schema, args.json) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --json-schema {}", path.display()))?;
+            let value = serde_json::from_str(&text)
+                .with_context(|| format!("--json-schema {} is not JSON", path.display()))?;
+            Schema::compile(&value).with_context(|| format!("--json-schema {}", path.display()))?
+        }
+        (None, true) => Schema::any_object(),
+        (None, false) => return Ok(None),
+    };
+    let tokenizer = tokenizer.context("--json and --json-schema need the model's tokenizer")?;
+    let vocab = Arc::new(TokenBytes::new(tokenizer.token_bytes()));
+    Ok(Some(Grammar::new(schema, vocab)))
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
@@ -96,6 +122,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
                 let rendered = tokenizer.apply_chat_template(&[ChatMessage {
                     role: "user".into(),
                     content: text.clone(),
+                    ..Default::default()
                 }])?;
                 // The template already holds any BOS; adding special tokens would double it.
                 tokenizer.encode(&rendered, false)?
@@ -136,6 +163,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
             frequency_penalty: args.frequency_penalty,
             logit_bias: Vec::new(),
         },
+        grammar: grammar(args, tokenizer)?,
     };
     let options = GeneratorOptions {
         page_size: args.model.page_size,

@@ -200,6 +200,7 @@ fn alternate(
         logprobs: None,
         prompt_logprobs: false,
         adjustments: Default::default(),
+        grammar: None,
     };
     let mut runs = Alternation::default();
     let mut memory_test = None;

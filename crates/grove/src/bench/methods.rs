@@ -196,6 +196,7 @@ fn measure(
             logprobs: None,
             prompt_logprobs: false,
             adjustments: Default::default(),
+            grammar: None,
         };
         for ((_, generator), sample) in methods.iter().zip(samples.iter_mut()) {
             let stats = generator.generate(&request, |_| {})?.stats;

@@ -82,6 +82,7 @@ pub(super) fn code_requests(
                 logprobs: None,
                 prompt_logprobs: false,
                 adjustments: Default::default(),
+                grammar: None,
             })
         })
         .collect()

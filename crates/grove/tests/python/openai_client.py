@@ -6,6 +6,7 @@ The server runs the embedded default pair (a small trained Qwen3 code model, Cha
 DDTree over its trained drafter. Every check raises on failure; the last line printed says how many passed.
 """
 
+import json
 import string
 import sys
 
@@ -159,6 +160,24 @@ for c in client.chat.completions.create(model=name, messages=[{"role": "user", "
     for part in c.choices:
         streamed_choices[part.index] = streamed_choices.get(part.index, "") + (part.delta.content or "")
 check(sorted(streamed_choices) == [0, 1], f"{streamed_choices}")
+
+# Structured output: an answer held to a JSON Schema, and a named tool call in the client's shape.
+status_schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                 "level": {"enum": ["low", "high"]}}, "required": ["ok", "level"]}
+formatted = client.chat.completions.create(
+    model=name, messages=[{"role": "user", "content": "Status as JSON."}], max_tokens=600, temperature=0,
+    response_format={"type": "json_schema", "json_schema": {"name": "status", "schema": status_schema}})
+check(formatted.choices[0].finish_reason == "stop", f"{formatted.choices[0]}")
+status = json.loads(formatted.choices[0].message.content)
+check(list(status) == ["ok", "level"] and status["level"] in ("low", "high"), f"{status}")
+weather = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}}, "required": ["city"]}}}]
+called = client.chat.completions.create(
+    model=name, messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=600, temperature=0,
+    tools=weather, tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0]
+calls = called.message.tool_calls or []
+check(called.finish_reason == "tool_calls" and len(calls) == 1 and calls[0].function.name == "get_weather"
+      and json.loads(calls[0].function.arguments)["city"] in ("Paris", "Tokyo"), f"{called}")
 
 # Errors come back as the client's typed exceptions.
 try:

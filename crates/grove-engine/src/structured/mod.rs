@@ -1,0 +1,247 @@
+//! Structured output: generation held to a JSON Schema (OpenAI's `response_format`), by
+//! masking, at each position, every token whose bytes would take the text out of the schema.
+//!
+//! A token is allowed at a position when the schema's matcher (`matcher.rs`), advanced by the
+//! text before that position, accepts the token's bytes; a stop token only once the text is a
+//! whole value. The mask applies to the row the sampler draws from (after penalties and
+//! biases), so the draw is from the target's distribution restricted to what the schema
+//! allows, renormalized — vLLM's and llama.cpp's grammar semantics. In a speculative round a
+//! tree node's position comes after the emitted text *and* its path's drafts, so its matcher
+//! reads both (as the penalties count both): a visited node's path is always text the schema
+//! allows, since the walk follows only the target's masked choices, and speculation stays
+//! lossless (the tests compare it with plain decoding, greedy and seeded).
+//!
+//! The mask costs one pass over the vocabulary: tokens are grouped by first byte, so a byte
+//! the state refuses drops its whole group at once, and inside a string a token with no
+//! quote, backslash or control byte is accepted without reading it.
+
+mod matcher;
+mod schema;
+
+use std::sync::Arc;
+
+use grove_core::TokenId;
+
+pub use matcher::{Matcher, MAX_DEPTH, MAX_INDENT};
+pub use schema::{Schema, SchemaError, SUPPORTED_KEYWORDS};
+
+/// One text token in the byte-ordered walk of [`TokenBytes`]: what the mask reads of it
+/// lies together, in walk order.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    token: TokenId,
+    /// Its bytes: `text[start..start + len]`.
+    start: u32,
+    len: u16,
+    /// Bytes it shares with the entry before.
+    shared: u16,
+    /// It is plain string content (see [`matcher::plain_string_bytes`]): inside a string it
+    /// is accepted unread.
+    plain: bool,
+    /// Its first bytes that are plain string content and end a character: inside a string
+    /// they leave the state as it was (see [`Matcher::in_open_string`]).
+    plain_prefix: u16,
+}
+
+/// Each token's bytes, as the model's tokenizer writes them, indexed for masking.
+pub struct TokenBytes {
+    /// `None`: a special token, which writes no text (only stop tokens end a value).
+    bytes: Vec<Option<Box<[u8]>>>,
+    /// The text tokens in byte order: a trie walked in order, so that a prefix is read once
+    /// for all the tokens that share it.
+    walk: Vec<Entry>,
+    /// Their bytes, in that order.
+    text: Vec<u8>,
+}
+
+// A request's debug print names the vocabulary, not its 150k tokens.
+impl std::fmt::Debug for TokenBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenBytes")
+            .field("tokens", &self.bytes.len())
+            .field("text_tokens", &self.walk.len())
+            .finish()
+    }
+}
+
+impl TokenBytes {
+    /// From each token id's bytes (`None` for special tokens).
+    pub fn new(bytes: Vec<Option<Vec<u8>>>) -> Self {
+        let bytes: Vec<Option<Box<[u8]>>> = bytes
+            .into_iter()
+            .map(|b| {
+                b.filter(|b| !b.is_empty() && b.len() <= u16::MAX as usize)
+                    .map(Into::into)
+            })
+            .collect();
+        let mut order: Vec<(TokenId, &[u8])> = bytes
+            .iter()
+            .enumerate()
+            .filter_map(|(id, b)| Some((id as TokenId, b.as_deref()?)))
+            .collect();
+        order.sort_by(|a, b| a.1.cmp(b.1));
+        let mut walk = Vec::with_capacity(order.len());
+        let mut text = Vec::new();
+        let mut previous: &[u8] = &[];
+        for (token, token_bytes) in order {
+            let shared = previous
+                .iter()
+                .zip(token_bytes)
+                .take_while(|(a, b)| a == b)
+                .count();
+            walk.push(Entry {
+                token,
+                start: text.len() as u32,
+                len: token_bytes.len() as u16,
+                shared: shared as u16,
+                plain: matcher::plain_string_bytes(token_bytes),
+                plain_prefix: matcher::plain_prefix(token_bytes) as u16,
+            });
+            text.extend_from_slice(token_bytes);
+            previous = token_bytes;
+        }
+        Self { bytes, walk, text }
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The bytes of `token` (`None`: special, or outside the vocabulary).
+    pub fn get(&self, token: TokenId) -> Option<&[u8]> {
+        self.bytes.get(token as usize).and_then(|b| b.as_deref())
+    }
+}
+
+/// A request's schema with the vocabulary it masks.
+#[derive(Debug, Clone)]
+pub struct Grammar {
+    pub schema: Arc<Schema>,
+    pub vocab: Arc<TokenBytes>,
+}
+
+impl PartialEq for Grammar {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.vocab, &other.vocab) && self.schema == other.schema
+    }
+}
+
+impl Grammar {
+    pub fn new(schema: Schema, vocab: Arc<TokenBytes>) -> Self {
+        Self {
+            schema: Arc::new(schema),
+            vocab,
+        }
+    }
+
+    /// The state before any text.
+    pub fn start(&self) -> Matcher {
+        Matcher::new(&self.schema)
+    }
+
+    /// Advances `state` past `token` (a stop token or one off the schema leaves it dead).
+    pub fn advance(&self, state: &mut Matcher, token: TokenId) {
+        match self.vocab.get(token) {
+            Some(bytes) => {
+                state.feed(&self.schema, bytes);
+            }
+            None => *state = Matcher::dead(),
+        }
+    }
+
+    /// Whether `token` may come in `state` (`stops`: the request's stop tokens).
+    pub fn allows(&self, state: &Matcher, token: TokenId, stops: &[TokenId]) -> bool {
+        if stops.contains(&token) {
+            return state.can_end(&self.schema);
+        }
+        self.vocab
+            .get(token)
+            .is_some_and(|bytes| state.accepts(&self.schema, bytes))
+    }
+
+    /// Marks in `allowed` (one flag per row entry) the tokens that may come in `state`;
+    /// returns how many.
+    ///
+    /// The tokens are read in byte order, keeping the state after each prefix of the last
+    /// one read: a token reads only the bytes it does not share with the one before, and
+    /// every token under a prefix the schema refused is refused unread. Inside a string a
+    /// token's plain rest (no quote, backslash or control byte) is accepted unread.
+    pub fn mask(&self, state: &Matcher, stops: &[TokenId], allowed: &mut [bool]) -> usize {
+        allowed.fill(false);
+        let schema = &self.schema;
+        // states[d]: after the first d bytes of the token last read, for d <= read.
+        let mut states = vec![state.clone()];
+        let in_string = state.in_free_string(schema);
+        let open_string = state.in_open_string(schema);
+        let mut scratch = state.clone();
+        let mut read = 0;
+        // The depth at which the last token's prefix was refused (past `read`: none).
+        let mut refused_at = usize::MAX;
+        for entry in &self.vocab.walk {
+            let shared = usize::from(entry.shared);
+            if refused_at <= shared {
+                continue;
+            }
+            refused_at = usize::MAX;
+            let bytes = &self.vocab.text[entry.start as usize..][..usize::from(entry.len)];
+            if in_string && entry.plain {
+                if let Some(flag) = allowed.get_mut(entry.token as usize) {
+                    *flag = true;
+                }
+                read = 0;
+                continue;
+            }
+            if open_string && entry.plain_prefix > 0 {
+                // Only what follows its plain prefix needs reading.
+                scratch.clone_from(state);
+                let accepted = scratch.feed(schema, &bytes[usize::from(entry.plain_prefix)..]);
+                if let Some(flag) = allowed.get_mut(entry.token as usize) {
+                    *flag = accepted;
+                }
+                read = 0;
+                continue;
+            }
+            let mut depth = shared.min(read);
+            let mut accepted = true;
+            while depth < bytes.len() {
+                let plain_rest = || match depth {
+                    0 => entry.plain,
+                    _ => matcher::plain_string_bytes(&bytes[depth..]),
+                };
+                if states[depth].in_free_string(schema) && plain_rest() {
+                    break;
+                }
+                if states.len() == depth + 1 {
+                    states.push(Matcher::dead());
+                }
+                let (before, after) = states.split_at_mut(depth + 1);
+                after[0].clone_from(&before[depth]);
+                depth += 1;
+                if !after[0].feed(schema, &bytes[depth - 1..depth]) {
+                    refused_at = depth;
+                    accepted = false;
+                    break;
+                }
+            }
+            read = depth;
+            if let Some(flag) = allowed.get_mut(entry.token as usize) {
+                *flag = accepted;
+            }
+        }
+        // A stop token ends the text: allowed once it is a whole value, never as text.
+        let end = state.can_end(schema);
+        for &stop in stops {
+            if let Some(flag) = allowed.get_mut(stop as usize) {
+                *flag = end;
+            }
+        }
+        allowed.iter().filter(|&&flag| flag).count()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,263 @@
+//! The matcher against JSON as serde_json reads it, the mask against reading every token,
+//! and masked random walks that always end in a value of the schema.
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use serde_json::{json, Value};
+
+use super::*;
+
+fn accepts_whole(schema: &Schema, text: &str) -> bool {
+    let mut matcher = Matcher::new(schema);
+    matcher.feed(schema, text.as_bytes()) && matcher.can_end(schema)
+}
+
+#[test]
+fn any_value_is_what_serde_json_reads() {
+    let schema = Schema::any_value();
+    let texts = [
+        "{}",
+        "[]",
+        "0",
+        "-0.5e+10",
+        "12",
+        "\"a\\u00e9\\n\"",
+        "true",
+        "null",
+        "{\"a\": [1, 2.5, {\"b\": null}], \"c\": \"é\"}",
+        " [ 1 , [ ] ]",
+        "{\n  \"a\": [\n\t\t1\n  ]\n}",
+        "01",
+        "1.",
+        "-",
+        "[1,]",
+        "{\"a\" 1}",
+        "{\"a\":1,}",
+        "\"\\x\"",
+        "\"tab\there\"",
+        "[1] 2",
+        "tru",
+        "1e",
+        "{,}",
+        "\"\\u12g4\"",
+    ];
+    for text in texts {
+        let expected = serde_json::from_str::<Value>(text).is_ok();
+        assert_eq!(accepts_whole(&schema, text), expected, "{text:?}");
+    }
+}
+
+fn person() -> Schema {
+    Schema::compile(&json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 8},
+            "age": {"type": "integer"},
+            "nickname": {"type": ["string", "null"]},
+            "role": {"enum": ["admin", "user", 7]},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}
+        },
+        "required": ["name", "age", "role"]
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_schema_holds_types_order_requirements_and_bounds() {
+    let schema = person();
+    let good = [
+        r#"{"name": "Ann", "age": 30, "role": "admin"}"#,
+        r#"{"name":"Ann","age":-3,"nickname":null,"role":7,"tags":["a","b"]}"#,
+        r#"{"name": "Zoë", "age": 0, "nickname": "z", "role": "user", "tags": []}"#,
+    ];
+    for text in good {
+        assert!(accepts_whole(&schema, text), "{text}");
+    }
+    let bad = [
+        r#"{"age": 30, "name": "Ann", "role": "admin"}"#, // out of order
+        r#"{"name": "Ann", "role": "admin"}"#,            // age missing
+        r#"{"name": "Ann", "age": 3.5, "role": "admin"}"#, // not an integer
+        r#"{"name": "", "age": 3, "role": "admin"}"#,     // too short
+        r#"{"name": "Annabelle!", "age": 3, "role": "admin"}"#, // too long
+        r#"{"name": "Ann", "age": 3, "role": "root"}"#,   // not in the enum
+        r#"{"name": "Ann", "age": 3, "role": 7, "tags": ["a","b","c"]}"#, // too many
+        r#"{"name": "Ann", "age": 3, "role": 7, "other": 1}"#, // not listed
+        r#"{"name": "Ann", "age": 3, "nickname": 5, "role": 7}"#, // wrong type
+    ];
+    for text in bad {
+        assert!(!accepts_whole(&schema, text), "{text}");
+    }
+}
+
+#[test]
+fn recursion_and_whitespace_limits() {
+    let tree = Schema::compile(&json!({
+        "$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "integer"},
+            "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}
+        }, "required": ["v"]}},
+        "$ref": "#/$defs/node"
+    }))
+    .unwrap();
+    assert!(accepts_whole(
+        &tree,
+        r#"{"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4}]}]}"#
+    ));
+    assert!(!accepts_whole(&tree, r#"{"v":1,"kids":[{"w":2}]}"#));
+    let any = Schema::any_value();
+    let indented = format!("[\n{}1]", " ".repeat(MAX_INDENT as usize));
+    assert!(accepts_whole(&any, &indented));
+    let too_indented = format!("[\n{}1]", " ".repeat(MAX_INDENT as usize + 1));
+    assert!(!accepts_whole(&any, &too_indented));
+    // One space, or a newline and indentation: no runs of spaces, no blank lines.
+    for wasteful in ["[  1]", "[\n\n1]", "[ \n1]", "\n\n{}", "[1\r\n]"] {
+        assert!(!accepts_whole(&any, wasteful), "{wasteful:?}");
+    }
+    let deep = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+    assert!(accepts_whole(&any, &deep));
+    let too_deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+    assert!(!accepts_whole(&any, &too_deep));
+    let looped = Schema::compile(&json!({"anyOf": [{"$ref": "#"}]}));
+    assert!(looped.is_err());
+}
+
+/// A vocabulary of JSON-ish fragments: 0 is special, 1 the stop token.
+fn vocab() -> Arc<TokenBytes> {
+    let mut bytes: Vec<Option<Vec<u8>>> = vec![None, None];
+    for byte in 0x20..0x7f_u8 {
+        bytes.push(Some(vec![byte]));
+    }
+    let fragments = [
+        "{\"",
+        "\":",
+        "\": \"",
+        "\",",
+        "\"}",
+        "\"]",
+        "name",
+        "\"name\"",
+        "\"age\"",
+        "role",
+        "admin",
+        "user",
+        "true",
+        "null",
+        "12",
+        ".5",
+        "e-",
+        "\n  ",
+        "\n",
+        "\\u00",
+        "e9",
+        "\\n",
+        "\\\"",
+        ", \"",
+        "[{",
+        "}]",
+        "é",
+        "Zo",
+        "ë",
+        "\u{00c3}",
+        "\"ad",
+        "min\"",
+        "7,",
+        "7}",
+        "  ",
+        "\"tags\": [",
+        "\"nickname\"",
+        "\t",
+        "\u{1}",
+    ];
+    for fragment in fragments {
+        bytes.push(Some(fragment.as_bytes().to_vec()));
+    }
+    // A split UTF-8 character: its two bytes as two tokens.
+    bytes.push(Some(vec![0xc3]));
+    bytes.push(Some(vec![0xab]));
+    Arc::new(TokenBytes::new(bytes))
+}
+
+const STOP: TokenId = 1;
+
+#[test]
+fn the_mask_is_reading_every_token() {
+    let vocab = vocab();
+    for schema in [person(), Schema::any_object(), Schema::any_value()] {
+        let grammar = Grammar::new(schema, Arc::clone(&vocab));
+        let mut rng = ChaCha12Rng::seed_from_u64(3);
+        let mut allowed = vec![false; vocab.len() + 3];
+        for _ in 0..20 {
+            let mut state = grammar.start();
+            for _ in 0..60 {
+                let count = grammar.mask(&state, &[STOP], &mut allowed);
+                for token in 0..allowed.len() as TokenId {
+                    assert_eq!(
+                        allowed[token as usize],
+                        grammar.allows(&state, token, &[STOP]),
+                        "token {token} ({:?}) in {state:?}",
+                        vocab.get(token).map(String::from_utf8_lossy)
+                    );
+                }
+                let choices: Vec<TokenId> = (0..allowed.len() as TokenId)
+                    .filter(|&t| allowed[t as usize])
+                    .collect();
+                assert_eq!(choices.len(), count);
+                assert!(count > 0, "a dead end in {state:?}");
+                let token = choices[rng.random_range(0..choices.len())];
+                if token == STOP {
+                    break;
+                }
+                grammar.advance(&mut state, token);
+                assert!(!state.is_dead());
+            }
+        }
+    }
+}
+
+#[test]
+fn masked_walks_end_in_values_of_the_schema() {
+    let vocab = vocab();
+    let grammar = Grammar::new(person(), Arc::clone(&vocab));
+    let mut rng = ChaCha12Rng::seed_from_u64(11);
+    let mut allowed = vec![false; vocab.len()];
+    let mut ended = 0;
+    for _ in 0..200 {
+        let mut state = grammar.start();
+        let mut text = Vec::new();
+        for _ in 0..400 {
+            grammar.mask(&state, &[STOP], &mut allowed);
+            if allowed[STOP as usize] {
+                let value: Value = serde_json::from_slice(&text).expect("a whole value");
+                let object = value.as_object().expect("an object");
+                assert!(["name", "age", "role"]
+                    .iter()
+                    .all(|k| object.contains_key(*k)));
+                // `-0` is an integer that serde_json reads as a float.
+                let age = object["age"].as_f64().expect("a number");
+                assert!(age.fract() == 0.0, "{value}");
+                ended += 1;
+                break;
+            }
+            // Closing bytes are likelier, so that walks end.
+            let choices: Vec<TokenId> = (0..allowed.len() as TokenId)
+                .filter(|&t| allowed[t as usize])
+                .collect();
+            let closing = choices
+                .iter()
+                .copied()
+                .filter(|&t| matches!(vocab.get(t), Some(b"\"" | b"}" | b"]" | b",")))
+                .collect::<Vec<_>>();
+            let pool = if !closing.is_empty() && rng.random_bool(0.4) {
+                &closing
+            } else {
+                &choices
+            };
+            let token = pool[rng.random_range(0..pool.len())];
+            text.extend_from_slice(vocab.get(token).unwrap());
+            grammar.advance(&mut state, token);
+        }
+    }
+    assert!(ended > 100, "only {ended} of 200 walks ended");
+}
