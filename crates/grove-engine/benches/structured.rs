@@ -33,7 +33,7 @@ fn vocabulary() -> (String, Arc<TokenBytes>) {
 fn mask(c: &mut Criterion) {
     let (name, vocab) = vocabulary();
     let schema = Schema::compile(&json!({"type": "object", "properties": {
-        "name": {"type": "string"},
+        "name": {"type": "string", "pattern": "^[A-Z][a-z]+( [A-Z][a-z]+)*$"},
         "age": {"type": "integer"},
         "tags": {"type": "array", "items": {"type": "string"}}
     }, "required": ["name", "age", "tags"]}))
@@ -49,6 +49,7 @@ fn mask(c: &mut Criterion) {
         for (state_name, text) in [
             ("start", ""),
             ("in_string", "{\"name\": \"Ada Lo"),
+            ("in_string_after_space", "{\"name\": \"Ada "),
             ("after_colon", "{\"name\": \"Ada\", \"age\":"),
             ("after_value", "{\"name\": \"Ada\", \"age\": 36"),
         ] {

@@ -410,9 +410,9 @@ mod tests {
             field(tools(Some(unnamed), None).unwrap_err()),
             "tools[0].function.name"
         );
-        let patterned = json!([{"type": "function", "function": {"name": "f", "parameters":
-            {"type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}}}]);
-        let required = tools(Some(patterned), Some(json!("required")))
+        let bounded = json!([{"type": "function", "function": {"name": "f", "parameters":
+            {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0}}}}}]);
+        let required = tools(Some(bounded), Some(json!("required")))
             .unwrap()
             .unwrap();
         let error = required.grammar(None).unwrap_err();

@@ -9,6 +9,7 @@
 //! the same forms, with 20), so that a model cannot spend its tokens on blank lines; values
 //! nest at most [`MAX_DEPTH`] deep.
 
+use super::pattern::Pattern;
 use super::schema::{Node, NodeId, Schema, ANY_STRING};
 
 /// Spaces or tabs allowed after a newline between a value's parts (twelve levels of
@@ -113,6 +114,8 @@ enum Frame {
         chars: u32,
         escape: u8,
         pending: u8,
+        /// The state of the string's pattern, if it has one.
+        matched: u32,
     },
     Number {
         integer: bool,
@@ -250,20 +253,68 @@ impl Matcher {
     pub fn in_open_string(&self, schema: &Schema) -> bool {
         !self.stacks.is_empty()
             && self.stacks.iter().all(|stack| {
-                matches!(stack.frames.last(), Some(&Frame::Str { node, chars, escape: 0, pending: 0 })
-                    if matches!(*schema.node(node), Node::String { min, max: u32::MAX } if chars >= min))
+                matches!(stack.frames.last(), Some(&Frame::Str { node, chars, escape: 0, pending: 0, .. })
+                    if matches!(*schema.node(node), Node::String { min, max: u32::MAX, pattern: None } if chars >= min))
             })
     }
 
-    /// Every reading is inside a string with no length limit and no escape begun: bytes
-    /// other than `"`, `\\` and control characters are accepted whatever they are.
-    pub fn in_free_string(&self, schema: &Schema) -> bool {
-        !self.stacks.is_empty()
-            && self.stacks.iter().all(|stack| {
-                matches!(stack.frames.last(), Some(&Frame::Str { node, escape: 0, pending: 0, .. })
-                    if matches!(schema.node(node), Node::String { max: u32::MAX, .. }))
-            })
+    /// The one reading is inside a string held to a pattern, at a character's start: the
+    /// pattern, its state, and the characters the string has room for.
+    pub(crate) fn in_pattern_string<'s>(
+        &self,
+        schema: &'s Schema,
+    ) -> Option<(&'s Pattern, u32, u32)> {
+        let [stack] = self.stacks.as_slice() else {
+            return None;
+        };
+        match stack.frames.last() {
+            Some(&Frame::Str {
+                node,
+                chars,
+                escape: 0,
+                pending: 0,
+                matched,
+            }) => match schema.node(node) {
+                Node::String {
+                    max,
+                    pattern: Some(pattern),
+                    ..
+                } => Some((pattern, matched, max - chars)),
+                _ => None,
+            },
+            _ => None,
+        }
     }
+
+    /// Every reading is inside a string with no pattern, at a character's start: bytes other
+    /// than `"`, `\\` and control characters are accepted whatever they are, up to the
+    /// characters returned (the least room any reading's string has).
+    pub fn in_free_string(&self, schema: &Schema) -> Option<u32> {
+        self.stacks
+            .iter()
+            .map(|stack| match stack.frames.last() {
+                Some(&Frame::Str {
+                    node,
+                    chars,
+                    escape: 0,
+                    pending: 0,
+                    ..
+                }) => match *schema.node(node) {
+                    Node::String {
+                        max, pattern: None, ..
+                    } => Some(max - chars),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .try_fold(u32::MAX, |room, r| r.map(|r| room.min(r)))
+            .filter(|_| !self.stacks.is_empty())
+    }
+}
+
+/// The characters `bytes` hold (UTF-8 continuation bytes add none).
+pub(crate) fn characters(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|&&b| b & 0xc0 != 0x80).count()
 }
 
 /// The length of the longest prefix of `bytes` that is plain string content (see
@@ -369,27 +420,14 @@ fn step(schema: &Schema, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
             chars,
             escape,
             pending,
-        } => {
-            let Node::String { min, max } = *schema.node(node) else {
-                unreachable!("a string frame on a non-string");
-            };
-            let Some((chars, escape, pending)) = string_byte((chars, escape, pending), byte, min)
-            else {
-                return;
-            };
-            if escape == CLOSED {
-                return out.push(stack);
-            }
-            if chars <= max {
-                stack.frames.push(Frame::Str {
-                    node,
-                    chars,
-                    escape,
-                    pending,
-                });
-                out.push(stack);
-            }
-        }
+            matched,
+        } => string(
+            schema,
+            stack,
+            (node, chars, escape, pending, matched),
+            byte,
+            out,
+        ),
         Frame::Number {
             integer,
             stage,
@@ -414,6 +452,85 @@ fn step(schema: &Schema, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
                 out.push(stack);
             }
         }
+    }
+}
+
+/// A string frame on `byte`: its characters counted, its escapes read, its pattern stepped
+/// on the characters as JSON decodes them.
+fn string(
+    schema: &Schema,
+    mut stack: Stack,
+    (node, chars, escape, pending, matched): (NodeId, u32, u8, u8, u32),
+    byte: u8,
+    out: &mut Vec<Stack>,
+) {
+    let Node::String { min, max, pattern } = schema.node(node) else {
+        unreachable!("a string frame on a non-string");
+    };
+    let before = escape;
+    let Some((chars, escape, pending)) = string_byte((chars, escape, pending), byte, *min) else {
+        return;
+    };
+    let matched = match pattern {
+        None => matched,
+        Some(pattern) => {
+            let decoded = match (before, escape) {
+                (_, CLOSED) => {
+                    return if pattern.matches(matched) {
+                        out.push(stack)
+                    }
+                }
+                // A pattern reads characters: `\u` escapes are not decoded for it (a
+                // character past ASCII is written as UTF-8).
+                (1, HEX_FIRST) => return,
+                // A backslash only where some escape can follow it.
+                (0, 1)
+                    if ESCAPES
+                        .iter()
+                        .any(|&e| pattern.next(matched, &[unescaped(e)]).is_some()) =>
+                {
+                    None
+                }
+                (0, 1) => return,
+                (1, _) => Some(unescaped(byte)),
+                _ => Some(byte),
+            };
+            match decoded {
+                Some(byte) => match pattern.next(matched, &[byte]) {
+                    Some(next) => next,
+                    None => return,
+                },
+                None => matched,
+            }
+        }
+    };
+    if escape == CLOSED {
+        return out.push(stack);
+    }
+    if chars <= *max {
+        stack.frames.push(Frame::Str {
+            node,
+            chars,
+            escape,
+            pending,
+            matched,
+        });
+        out.push(stack);
+    }
+}
+
+/// The letters of JSON's one-letter escapes.
+const ESCAPES: [u8; 8] = [b'"', b'\\', b'/', b'b', b'f', b'n', b'r', b't'];
+
+/// The character a one-letter escape (after its backslash) stands for.
+fn unescaped(letter: u8) -> u8 {
+    match letter {
+        b'b' => 0x08,
+        b'f' => 0x0c,
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        other => other, // `"`, `\`, `/`
     }
 }
 
@@ -523,11 +640,12 @@ fn start_value(
             count: 0,
             stage: ArrayStage::Open,
         },
-        Node::String { .. } if byte == b'"' => Frame::Str {
+        Node::String { pattern, .. } if byte == b'"' => Frame::Str {
             node,
             chars: 0,
             escape: 0,
             pending: 0,
+            matched: pattern.as_ref().map_or(0, |p| p.start()),
         },
         &Node::Number { integer } => {
             let stage = match byte {
@@ -614,6 +732,7 @@ fn object(
                     chars: 0,
                     escape: 0,
                     pending: 0,
+                    matched: 0,
                 });
                 return out.push(stack);
             }

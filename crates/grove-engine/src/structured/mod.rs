@@ -16,14 +16,17 @@
 //! quote, backslash or control byte is accepted without reading it.
 
 mod matcher;
+mod pattern;
 mod schema;
 
 use std::sync::Arc;
 
 use grove_core::TokenId;
 
+use pattern::Pattern;
+
 pub use matcher::{Matcher, MAX_DEPTH, MAX_INDENT};
-pub use schema::{Schema, SchemaError, SUPPORTED_KEYWORDS};
+pub use schema::{Schema, SchemaError, SUPPORTED_FORMATS, SUPPORTED_KEYWORDS};
 
 /// One text token in the byte-ordered walk of [`TokenBytes`]: what the mask reads of it
 /// lies together, in walk order.
@@ -41,6 +44,8 @@ struct Entry {
     /// Its first bytes that are plain string content and end a character: inside a string
     /// they leave the state as it was (see [`Matcher::in_open_string`]).
     plain_prefix: u16,
+    /// The characters it writes (see [`matcher::characters`]).
+    chars: u16,
 }
 
 /// Each token's bytes, as the model's tokenizer writes them, indexed for masking.
@@ -96,6 +101,7 @@ impl TokenBytes {
                 shared: shared as u16,
                 plain: matcher::plain_string_bytes(token_bytes),
                 plain_prefix: matcher::plain_prefix(token_bytes) as u16,
+                chars: matcher::characters(token_bytes) as u16,
             });
             text.extend_from_slice(token_bytes);
             previous = token_bytes;
@@ -181,16 +187,29 @@ impl Grammar {
         let mut read = 0;
         // The depth at which the last token's prefix was refused (past `read`: none).
         let mut refused_at = usize::MAX;
+        let mut pattern = state.in_pattern_string(schema).map(PatternWalk::new);
         for entry in &self.vocab.walk {
             let shared = usize::from(entry.shared);
+            if let Some(walk) = pattern.as_mut() {
+                walk.next_token(shared);
+            }
             if refused_at <= shared {
                 continue;
             }
             refused_at = usize::MAX;
             let bytes = &self.vocab.text[entry.start as usize..][..usize::from(entry.len)];
-            if in_string && entry.plain {
+            if let (Some(walk), true) = (pattern.as_mut(), entry.plain) {
+                // Inside a string held to a pattern, a plain token is the pattern's to judge.
+                let fits = u32::from(entry.chars) <= walk.room;
                 if let Some(flag) = allowed.get_mut(entry.token as usize) {
-                    *flag = true;
+                    *flag = walk.accepts(bytes) && fits;
+                }
+                read = 0;
+                continue;
+            }
+            if let (Some(room), true) = (in_string, entry.plain) {
+                if let Some(flag) = allowed.get_mut(entry.token as usize) {
+                    *flag = u32::from(entry.chars) <= room;
                 }
                 read = 0;
                 continue;
@@ -212,7 +231,8 @@ impl Grammar {
                     0 => entry.plain,
                     _ => matcher::plain_string_bytes(&bytes[depth..]),
                 };
-                if states[depth].in_free_string(schema) && plain_rest() {
+                let fits = |room| matcher::characters(&bytes[depth..]) <= room as usize;
+                if states[depth].in_free_string(schema).is_some_and(fits) && plain_rest() {
                     break;
                 }
                 if states.len() == depth + 1 {
@@ -240,6 +260,59 @@ impl Grammar {
             }
         }
         allowed.iter().filter(|&&flag| flag).count()
+    }
+}
+
+/// A pattern's automaton walked over the vocabulary in byte order, as the mask walks the
+/// matcher: the states after each prefix of the current token are kept, so a token steps only
+/// the bytes it does not share with the one before, and a refused prefix refuses the tokens
+/// under it.
+struct PatternWalk<'p> {
+    pattern: &'p Pattern,
+    /// Characters the string has room for.
+    room: u32,
+    /// `states[d]`: after the current token's first `d` bytes, for `d <= read`.
+    states: Vec<u32>,
+    read: usize,
+    /// The current token's first `refused` bytes lead nowhere (`usize::MAX`: not known).
+    refused: usize,
+}
+
+impl<'p> PatternWalk<'p> {
+    fn new((pattern, state, room): (&'p Pattern, u32, u32)) -> Self {
+        Self {
+            pattern,
+            room,
+            states: vec![state],
+            read: 0,
+            refused: usize::MAX,
+        }
+    }
+
+    /// The next token in byte order shares `shared` bytes with the one before.
+    fn next_token(&mut self, shared: usize) {
+        self.read = self.read.min(shared);
+        if self.refused > shared {
+            self.refused = usize::MAX;
+        }
+    }
+
+    /// Whether the pattern can still match after the current token's `bytes`.
+    fn accepts(&mut self, bytes: &[u8]) -> bool {
+        if self.refused <= bytes.len() {
+            return false;
+        }
+        while self.read < bytes.len() {
+            let next = self.pattern.step(self.states[self.read], bytes[self.read]);
+            if next == pattern::DEAD {
+                self.refused = self.read + 1;
+                return false;
+            }
+            self.read += 1;
+            self.states.truncate(self.read);
+            self.states.push(next);
+        }
+        true
     }
 }
 

@@ -5,8 +5,11 @@
 //! numeric bounds, ...) is refused by name, never ignored.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
+
+use super::pattern::{format_pattern, Pattern};
 
 pub(crate) type NodeId = u32;
 
@@ -24,10 +27,11 @@ pub(crate) enum Node {
         min: u32,
         max: u32,
     },
-    /// A string of `min..=max` characters (an escape is one).
+    /// A string of `min..=max` characters (an escape is one), matching `pattern` if any.
     String {
         min: u32,
         max: u32,
+        pattern: Option<Arc<Pattern>>,
     },
     Number {
         integer: bool,
@@ -75,8 +79,11 @@ const ANNOTATIONS: &[&str] = &[
 
 /// The keywords grove enforces, named in refusals.
 pub const SUPPORTED_KEYWORDS: &str = "type, properties, required, additionalProperties, items, \
-     minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf, allOf (one schema), \
-     $ref (within the schema)";
+     minItems, maxItems, minLength, maxLength, pattern, format, enum, const, anyOf, oneOf, \
+     allOf (one schema), $ref (within the schema)";
+
+/// The string formats grove enforces, named in refusals.
+pub const SUPPORTED_FORMATS: &str = "date, time, date-time, uuid, ipv4, email";
 
 /// A schema grove cannot enforce, with where in it and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -117,6 +124,7 @@ impl Schema {
             Node::String {
                 min: 0,
                 max: u32::MAX,
+                pattern: None,
             },
             Node::Number { integer: false },
             Node::Literals(vec![literal("true"), literal("false"), literal("null")]),
@@ -234,7 +242,21 @@ impl<'s> Compiler<'s> {
         let types: Vec<&str> = match map.get("type") {
             None if map.contains_key("properties") => vec!["object"],
             None if map.contains_key("items") => vec!["array"],
-            None => return Ok(ANY),
+            None => {
+                // Without a type these would hold only for some values: say which.
+                let typed = [
+                    "pattern",
+                    "format",
+                    "minLength",
+                    "maxLength",
+                    "minItems",
+                    "maxItems",
+                ];
+                if let Some(keyword) = typed.iter().find(|k| map.contains_key(**k)) {
+                    return Err(error(at, format!("`{keyword}` needs a `type`")));
+                }
+                return Ok(ANY);
+            }
             Some(Value::String(kind)) => vec![kind.as_str()],
             Some(Value::Array(kinds)) if !kinds.is_empty() => kinds
                 .iter()
@@ -281,7 +303,8 @@ impl<'s> Compiler<'s> {
             }
             "string" => {
                 let (min, max) = (count("minLength", 0)?, count("maxLength", u32::MAX)?);
-                self.bounded(Node::String { min, max }, (min, max), at)
+                let pattern = string_pattern(map, at)?;
+                self.bounded(Node::String { min, max, pattern }, (min, max), at)
             }
             "number" => Ok(ANY_NUMBER),
             "integer" => self.push(Node::Number { integer: true }, at),
@@ -455,6 +478,25 @@ fn flatten_unions(nodes: &mut [Node]) -> Result<(), SchemaError> {
     Ok(())
 }
 
+/// A string schema's `pattern` or `format`, compiled.
+fn string_pattern(map: &Map<String, Value>, at: &str) -> Result<Option<Arc<Pattern>>, SchemaError> {
+    let source = match (map.get("pattern"), map.get("format")) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => return Err(error(at, "`pattern` beside `format` is not supported")),
+        (Some(Value::String(pattern)), None) => pattern.clone(),
+        (Some(_), None) => return Err(error(at, "`pattern` must be a string")),
+        (None, Some(format)) => format.as_str().and_then(format_pattern).ok_or_else(|| {
+            error(
+                at,
+                format!("format {format} is not supported (supported: {SUPPORTED_FORMATS})"),
+            )
+        })?,
+    };
+    Pattern::new(&source)
+        .map(|p| Some(Arc::new(p)))
+        .map_err(|reason| error(at, reason))
+}
+
 fn known(keyword: &str) -> bool {
     ANNOTATIONS.contains(&keyword)
         || matches!(
@@ -468,6 +510,8 @@ fn known(keyword: &str) -> bool {
                 | "maxItems"
                 | "minLength"
                 | "maxLength"
+                | "pattern"
+                | "format"
                 | "enum"
                 | "const"
                 | "anyOf"
@@ -500,10 +544,14 @@ mod tests {
     #[test]
     fn what_cannot_be_enforced_is_refused_by_keyword_and_place() {
         let e = refused(
-            json!({"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]+$"}}}),
+            json!({"type": "object", "properties": {"zip": {"type": "string", "pattern": "([0-9]+"}}}),
         );
         assert_eq!(e.at, "#/properties/zip");
-        assert!(e.reason.contains("`pattern`"), "{e}");
+        assert!(e.reason.contains("pattern `([0-9]+`"), "{e}");
+        let e = refused(json!({"type": "string", "format": "hostname"}));
+        assert!(e.reason.contains("format \"hostname\""), "{e}");
+        let e = refused(json!({"pattern": "^a"}));
+        assert!(e.reason.contains("`pattern` needs a `type`"), "{e}");
         let e = refused(json!({"type": "integer", "minimum": 0}));
         assert!(e.reason.contains("`minimum`") && e.at == "#", "{e}");
         let e = refused(json!({"type": "object", "properties": {"a": {}}, "required": ["b"]}));

@@ -91,6 +91,43 @@ fn a_schema_holds_types_order_requirements_and_bounds() {
     }
 }
 
+fn coded() -> Schema {
+    Schema::compile(&json!({"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2,4}$"},
+        "day": {"type": "string", "format": "date"},
+        "note": {"type": "string", "pattern": "ok"}
+    }, "required": ["code", "day", "note"]}))
+    .unwrap()
+}
+
+#[test]
+fn patterns_and_formats_hold_on_the_decoded_string() {
+    let schema = coded();
+    let good = [
+        r#"{"code": "AB12", "day": "2026-12-05", "note": "all ok"}"#,
+        r#"{"code": "ZZ0000", "day": "1999-01-31", "note": "looks ok to me"}"#,
+        // An escape is read as the character it stands for.
+        r#"{"code": "AB12", "day": "2026-12-05", "note": "ok\n"}"#,
+    ];
+    for text in good {
+        assert!(accepts_whole(&schema, text), "{text}");
+    }
+    let bad = [
+        r#"{"code": "A12", "day": "2026-12-05", "note": "ok"}"#,
+        r#"{"code": "AB12345", "day": "2026-12-05", "note": "ok"}"#,
+        r#"{"code": "AB12", "day": "2026-13-05", "note": "ok"}"#,
+        r#"{"code": "AB12", "day": "2026-12-05", "note": "no"}"#,
+        // No `\u` escapes in a patterned string.
+        r#"{"code": "\u0041B12", "day": "2026-12-05", "note": "ok"}"#,
+    ];
+    for text in bad {
+        assert!(!accepts_whole(&schema, text), "{text}");
+    }
+    // A prefix no continuation can match is refused at once, not at the closing quote.
+    let mut state = Matcher::new(&schema);
+    assert!(!state.feed(&schema, br#"{"code": "A1"#));
+}
+
 #[test]
 fn recursion_and_whitespace_limits() {
     let tree = Schema::compile(&json!({
@@ -184,7 +221,7 @@ const STOP: TokenId = 1;
 #[test]
 fn the_mask_is_reading_every_token() {
     let vocab = vocab();
-    for schema in [person(), Schema::any_object(), Schema::any_value()] {
+    for schema in [person(), coded(), Schema::any_object(), Schema::any_value()] {
         let grammar = Grammar::new(schema, Arc::clone(&vocab));
         let mut rng = ChaCha12Rng::seed_from_u64(3);
         let mut allowed = vec![false; vocab.len() + 3];
