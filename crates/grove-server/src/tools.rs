@@ -411,7 +411,7 @@ mod tests {
             "tools[0].function.name"
         );
         let bounded = json!([{"type": "function", "function": {"name": "f", "parameters":
-            {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0}}}}}]);
+            {"type": "object", "properties": {"x": {"type": "integer", "multipleOf": 5}}}}}]);
         let required = tools(Some(bounded), Some(json!("required")))
             .unwrap()
             .unwrap();

@@ -98,10 +98,10 @@ async fn what_cannot_be_enforced_is_refused_by_name() {
     let cases = [
         (
             json!({"type": "json_schema", "json_schema": {"name": "s",
-                   "schema": {"type": "integer", "minimum": 0}}}),
+                   "schema": {"type": "integer", "multipleOf": 5}}}),
             json!({}),
             "response_format.json_schema.schema",
-            "`minimum`",
+            "`multipleOf`",
         ),
         (
             json!({"type": "json_schema", "json_schema": {"name": "s"}}),

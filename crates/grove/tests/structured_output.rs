@@ -21,7 +21,7 @@ fn assets() -> PathBuf {
 fn schema() -> Value {
     json!({"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 12, "pattern": "^[a-z_][a-z0-9_]*$"},
-        "lines": {"type": "integer"},
+        "lines": {"type": "integer", "minimum": 1, "maximum": 500},
         "kind": {"enum": ["function", "class", "module"]},
         "pure": {"type": "boolean"}
     }, "required": ["name", "lines", "kind", "pure"]})
@@ -146,9 +146,9 @@ fn generate_prints_a_value_of_the_schema_file() {
             .collect();
         assert_eq!(keys, ["name", "lines", "kind", "pure"], "{text}");
     }
-    std::fs::write(&path, r#"{"type": "integer", "minimum": 0}"#).unwrap();
+    std::fs::write(&path, r#"{"type": "integer", "multipleOf": 5}"#).unwrap();
     let refused = grove(&["--json-schema", path.to_str().unwrap()]);
     assert_eq!(refused.status.code(), Some(1));
     let message = String::from_utf8_lossy(&refused.stderr);
-    assert!(message.contains("`minimum`"), "{message}");
+    assert!(message.contains("`multipleOf`"), "{message}");
 }

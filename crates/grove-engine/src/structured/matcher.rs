@@ -9,6 +9,7 @@
 //! the same forms, with 20), so that a model cannot spend its tokens on blank lines; values
 //! nest at most [`MAX_DEPTH`] deep.
 
+use super::number::{NumberKind, NumberState};
 use super::pattern::Pattern;
 use super::schema::{Node, NodeId, Schema, ANY_STRING};
 
@@ -17,8 +18,6 @@ use super::schema::{Node, NodeId, Schema, ANY_STRING};
 pub const MAX_INDENT: u8 = 48;
 /// Values open at once, at most.
 pub const MAX_DEPTH: usize = 64;
-/// Bytes of one number, at most.
-const MAX_NUMBER_BYTES: u8 = 32;
 /// Unions nested in unions, at most, before a first byte (a union that names itself ends).
 const MAX_UNION_NESTING: u8 = 16;
 
@@ -42,44 +41,6 @@ enum ArrayStage {
     Open,
     AfterValue,
     Comma,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NumberStage {
-    Minus,
-    Zero,
-    Integer,
-    Dot,
-    Fraction,
-    Exponent,
-    ExponentSign,
-    ExponentDigits,
-}
-
-impl NumberStage {
-    fn complete(self) -> bool {
-        matches!(
-            self,
-            Self::Zero | Self::Integer | Self::Fraction | Self::ExponentDigits
-        )
-    }
-
-    /// The stage after `byte`, if it continues the number.
-    fn next(self, byte: u8, integer: bool) -> Option<Self> {
-        use NumberStage::*;
-        let digit = byte.is_ascii_digit();
-        Some(match (self, byte) {
-            (Minus, b'0') => Zero,
-            (Minus, _) if digit => Integer,
-            (Integer, _) if digit => Integer,
-            (Zero | Integer, b'.') if !integer => Dot,
-            (Dot | Fraction, _) if digit => Fraction,
-            (Zero | Integer | Fraction, b'e' | b'E') if !integer => Exponent,
-            (Exponent, b'+' | b'-') => ExponentSign,
-            (Exponent | ExponentSign | ExponentDigits, _) if digit => ExponentDigits,
-            _ => return None,
-        })
-    }
 }
 
 /// One open value.
@@ -118,12 +79,15 @@ enum Frame {
         matched: u32,
     },
     Number {
-        integer: bool,
-        stage: NumberStage,
-        bytes: u8,
+        node: NodeId,
+        state: NumberState,
     },
     /// Spelling literal `index` of `node`; `at` bytes of it read.
-    Literal { node: NodeId, index: u16, at: u16 },
+    Literal {
+        node: NodeId,
+        index: u16,
+        at: u16,
+    },
 }
 
 impl Frame {
@@ -337,7 +301,7 @@ pub(crate) fn plain_prefix(bytes: &[u8]) -> usize {
 /// A number or literal that may end here (the next byte that does not continue it ends it).
 fn complete_scalar(schema: &Schema, frame: &Frame) -> bool {
     match *frame {
-        Frame::Number { stage, .. } => stage.complete(),
+        Frame::Number { node, state } => state.complete(number_kind(schema, node)),
         Frame::Literal { node, index, at } => at as usize == literal(schema, node, index).len(),
         _ => false,
     }
@@ -428,17 +392,9 @@ fn step(schema: &Schema, mut stack: Stack, byte: u8, out: &mut Vec<Stack>) {
             byte,
             out,
         ),
-        Frame::Number {
-            integer,
-            stage,
-            bytes,
-        } => {
-            if let Some(stage) = number_byte(stage, bytes, byte, integer) {
-                stack.frames.push(Frame::Number {
-                    integer,
-                    stage,
-                    bytes: bytes + 1,
-                });
+        Frame::Number { node, state } => {
+            if let Some(state) = state.next(number_kind(schema, node), byte) {
+                stack.frames.push(Frame::Number { node, state });
                 out.push(stack);
             }
         }
@@ -584,22 +540,17 @@ pub(crate) fn plain_string_bytes(bytes: &[u8]) -> bool {
     })
 }
 
-/// The stage of a number of `bytes` bytes after `byte`, if it continues it: at its longest
-/// it must be whole (`1e` at the limit could never end).
-fn number_byte(stage: NumberStage, bytes: u8, byte: u8, integer: bool) -> Option<NumberStage> {
-    stage.next(byte, integer).filter(|next| {
-        bytes + 1 < MAX_NUMBER_BYTES || (bytes < MAX_NUMBER_BYTES && next.complete())
-    })
+fn number_kind(schema: &Schema, node: NodeId) -> NumberKind {
+    match *schema.node(node) {
+        Node::Number { integer, bounds } => NumberKind { integer, bounds },
+        ref other => unreachable!("a number frame on {other:?}"),
+    }
 }
 
 /// Whether `byte` continues a number or literal that could also end here.
 fn continues(schema: &Schema, frame: &Frame, byte: u8) -> bool {
     match *frame {
-        Frame::Number {
-            integer,
-            stage,
-            bytes,
-        } => number_byte(stage, bytes, byte, integer).is_some(),
+        Frame::Number { node, state } => state.next(number_kind(schema, node), byte).is_some(),
         // A complete literal has no next byte.
         Frame::Literal { node, index, at } => {
             literal(schema, node, index).get(at as usize) == Some(&byte)
@@ -647,19 +598,10 @@ fn start_value(
             pending: 0,
             matched: pattern.as_ref().map_or(0, |p| p.start()),
         },
-        &Node::Number { integer } => {
-            let stage = match byte {
-                b'-' => NumberStage::Minus,
-                b'0' => NumberStage::Zero,
-                b'1'..=b'9' => NumberStage::Integer,
-                _ => return,
-            };
-            Frame::Number {
-                integer,
-                stage,
-                bytes: 1,
-            }
-        }
+        Node::Number { .. } => match NumberState::start(number_kind(schema, node), byte) {
+            Some(state) => Frame::Number { node, state },
+            None => return,
+        },
         Node::Literals(values) => {
             for (index, value) in values.iter().enumerate() {
                 if value.first() == Some(&byte) {

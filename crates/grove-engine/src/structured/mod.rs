@@ -16,6 +16,7 @@
 //! quote, backslash or control byte is accepted without reading it.
 
 mod matcher;
+mod number;
 mod pattern;
 mod schema;
 

@@ -33,8 +33,10 @@ pub(crate) enum Node {
         max: u32,
         pattern: Option<Arc<Pattern>>,
     },
+    /// A number; an integer may be held to `bounds` (least and greatest, both included).
     Number {
         integer: bool,
+        bounds: Option<(i64, i64)>,
     },
     /// One of these values, each as compact JSON text.
     Literals(Vec<Box<[u8]>>),
@@ -79,7 +81,8 @@ const ANNOTATIONS: &[&str] = &[
 
 /// The keywords grove enforces, named in refusals.
 pub const SUPPORTED_KEYWORDS: &str = "type, properties, required, additionalProperties, items, \
-     minItems, maxItems, minLength, maxLength, pattern, format, enum, const, anyOf, oneOf, \
+     minItems, maxItems, minLength, maxLength, pattern, format, minimum, maximum, \
+     exclusiveMinimum, exclusiveMaximum (on integers), enum, const, anyOf, oneOf, \
      allOf (one schema), $ref (within the schema)";
 
 /// The string formats grove enforces, named in refusals.
@@ -126,7 +129,10 @@ impl Schema {
                 max: u32::MAX,
                 pattern: None,
             },
-            Node::Number { integer: false },
+            Node::Number {
+                integer: false,
+                bounds: None,
+            },
             Node::Literals(vec![literal("true"), literal("false"), literal("null")]),
         ]
     }
@@ -306,8 +312,23 @@ impl<'s> Compiler<'s> {
                 let pattern = string_pattern(map, at)?;
                 self.bounded(Node::String { min, max, pattern }, (min, max), at)
             }
-            "number" => Ok(ANY_NUMBER),
-            "integer" => self.push(Node::Number { integer: true }, at),
+            "number" => match BOUNDS.iter().find(|k| map.contains_key(**k)) {
+                Some(keyword) => Err(error(
+                    at,
+                    format!("`{keyword}` is supported on an `integer`, not a `number`"),
+                )),
+                None => Ok(ANY_NUMBER),
+            },
+            "integer" => {
+                let bounds = integer_bounds(map, at)?;
+                self.push(
+                    Node::Number {
+                        integer: true,
+                        bounds,
+                    },
+                    at,
+                )
+            }
             "boolean" => {
                 let literals = vec![b"true"[..].into(), b"false"[..].into()];
                 self.push(Node::Literals(literals), at)
@@ -478,6 +499,47 @@ fn flatten_unions(nodes: &mut [Node]) -> Result<(), SchemaError> {
     Ok(())
 }
 
+/// The keywords that bound an integer.
+const BOUNDS: [&str; 4] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+
+/// An integer schema's least and greatest values (none without bounds).
+fn integer_bounds(map: &Map<String, Value>, at: &str) -> Result<Option<(i64, i64)>, SchemaError> {
+    if !BOUNDS.iter().any(|k| map.contains_key(*k)) {
+        return Ok(None);
+    }
+    // Integers from -2^53 to 2^53, where a JSON number is still exact.
+    const LIMIT: f64 = 9_007_199_254_740_992.0;
+    let bound = |keyword: &str| -> Result<Option<f64>, SchemaError> {
+        match map.get(keyword) {
+            None => Ok(None),
+            Some(value) => value
+                .as_f64()
+                .filter(|v| v.is_finite())
+                .map(Some)
+                .ok_or_else(|| error(at, format!("`{keyword}` must be a number"))),
+        }
+    };
+    let mut low = -LIMIT;
+    let mut high = LIMIT;
+    if let Some(v) = bound("minimum")? {
+        low = low.max(v.ceil());
+    }
+    if let Some(v) = bound("exclusiveMinimum")? {
+        low = low.max(v.floor() + 1.0);
+    }
+    if let Some(v) = bound("maximum")? {
+        high = high.min(v.floor());
+    }
+    if let Some(v) = bound("exclusiveMaximum")? {
+        high = high.min(v.ceil() - 1.0);
+    }
+    let (low, high) = (low.max(-LIMIT), high.min(LIMIT));
+    if low > high {
+        return Err(error(at, format!("no integer lies in [{low}, {high}]")));
+    }
+    Ok(Some((low as i64, high as i64)))
+}
+
 /// A string schema's `pattern` or `format`, compiled.
 fn string_pattern(map: &Map<String, Value>, at: &str) -> Result<Option<Arc<Pattern>>, SchemaError> {
     let source = match (map.get("pattern"), map.get("format")) {
@@ -512,6 +574,10 @@ fn known(keyword: &str) -> bool {
                 | "maxLength"
                 | "pattern"
                 | "format"
+                | "minimum"
+                | "maximum"
+                | "exclusiveMinimum"
+                | "exclusiveMaximum"
                 | "enum"
                 | "const"
                 | "anyOf"
@@ -552,8 +618,12 @@ mod tests {
         assert!(e.reason.contains("format \"hostname\""), "{e}");
         let e = refused(json!({"pattern": "^a"}));
         assert!(e.reason.contains("`pattern` needs a `type`"), "{e}");
-        let e = refused(json!({"type": "integer", "minimum": 0}));
+        let e = refused(json!({"type": "number", "minimum": 0}));
         assert!(e.reason.contains("`minimum`") && e.at == "#", "{e}");
+        let e = refused(json!({"type": "integer", "minimum": 3, "exclusiveMaximum": 3}));
+        assert!(e.reason.contains("no integer"), "{e}");
+        let e = refused(json!({"type": "integer", "multipleOf": 3}));
+        assert!(e.reason.contains("`multipleOf`"), "{e}");
         let e = refused(json!({"type": "object", "properties": {"a": {}}, "required": ["b"]}));
         assert!(e.reason.contains("`b` is required"), "{e}");
         let e = refused(json!({"$ref": "https://example.com/s.json"}));
