@@ -155,7 +155,7 @@ impl Tools {
         &self,
         vocab: Option<&Arc<TokenBytes>>,
     ) -> Result<Option<Grammar>, ValidationError> {
-        let calls: Vec<Value> = self
+        let (indices, calls): (Vec<usize>, Vec<Value>) = self
             .definitions
             .iter()
             .enumerate()
@@ -168,22 +168,34 @@ impl Tools {
                     _ => Some((index, name, function.get("parameters"))),
                 }
             })
-            .map(|(index, name, parameters)| {
-                let arguments = parameters.cloned().unwrap_or(json!({"type": "object"}));
-                // Checked here, so that a refusal names the tool.
-                Schema::compile(&arguments).map_err(|e| {
-                    wrong(format!("tools[{index}].function.parameters"), e.to_string())
-                })?;
-                Ok(json!({"type": "object",
+            .enumerate()
+            .map(|(at, (index, name, parameters))| {
+                let mut arguments = parameters.cloned().unwrap_or(json!({"type": "object"}));
+                // The parameters' own `$ref`s (`#/$defs/...`) point into them where they now sit.
+                rebase_refs(
+                    &mut arguments,
+                    &format!("#/anyOf/{at}/properties/arguments"),
+                );
+                let call = json!({"type": "object",
                     "properties": {"name": {"const": name}, "arguments": arguments},
-                    "required": ["name", "arguments"]}))
+                    "required": ["name", "arguments"]});
+                (index, call)
             })
-            .collect::<Result<_, ValidationError>>()?;
+            .unzip();
         if calls.is_empty() {
             return Ok(None);
         }
-        let schema =
-            Schema::compile(&json!({"anyOf": calls})).map_err(|e| wrong("tools", e.to_string()))?;
+        let schema = Schema::compile(&json!({"anyOf": calls})).map_err(|e| {
+            // A refusal names the tool whose parameters it is in.
+            let tool = e.at.strip_prefix("#/anyOf/").and_then(|rest| {
+                let (at, _) = rest.split_once('/')?;
+                indices.get(at.parse::<usize>().ok()?)
+            });
+            match tool {
+                Some(index) => wrong(format!("tools[{index}].function.parameters"), e.to_string()),
+                None => wrong("tools", e.to_string()),
+            }
+        })?;
         let vocab = vocab.ok_or(ValidationError::Unsupported {
             field: "tool_choice",
             allowed: "\"auto\" or \"none\" for a model without a tokenizer",
@@ -217,6 +229,26 @@ impl Tools {
         }
         let content = content.trim();
         Some(((!content.is_empty()).then(|| content.to_owned()), calls))
+    }
+}
+
+/// Puts `prefix` before every local `$ref` in `schema` (values that are data, not schemas,
+/// left alone).
+fn rebase_refs(schema: &mut Value, prefix: &str) {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                match (key.as_str(), value) {
+                    ("$ref", Value::String(target)) if target.starts_with('#') => {
+                        *target = format!("{prefix}{}", &target[1..]);
+                    }
+                    ("const" | "enum" | "default" | "examples", _) => {}
+                    (_, value) => rebase_refs(value, prefix),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| rebase_refs(item, prefix)),
+        _ => {}
     }
 }
 
@@ -417,5 +449,32 @@ mod tests {
             .unwrap();
         let error = required.grammar(None).unwrap_err();
         assert_eq!(field(error), "tools[0].function.parameters");
+    }
+
+    #[test]
+    fn a_required_call_keeps_its_parameters_references() {
+        use grove_engine::structured::Matcher;
+        // Pydantic writes nested models as `$defs` and `$ref`s from the parameters' root.
+        let definitions = json!([
+            {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "move", "parameters": {
+                "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}},
+                                    "required": ["x"]}},
+                "type": "object", "properties": {"to": {"$ref": "#/$defs/Point"}},
+                "required": ["to"]}}}
+        ]);
+        let required = tools(Some(definitions), Some(json!("required")))
+            .unwrap()
+            .unwrap();
+        let vocab = Arc::new(TokenBytes::new(vec![Some(b"x".to_vec())]));
+        let grammar = required.grammar(Some(&vocab)).unwrap().unwrap();
+        let mut state = Matcher::new(&grammar.schema);
+        let call = br#"{"name": "move", "arguments": {"to": {"x": 3}}}"#;
+        assert!(state.feed(&grammar.schema, call) && state.can_end(&grammar.schema));
+        let mut wrong = Matcher::new(&grammar.schema);
+        assert!(!wrong.feed(
+            &grammar.schema,
+            br#"{"name": "move", "arguments": {"to": {"y""#
+        ));
     }
 }

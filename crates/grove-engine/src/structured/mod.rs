@@ -11,9 +11,10 @@
 //! allows, since the walk follows only the target's masked choices, and speculation stays
 //! lossless (the tests compare it with plain decoding, greedy and seeded).
 //!
-//! The mask costs one pass over the vocabulary: tokens are grouped by first byte, so a byte
-//! the state refuses drops its whole group at once, and inside a string a token with no
-//! quote, backslash or control byte is accepted without reading it.
+//! The mask costs one pass over the vocabulary, walked in byte order as a trie: a prefix is
+//! read once for every token that shares it, and one the state refuses refuses them all
+//! unread. Inside a string a token with no quote, backslash or control byte is judged without
+//! the matcher: by its length alone, or by the string's pattern automaton.
 
 mod matcher;
 mod number;
