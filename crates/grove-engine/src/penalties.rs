@@ -104,19 +104,6 @@ impl LogitAdjustments {
     }
 }
 
-/// The tokens of `node`'s path below the root of a tree whose nodes have `parents` and
-/// `tokens`, root first.
-pub(crate) fn path_tokens(parents: &[usize], tokens: &[TokenId], node: usize) -> Vec<TokenId> {
-    let mut path = Vec::new();
-    let mut at = node;
-    while at != 0 {
-        path.push(tokens[at]);
-        at = parents[at];
-    }
-    path.reverse();
-    path
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,14 +144,5 @@ mod tests {
         assert_eq!(bad(bias(vec![(10, 1.0)])), "logit_bias");
         assert_eq!(bad(bias(vec![(1, 101.0)])), "logit_bias");
         assert!(bias(vec![(9, -100.0)]).validate(10).is_ok());
-    }
-
-    #[test]
-    fn a_nodes_path_is_read_up_its_parents() {
-        // 0 -> 1 -> 3, 0 -> 2.
-        let (parents, tokens) = ([0, 0, 0, 1], [9, 10, 20, 30]);
-        assert_eq!(path_tokens(&parents, &tokens, 3), [10, 30]);
-        assert_eq!(path_tokens(&parents, &tokens, 2), [20]);
-        assert!(path_tokens(&parents, &tokens, 0).is_empty());
     }
 }

@@ -21,7 +21,6 @@ use crate::budget::AutoBudget;
 use crate::drafter::DraftBlock;
 use crate::emitter::Emitter;
 use crate::logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
-use crate::penalties::path_tokens;
 use crate::request::{GenerateRequest, GeneratorOptions};
 use crate::sequence::{Pools, Sequence};
 use crate::speculation::{self, Method, Speculation, SpeculationOverride};
@@ -404,13 +403,7 @@ impl<'a> RoundRunner<'a> {
         let mut trees: Vec<DraftTree> = batch
             .iter()
             .zip(&candidates)
-            .map(|(sequence, candidates)| {
-                let budget = match sequence.method {
-                    Method::Tree { budget, .. } => budget,
-                    _ => candidates.len(),
-                };
-                DraftTree::build(sequence.anchor, candidates, budget)
-            })
+            .map(|(sequence, candidates)| sequence.draft_tree(candidates))
             .collect();
         let gains = self.choose_budgets(batch, &mut trees, context, timings.draft);
         timings.predicted_accepted = gains.iter().flatten().sum();
@@ -534,7 +527,7 @@ impl<'a> RoundRunner<'a> {
         choices.clear();
         let result = AcceptResult::walk(tree, |node| {
             let row = &logits[node * vocab..][..vocab];
-            let path = || path_tokens(&tree.parents, &tree.tokens, node);
+            let path = || tree.path(node);
             let token = sequence.choose(row, path);
             if let Some(top) = top {
                 choices.push(TokenLogprob::of(row, token, top));
@@ -581,7 +574,8 @@ impl<'a> RoundRunner<'a> {
         let shapes: Vec<(usize, usize)> = batch
             .iter()
             .map(|s| {
-                let (most, k) = s.method.draft_shape(block_size, s.remaining());
+                let constrained = s.request.grammar.is_some();
+                let (most, k) = s.method.draft_shape(block_size, s.remaining(), constrained);
                 // An automatic budget drafts as deep as its trees have lately gone.
                 let depths = if s.auto { s.budget.depths(most) } else { most };
                 (depths, k)

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use grove_core::{FinishReason, TokenId};
 use grove_kv::{KvStore, PagePool, PageTable, PrefixCache};
-use grove_spec::{AcceptResult, AcceptanceStats};
+use grove_spec::{AcceptResult, AcceptanceStats, DepthCandidates, DraftTree};
 
 use crate::budget::SequenceBudget;
 use crate::emitter::Emitter;
@@ -210,6 +210,25 @@ impl<'r> Sequence<'r> {
         self.emitted += tokens.len();
         self.acceptance.record(&result, tree_nodes);
         Ok(tokens)
+    }
+
+    /// The round's draft from the drafter's per-depth `candidates`: a best-first tree of the
+    /// method's budget, or a chain. Under a schema a draft enters only if the schema allows it
+    /// after its path: the target can never choose another there, so the budget goes to drafts
+    /// that can be accepted (the walk samples the target as it would without them).
+    pub fn draft_tree(&self, candidates: &[DepthCandidates]) -> DraftTree {
+        let tree = |admit: &mut dyn FnMut(usize, TokenId) -> bool| match self.method {
+            Method::Tree { budget, .. } => {
+                DraftTree::build_where(self.anchor, candidates, budget, admit)
+            }
+            _ => DraftTree::chain_where(self.anchor, candidates, admit),
+        };
+        match (&self.request.grammar, &self.grammar_state) {
+            (Some(grammar), Some(state)) => {
+                tree(&mut grammar.admission(state, &self.request.stop.stop_token_ids))
+            }
+            _ => tree(&mut |_, _| true),
+        }
     }
 
     /// The target's choice from `row`, a position after the tokens emitted so far and then

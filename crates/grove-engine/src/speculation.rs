@@ -127,11 +127,25 @@ impl Method {
 
     /// The depth a round may draft to with a drafter of `block_size` when `remaining` tokens
     /// may still be emitted (a round emits at most depth + 1), and the candidates per depth.
-    pub fn draft_shape(self, block_size: usize, remaining: usize) -> (usize, usize) {
+    /// A `constrained` chain (a schema refuses some tokens) keeps a few candidates a depth, so
+    /// that it can draft the best one the schema allows where the drafter's first is refused.
+    pub fn draft_shape(
+        self,
+        block_size: usize,
+        remaining: usize,
+        constrained: bool,
+    ) -> (usize, usize) {
         let depth_cap = remaining.saturating_sub(1);
         match self {
             Self::Plain => (0, 0),
-            Self::Chain { num_draft_tokens } => ((num_draft_tokens - 1).min(depth_cap), 1),
+            Self::Chain { num_draft_tokens } => (
+                (num_draft_tokens - 1).min(depth_cap),
+                if constrained {
+                    CONSTRAINED_CHAIN_CANDIDATES
+                } else {
+                    1
+                },
+            ),
             // A tree of `budget` nodes is at most `budget` deep.
             Self::Tree { budget, top_k } => (
                 (block_size - 1).min(depth_cap).min(budget),
@@ -140,6 +154,10 @@ impl Method {
         }
     }
 }
+
+/// Candidates a depth of a chain under a schema, from which it drafts the best one the
+/// schema allows after the chain so far (a refused first choice would end the chain there).
+const CONSTRAINED_CHAIN_CANDIDATES: usize = 8;
 
 /// The KV slots a sequence holding `tokens` tokens needs for its next round: the one formula
 /// behind admission, reservation and the pool's sizing.
@@ -365,15 +383,20 @@ mod tests {
             budget: 6,
             top_k: 4,
         };
-        assert_eq!(tree.draft_shape(16, 100), (6, 4));
-        assert_eq!(tree.draft_shape(6, 100), (5, 4));
-        assert_eq!(tree.draft_shape(8, 3), (2, 4));
-        assert_eq!(tree.draft_shape(8, 1), (0, 4));
+        assert_eq!(tree.draft_shape(16, 100, false), (6, 4));
+        assert_eq!(tree.draft_shape(6, 100, false), (5, 4));
+        assert_eq!(tree.draft_shape(8, 3, false), (2, 4));
+        assert_eq!(tree.draft_shape(8, 1, false), (0, 4));
         let chain = Method::Chain {
             num_draft_tokens: 4,
         };
-        assert_eq!(chain.draft_shape(8, 100), (3, 1));
-        assert_eq!(Method::Plain.draft_shape(8, 100), (0, 0));
+        assert_eq!(chain.draft_shape(8, 100, false), (3, 1));
+        assert_eq!(
+            chain.draft_shape(8, 100, true),
+            (3, CONSTRAINED_CHAIN_CANDIDATES)
+        );
+        assert_eq!(tree.draft_shape(16, 100, true), (6, 4));
+        assert_eq!(Method::Plain.draft_shape(8, 100, false), (0, 0));
     }
 
     #[test]

@@ -66,16 +66,37 @@ impl Ord for Entry {
 }
 
 impl DraftTree {
-    /// Builds the tree of the best `budget` prefixes with `root` as node 0. `candidates[d]` are
-    /// the choices at depth `d + 1`; the depth is at most `candidates.len()`.
-    pub fn build(root: TokenId, candidates: &[DepthCandidates], budget: usize) -> Self {
-        let mut tree = Self {
+    /// The tree of the anchor alone.
+    fn root(root: TokenId) -> Self {
+        Self {
             tokens: vec![root],
             parents: vec![0],
             depths: vec![0],
             scores: vec![0.0],
             children: vec![Vec::new()],
-        };
+        }
+    }
+
+    /// Builds the tree of the best `budget` prefixes with `root` as node 0. `candidates[d]` are
+    /// the choices at depth `d + 1`; the depth is at most `candidates.len()`.
+    pub fn build(root: TokenId, candidates: &[DepthCandidates], budget: usize) -> Self {
+        Self::build_where(root, candidates, budget, |_, _| true)
+    }
+
+    /// [`DraftTree::build`] over the prefixes `admit` lets in: `admit(parent, token)` is asked
+    /// once for each prefix the search pops, in pop order, and a refused one becomes no node
+    /// and opens no children (its next sibling still competes). When admission is closed under
+    /// prefixes (a token the target can never choose after its parent's path, such as one a
+    /// schema refuses), the tree is the best `budget` admitted prefixes: the budget goes to
+    /// drafts that can be accepted. A caller tracking per-node state pushes it when admitting:
+    /// an admitted prefix becomes node `len() + 1`.
+    pub fn build_where(
+        root: TokenId,
+        candidates: &[DepthCandidates],
+        budget: usize,
+        mut admit: impl FnMut(usize, TokenId) -> bool,
+    ) -> Self {
+        let mut tree = Self::root(root);
         let available = |depth: usize| candidates.get(depth - 1).map_or(0, |c| c.token_ids.len());
         let mut heap = BinaryHeap::new();
         if budget > 0 && available(1) > 0 {
@@ -93,12 +114,16 @@ impl DraftTree {
             }
             let index = tree.tokens.len();
             let level = &candidates[entry.depth - 1];
-            tree.tokens.push(level.token_ids[entry.rank]);
-            tree.parents.push(entry.parent);
-            tree.depths.push(entry.depth);
-            tree.scores.push(entry.score);
-            tree.children.push(Vec::new());
-            tree.children[entry.parent].push(index);
+            let token = level.token_ids[entry.rank];
+            let admitted = admit(entry.parent, token);
+            if admitted {
+                tree.tokens.push(token);
+                tree.parents.push(entry.parent);
+                tree.depths.push(entry.depth);
+                tree.scores.push(entry.score);
+                tree.children.push(Vec::new());
+                tree.children[entry.parent].push(index);
+            }
             if entry.rank + 1 < available(entry.depth) {
                 let mut ranks = entry.ranks.clone();
                 *ranks.last_mut().expect("non-empty") += 1;
@@ -111,7 +136,7 @@ impl DraftTree {
                     rank: entry.rank + 1,
                 });
             }
-            if available(entry.depth + 1) > 0 {
+            if admitted && available(entry.depth + 1) > 0 {
                 let mut ranks = entry.ranks;
                 ranks.push(0);
                 heap.push(Entry {
@@ -126,9 +151,37 @@ impl DraftTree {
         tree
     }
 
+    /// A chain: at each depth the best candidate `admit(parent, token)` lets in after the chain
+    /// so far (asked in rank order), ending at the first depth where it lets none in. With
+    /// everything admitted it is [`DraftTree::build`]'s tree of one candidate a depth.
+    pub fn chain_where(
+        root: TokenId,
+        candidates: &[DepthCandidates],
+        mut admit: impl FnMut(usize, TokenId) -> bool,
+    ) -> Self {
+        let mut tree = Self::root(root);
+        for (depth, level) in (1..).zip(candidates) {
+            let parent = depth - 1;
+            let Some(rank) =
+                (0..level.token_ids.len()).find(|&r| admit(parent, level.token_ids[r]))
+            else {
+                break;
+            };
+            tree.tokens.push(level.token_ids[rank]);
+            tree.parents.push(parent);
+            tree.depths.push(depth);
+            tree.scores
+                .push(tree.scores[parent] + f64::from(level.log_probs[rank]));
+            tree.children.push(Vec::new());
+            tree.children[parent].push(depth);
+        }
+        tree
+    }
+
     /// Keeps the first `budget` nodes: the tree `build` makes with that budget from the same
     /// candidates (nodes are in pop order, and a smaller top-K never removes a node among the
-    /// first `budget` pops: a node's better siblings pop before it).
+    /// first `budget` pops: a node's better siblings pop before it). A tree built with
+    /// admission keeps its best `budget` admitted prefixes of the same candidates.
     pub fn truncate(&mut self, budget: usize) {
         let keep = budget.min(self.len()) + 1;
         self.tokens.truncate(keep);
@@ -145,6 +198,18 @@ impl DraftTree {
     /// number of accepted nodes of a tree is their sum when the drafter is calibrated.
     pub fn path_probabilities(&self) -> impl Iterator<Item = f64> + '_ {
         self.scores[1..].iter().map(|s| s.exp())
+    }
+
+    /// The drafts on `node`'s path, the root's child first (none for the root).
+    pub fn path(&self, node: usize) -> Vec<TokenId> {
+        let mut path = Vec::with_capacity(self.depths[node]);
+        let mut at = node;
+        while at != 0 {
+            path.push(self.tokens[at]);
+            at = self.parents[at];
+        }
+        path.reverse();
+        path
     }
 
     /// Number of non-root nodes.
@@ -238,16 +303,6 @@ mod tests {
         out
     }
 
-    fn prefix_of(tree: &DraftTree, mut node: usize) -> Vec<TokenId> {
-        let mut tokens = Vec::new();
-        while node != 0 {
-            tokens.push(tree.tokens[node]);
-            node = tree.parents[node];
-        }
-        tokens.reverse();
-        tokens
-    }
-
     proptest! {
         #[test]
         fn the_tree_is_the_brute_force_top_b_and_well_formed(seed in 0u64..1000, depths in 1usize..4, vocab in 2usize..7, budget in 1usize..24) {
@@ -269,10 +324,108 @@ mod tests {
             // The selected prefixes are a top-B set: none left out scores above one kept
             // (ties may go either way; the exact tie order is pinned by the golden test).
             prefixes.sort_by(|a, b| b.1.total_cmp(&a.1));
-            let chosen: Vec<Vec<TokenId>> = (1..tree.tokens.len()).map(|i| prefix_of(&tree, i)).collect();
+            let chosen: Vec<Vec<TokenId>> = (1..tree.tokens.len()).map(|i| tree.path(i)).collect();
             let worst_kept = chosen.iter().map(|p| prefixes.iter().find(|(q, _)| q == p).unwrap().1).fold(f64::INFINITY, f64::min);
             let best_left = prefixes.iter().filter(|(q, _)| !chosen.contains(q)).map(|(_, s)| *s).fold(f64::NEG_INFINITY, f64::max);
             prop_assert!(best_left <= worst_kept + 1e-9, "left out {} > kept {}", best_left, worst_kept);
+        }
+    }
+
+    /// A prefix-closed admission rule: `path + [token]` is admitted when a hash of it is not
+    /// 0 mod 3 (and its own prefixes were).
+    fn admissible(path: &[TokenId], token: TokenId) -> bool {
+        let hash = path
+            .iter()
+            .chain([&token])
+            .fold(7u64, |h, &t| h.wrapping_mul(31).wrapping_add(u64::from(t)));
+        hash % 3 != 0
+    }
+
+    proptest! {
+        #[test]
+        fn an_admitting_tree_is_the_brute_force_top_b_of_admitted_prefixes(seed in 0u64..1000, depths in 1usize..4, vocab in 2usize..7, budget in 1usize..24) {
+            let k = budget.min(vocab);
+            let (_, candidates) = random_candidates(seed, depths, vocab, k);
+            let mut paths: Vec<Vec<TokenId>> = vec![Vec::new()];
+            let mut asked = 0;
+            let tree = DraftTree::build_where(99, &candidates, budget, |parent, token| {
+                asked += 1;
+                let ok = admissible(&paths[parent], token);
+                if ok {
+                    let mut path = paths[parent].clone();
+                    path.push(token);
+                    paths.push(path);
+                }
+                ok
+            });
+            prop_assert_eq!(paths.len(), tree.tokens.len());
+            let admitted: Vec<(Vec<TokenId>, f64)> = all_prefixes(&candidates, vocab)
+                .into_iter()
+                .filter(|(p, _)| (1..=p.len()).all(|n| admissible(&p[..n - 1], p[n - 1])))
+                .collect();
+            prop_assert_eq!(tree.len(), budget.min(admitted.len()));
+            for (i, path) in paths.iter().enumerate().skip(1) {
+                prop_assert_eq!(&tree.path(i), path);
+                prop_assert!(tree.parents[i] < i);
+                prop_assert_eq!(tree.depths[i], tree.depths[tree.parents[i]] + 1);
+            }
+            prop_assert!(tree.scores.windows(2).all(|w| w[1] <= w[0]));
+            let score = |p: &Vec<TokenId>| admitted.iter().find(|(q, _)| q == p).map(|(_, s)| *s);
+            let kept: Vec<f64> = paths[1..].iter().map(|p| score(p).expect("an admitted prefix")).collect();
+            let worst_kept = kept.iter().copied().fold(f64::INFINITY, f64::min);
+            let best_left = admitted.iter().filter(|(q, _)| !paths.contains(q)).map(|(_, s)| *s).fold(f64::NEG_INFINITY, f64::max);
+            prop_assert!(best_left <= worst_kept + 1e-9, "left out {} > kept {}", best_left, worst_kept);
+            // Admitting everything is `build`.
+            prop_assert_eq!(DraftTree::build_where(99, &candidates, budget, |_, _| true), DraftTree::build(99, &candidates, budget));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn an_admitting_chain_takes_each_depths_best_admitted_token(seed in 0u64..1000, depths in 0usize..6, vocab in 2usize..7) {
+            let (_, candidates) = random_candidates(seed, depths, vocab, vocab);
+            let mut path: Vec<TokenId> = Vec::new();
+            let chain = DraftTree::chain_where(3, &candidates, |parent, token| {
+                assert_eq!(parent, path.len(), "asked after the chain so far");
+                let ok = admissible(&path, token);
+                if ok {
+                    path.push(token);
+                }
+                ok
+            });
+            prop_assert_eq!(&chain.tokens[1..], &path[..]);
+            let mut score = 0.0;
+            for (d, &token) in path.iter().enumerate() {
+                let level = &candidates[d];
+                let rank = level.token_ids.iter().position(|&t| t == token).unwrap();
+                // Every better candidate was refused after the same chain.
+                prop_assert!(level.token_ids[..rank].iter().all(|&t| !admissible(&path[..d], t)));
+                score += f64::from(level.log_probs[rank]);
+                prop_assert_eq!(chain.parents[d + 1], d);
+                prop_assert!((chain.scores[d + 1] - score).abs() < 1e-12);
+            }
+            // It ends at a depth where nothing was admitted, or at the last depth.
+            if let Some(level) = candidates.get(path.len()) {
+                prop_assert!(level.token_ids.iter().all(|&t| !admissible(&path, t)));
+            }
+            let best: Vec<DepthCandidates> = candidates
+                .iter()
+                .map(|c| DepthCandidates { token_ids: c.token_ids[..1].to_vec(), log_probs: c.log_probs[..1].to_vec() })
+                .collect();
+            prop_assert_eq!(DraftTree::chain_where(3, &best, |_, _| true), DraftTree::build(3, &best, depths));
+        }
+    }
+
+    #[test]
+    fn a_nodes_path_is_read_up_its_parents() {
+        let (_, candidates) = random_candidates(4, 3, 5, 3);
+        let tree = DraftTree::build(9, &candidates, 10);
+        assert!(tree.path(0).is_empty());
+        for node in 1..tree.tokens.len() {
+            let path = tree.path(node);
+            assert_eq!(path.len(), tree.depths[node]);
+            assert_eq!(path.last(), Some(&tree.tokens[node]));
+            assert_eq!(path[..path.len() - 1], tree.path(tree.parents[node]));
         }
     }
 

@@ -171,6 +171,35 @@ impl Grammar {
             .is_some_and(|bytes| state.accepts(&self.schema, bytes))
     }
 
+    /// The state after `token` in `state`, if it may come there (a stop token that may end
+    /// the text leaves nothing to continue).
+    pub fn after(&self, state: &Matcher, token: TokenId, stops: &[TokenId]) -> Option<Matcher> {
+        if stops.contains(&token) {
+            return state.can_end(&self.schema).then(Matcher::dead);
+        }
+        let bytes = self.vocab.get(token)?;
+        let mut next = state.clone();
+        next.feed(&self.schema, bytes).then_some(next)
+    }
+
+    /// The admission rule of a draft tree (`DraftTree::build_where`) whose root is at `state`:
+    /// a draft enters only if it may come after its path, so every node is one the target can
+    /// choose. It keeps the state after each admitted node's path.
+    pub fn admission<'g>(
+        &'g self,
+        state: &Matcher,
+        stops: &'g [TokenId],
+    ) -> impl FnMut(usize, TokenId) -> bool + 'g {
+        let mut states = vec![state.clone()];
+        move |parent, token| match self.after(&states[parent], token, stops) {
+            Some(next) => {
+                states.push(next);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Marks in `allowed` (one flag per row entry) the tokens that may come in `state`;
     /// returns how many.
     ///

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use grove_spec::{top_k_candidates, DepthCandidates, DraftTree};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use serde_json::{json, Value};
@@ -297,4 +298,78 @@ fn masked_walks_end_in_values_of_the_schema() {
         }
     }
     assert!(ended > 100, "only {ended} of 200 walks ended");
+}
+
+/// Random per-depth candidates over the whole of `vocab`, best first.
+fn random_candidates(
+    rng: &mut ChaCha12Rng,
+    depths: usize,
+    vocab: usize,
+    k: usize,
+) -> Vec<DepthCandidates> {
+    (0..depths)
+        .map(|_| {
+            let logits: Vec<f32> = (0..vocab).map(|_| rng.random_range(-4.0..4.0)).collect();
+            top_k_candidates(&logits, k, 1)
+        })
+        .collect()
+}
+
+#[test]
+fn a_draft_tree_under_a_schema_holds_only_drafts_it_allows_after_their_paths() {
+    let vocab = vocab();
+    let grammar = Grammar::new(person(), Arc::clone(&vocab));
+    let mut rng = ChaCha12Rng::seed_from_u64(5);
+    let mut state = grammar.start();
+    let mut refused = 0;
+    for step in 0..40 {
+        let candidates = random_candidates(&mut rng, 5, vocab.len(), vocab.len());
+        let tree = DraftTree::build_where(0, &candidates, 16, grammar.admission(&state, &[STOP]));
+        let everything = DraftTree::build(0, &candidates, 16);
+        for node in 1..tree.tokens.len() {
+            let mut at = state.clone();
+            let path = tree.path(node);
+            let (last, before) = path.split_last().unwrap();
+            for &token in before {
+                assert!(grammar.allows(&at, token, &[STOP]));
+                grammar.advance(&mut at, token);
+            }
+            assert!(
+                grammar.allows(&at, *last, &[STOP]),
+                "step {step} node {node}"
+            );
+        }
+        // Every admitted prefix the full tree holds is in the schema's tree too, up to the
+        // budget: refused drafts take no room.
+        let admitted = (1..everything.tokens.len())
+            .filter(|&n| {
+                let mut at = state.clone();
+                everything.path(n).iter().all(|&t| {
+                    let ok = grammar.allows(&at, t, &[STOP]);
+                    grammar.advance(&mut at, t);
+                    ok
+                })
+            })
+            .count();
+        assert!(tree.len() >= admitted, "step {step}");
+        refused += everything.len() - admitted;
+        // A chain takes each depth's best allowed draft.
+        let chain = DraftTree::chain_where(0, &candidates, grammar.admission(&state, &[STOP]));
+        if let Some(&first) = chain.tokens.get(1) {
+            let best = candidates[0]
+                .token_ids
+                .iter()
+                .find(|&&t| grammar.allows(&state, t, &[STOP]));
+            assert_eq!(Some(&first), best);
+        }
+        // Move on along the tree's first draft, as the walk would if the target chose it.
+        let Some(&next) = tree.tokens.get(1) else {
+            break;
+        };
+        if next == STOP {
+            break;
+        }
+        grammar.advance(&mut state, next);
+    }
+    assert!(refused > 100, "the schema refused only {refused} drafts");
 }
