@@ -338,6 +338,18 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         tools: &[Value],
     ) -> Result<String, ModelError> {
+        self.apply_chat_template_with(messages, tools, &serde_json::Map::new())
+    }
+
+    /// Renders the chat template with `tools` and the request's own template variables
+    /// (`chat_template_kwargs`, e.g. Qwen3's `enable_thinking`); grove's own variables
+    /// (`messages`, `tools`, `add_generation_prompt`, `bos_token`, `eos_token`) win over them.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        kwargs: &serde_json::Map<String, Value>,
+    ) -> Result<String, ModelError> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
             ModelError::Template(
                 "the model has no chat template (`chat_template` in tokenizer_config.json, or \
@@ -352,6 +364,7 @@ impl TextTokenizer {
             tools => (!tools.is_empty()).then_some(tools),
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
+            ..minijinja::Value::from_serialize(kwargs)
         };
         env.get_template("chat")
             .and_then(|t| t.render(context))
@@ -683,5 +696,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(broken.contains("template"), "{broken}");
+    }
+
+    #[test]
+    fn a_requests_template_variables_reach_the_template_and_grove_s_own_win() {
+        // Qwen3's switch, as its template reads it.
+        let template = concat!(
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n",
+            "{% endfor %}<|im_start|>assistant\n",
+            "{% if enable_thinking is defined and enable_thinking is false %}",
+            "<think>\n\n</think>\n\n{% endif %}"
+        );
+        let tokenizer = TextTokenizer::from_tokenizer(
+            tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
+            None,
+        )
+        .with_chat_template(template.into())
+        .unwrap();
+        let user = [message("user", "hi")];
+        let render = |kwargs: Value| {
+            let Value::Object(kwargs) = kwargs else {
+                unreachable!()
+            };
+            tokenizer
+                .apply_chat_template_with(&user, &[], &kwargs)
+                .unwrap()
+        };
+        let open = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(render(serde_json::json!({})), open);
+        assert_eq!(render(serde_json::json!({"enable_thinking": true})), open);
+        assert_eq!(
+            render(serde_json::json!({"enable_thinking": false})),
+            format!("{open}<think>\n\n</think>\n\n")
+        );
+        // A variable grove sets itself is grove's.
+        assert_eq!(render(serde_json::json!({"messages": []})), open);
     }
 }

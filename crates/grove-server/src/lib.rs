@@ -13,6 +13,7 @@ mod listener;
 mod logprobs;
 pub mod metrics;
 mod protocol;
+mod reasoning;
 mod reply;
 mod response_format;
 mod routes;
@@ -29,6 +30,7 @@ use grove_engine::structured::TokenBytes;
 
 pub use error::ApiError;
 pub use listener::{serve, ConnectionLimits};
+pub use reasoning::ReasoningParser;
 pub use validate::{MAX_STOP_BYTES, MAX_STOP_SEQUENCES};
 pub use worker::{EngineSettings, EngineStatus, ServedModel};
 
@@ -50,6 +52,9 @@ pub struct ServerConfig {
     pub context_length: Option<usize>,
     /// Sampling for fields a request leaves out (the checkpoint's `generation_config.json`).
     pub sampling_defaults: grove_core::SamplingDefaults,
+    /// Where a thinking model's reasoning is in its text: chat answers carry it as
+    /// `reasoning_content` (`--reasoning-parser`; none: all of the text is `content`).
+    pub reasoning_parser: Option<ReasoningParser>,
     pub engine: EngineSettings,
 }
 
@@ -128,6 +133,7 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
                 .map(|t| Arc::new(TokenBytes::new(t.token_bytes()))),
             tokenizer,
             sampling_defaults: config.sampling_defaults,
+            reasoning: config.reasoning_parser,
         },
         api_key: config.api_key,
         commands,

@@ -131,6 +131,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<Value>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
+    /// Extension (vLLM, SGLang): variables for the chat template (Qwen3's `enable_thinking`).
+    pub chat_template_kwargs: Option<Value>,
 }
 
 /// `usage`, with grove's speculation extension.

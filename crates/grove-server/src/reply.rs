@@ -15,6 +15,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::error::ApiError;
 use crate::logprobs::TokenTexts;
 use crate::protocol::{PromptTokensDetails, SpeculativeUsage, Usage};
+use crate::reasoning::{ReasoningParser, Split, Splitter};
 use crate::tools::{ToolCall, ToolChoice, Tools};
 use crate::validate::Echo;
 use crate::worker::WorkerEvent;
@@ -42,6 +43,8 @@ pub(crate) struct Reply {
     pub echo: Option<Echo>,
     /// Chat's tools: calls are read from the text.
     pub tools: Option<Tools>,
+    /// Chat with `--reasoning-parser`: the reasoning is answered apart from the content.
+    pub reasoning: Option<ReasoningParser>,
 }
 
 impl Reply {
@@ -90,18 +93,26 @@ impl Reply {
                 "finish_reason": output.finish_reason,
             }),
             Endpoint::Chat => {
-                let calls = self.tools.as_ref().and_then(|t| t.parse(&output.text));
-                let (message, finish_reason) = match calls {
+                let split = self.split(&output.text);
+                let calls = self.tools.as_ref().and_then(|t| t.parse(&split.content));
+                let (mut message, finish_reason) = match calls {
                     Some((content, calls)) => (
                         json!({"role": "assistant", "content": content,
                                "tool_calls": self.tool_calls(index, &calls)}),
                         self.finish_reason(output, true),
                     ),
                     None => (
-                        json!({"role": "assistant", "content": output.text}),
+                        json!({"role": "assistant", "content": split.content}),
                         self.finish_reason(output, false),
                     ),
                 };
+                if self.reasoning.is_some() {
+                    let reasoning = Some(split.reasoning).filter(|r| !r.is_empty());
+                    message["reasoning_content"] = json!(reasoning);
+                    if message["content"] == "" {
+                        message["content"] = json!(null);
+                    }
+                }
                 json!({"index": index, "message": message, "logprobs": null,
                        "finish_reason": finish_reason})
             }
@@ -113,6 +124,17 @@ impl Reply {
             choice["logprobs"] = self.logprobs(&output.logprobs, 0).0;
         }
         choice
+    }
+
+    /// A chat answer's reasoning and content (all content without a reasoning parser).
+    fn split(&self, text: &str) -> Split {
+        match self.reasoning {
+            Some(parser) => Splitter::split(parser, text),
+            None => Split {
+                reasoning: String::new(),
+                content: text.to_owned(),
+            },
+        }
     }
 
     /// OpenAI's `tool_calls` for choice `index`'s calls (`index` within the stream's delta).
@@ -203,6 +225,43 @@ impl Reply {
         (!released.is_empty()).then_some(released)
     }
 
+    /// The chunks for a piece of choice `index`'s text: its reasoning at once, its content as
+    /// tools and log-probabilities allow (with log-probabilities both wait for their tokens).
+    fn text(
+        &self,
+        index: usize,
+        choice: &mut Choice,
+        split: Split,
+    ) -> Vec<Result<Event, Infallible>> {
+        let mut batch = Vec::new();
+        if self.logprobs {
+            choice.held_reasoning.push_str(&split.reasoning);
+        } else if !split.reasoning.is_empty() {
+            batch.push(data(&self.reasoning_chunk(index, &split.reasoning)));
+        }
+        if split.content.is_empty() {
+            return batch;
+        }
+        if self.tools.is_some() {
+            if let Some(released) = self.release(choice, &split.content) {
+                batch.push(data(&self.chunk(index, Some(&released), None)));
+            }
+        } else if self.logprobs {
+            // A step's text waits for its tokens to ride one chunk.
+            choice.held.push_str(&split.content);
+        } else {
+            batch.push(data(&self.chunk(index, Some(&split.content), None)));
+        }
+        batch
+    }
+
+    /// A streamed piece of choice `index`'s reasoning.
+    fn reasoning_chunk(&self, index: usize, reasoning: &str) -> Value {
+        let mut chunk = self.chunk(index, None, None);
+        chunk["choices"][0]["delta"] = json!({"reasoning_content": reasoning});
+        chunk
+    }
+
     /// One streamed piece of choice `index`: text (a delta for chat), or its end with its
     /// finish reason.
     fn chunk(&self, index: usize, text: Option<&str>, output: Option<&GenerateOutput>) -> Value {
@@ -288,6 +347,10 @@ fn data(value: &Value) -> Result<Event, Infallible> {
 struct Choice {
     offset: usize,
     held: String,
+    /// Reasoning held as `held` is (with log-probabilities).
+    held_reasoning: String,
+    /// With a reasoning parser: where the text stands (reasoning or content).
+    splitter: Option<Splitter>,
     /// With tools: text not sent yet, as it may be (or is) a call.
     calls: String,
     /// With tools: a call began (everything from it on waits for the end).
@@ -316,18 +379,15 @@ impl Streaming {
         let reply = &self.reply;
         let choice = &mut self.choices[index];
         match event {
-            Some(WorkerEvent::Text(text)) if reply.tools.is_some() => {
-                let released = reply.release(choice, &text);
-                let chunk = |t: &str| data(&reply.chunk(index, Some(t), None));
-                (released.as_deref().map(chunk).into_iter().collect(), true)
-            }
-            // With log-probabilities, a step's text waits for its tokens to ride one chunk.
-            Some(WorkerEvent::Text(text)) if reply.logprobs => {
-                choice.held.push_str(&text);
-                (Vec::new(), true)
-            }
             Some(WorkerEvent::Text(text)) => {
-                (vec![data(&reply.chunk(index, Some(&text), None))], true)
+                let split = match choice.splitter.as_mut() {
+                    Some(splitter) => splitter.push(&text),
+                    None => Split {
+                        reasoning: String::new(),
+                        content: text,
+                    },
+                };
+                (reply.text(index, choice, split), true)
             }
             Some(WorkerEvent::Tokens(tokens, logprobs)) => {
                 if !(reply.token_ids || reply.logprobs) {
@@ -336,6 +396,10 @@ impl Streaming {
                 let text = std::mem::take(&mut choice.held);
                 let mut chunk =
                     reply.chunk(index, Some(text.as_str()).filter(|t| !t.is_empty()), None);
+                let reasoning = std::mem::take(&mut choice.held_reasoning);
+                if !reasoning.is_empty() {
+                    chunk["choices"][0]["delta"]["reasoning_content"] = json!(reasoning);
+                }
                 if reply.logprobs {
                     let (value, next) = reply.logprobs(&logprobs, choice.offset);
                     chunk["choices"][0]["logprobs"] = value;
@@ -348,11 +412,18 @@ impl Streaming {
             }
             Some(WorkerEvent::Finished(output)) => {
                 // Text released at the end (held back until then, or after the last tokens).
-                let mut batch = Vec::new();
+                let mut batch = match choice.splitter.as_mut().map(Splitter::finish) {
+                    Some(rest) => reply.text(index, choice, rest),
+                    None => Vec::new(),
+                };
+                if !choice.held_reasoning.is_empty() {
+                    batch.push(data(&reply.reasoning_chunk(index, &choice.held_reasoning)));
+                }
                 if !choice.held.is_empty() {
                     batch.push(data(&reply.chunk(index, Some(&choice.held), None)));
                 }
-                let calls = reply.tools.as_ref().and_then(|t| t.parse(&output.text));
+                let content = reply.split(&output.text).content;
+                let calls = reply.tools.as_ref().and_then(|t| t.parse(&content));
                 match &calls {
                     Some((_, calls)) => {
                         let mut chunk = reply.chunk(index, None, None);
@@ -438,10 +509,16 @@ pub(crate) fn sse_stream(
         .boxed()
     }))
     .boxed();
+    let choices = (0..count)
+        .map(|_| Choice {
+            splitter: reply.reasoning.map(Splitter::new),
+            ..Choice::default()
+        })
+        .collect();
     let state = Streaming {
         reply,
         events,
-        choices: (0..count).map(|_| Choice::default()).collect(),
+        choices,
         include_usage,
     };
     let body = stream::unfold(Some(state), |state| async move {

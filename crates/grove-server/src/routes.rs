@@ -269,6 +269,10 @@ async fn run(
         token_ids: valid.return_token_ids,
         echo: valid.echo,
         tools: valid.tools,
+        reasoning: state
+            .limits
+            .reasoning
+            .filter(|_| endpoint == Endpoint::Chat),
     };
     if valid.stream {
         Sse::new(sse_stream(reply, choices, valid.include_usage))

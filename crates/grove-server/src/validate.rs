@@ -12,12 +12,13 @@ use grove_engine::{
 };
 use grove_model::{ChatMessage, TextTokenizer};
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::protocol::{
     BudgetField, ChatRequest, CommonFields, CompletionRequest, Content, Message, Prompt,
     SpeculativeField, Stop,
 };
+use crate::reasoning::ReasoningParser;
 
 /// OpenAI's limit on stop sequences.
 pub const MAX_STOP_SEQUENCES: usize = 4;
@@ -41,6 +42,8 @@ pub struct ModelLimits {
     pub token_bytes: Option<Arc<TokenBytes>>,
     /// What a request that leaves a sampling field out gets.
     pub sampling_defaults: SamplingDefaults,
+    /// Where a thinking model's reasoning is in its chat answers (`--reasoning-parser`).
+    pub reasoning: Option<ReasoningParser>,
 }
 
 impl ModelLimits {
@@ -140,6 +143,42 @@ fn top_count(field: &'static str, value: &Value) -> Result<usize, ValidationErro
 }
 
 /// `value` must be absent or pass `ok`; else the field is refused as unsupported.
+/// Template variables grove sets itself, which a request's `chat_template_kwargs` may not.
+const TEMPLATE_VARIABLES: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// `chat_template_kwargs` (vLLM, SGLang): variables for the chat template, such as Qwen3's
+/// `enable_thinking`.
+fn template_kwargs(value: Option<Value>) -> Result<Map<String, Value>, ValidationError> {
+    let kwargs = match value {
+        None | Some(Value::Null) => return Ok(Map::new()),
+        Some(Value::Object(kwargs)) => kwargs,
+        Some(other) => {
+            return Err(ValidationError::WrongType {
+                field: "chat_template_kwargs".into(),
+                reason: format!("expected an object of template variables, got {other}"),
+            })
+        }
+    };
+    if let Some(key) = kwargs
+        .keys()
+        .find(|k| TEMPLATE_VARIABLES.contains(&k.as_str()))
+    {
+        return Err(ValidationError::OutOfRange {
+            field: "chat_template_kwargs",
+            limit: "variables other than messages, tools, add_generation_prompt, bos_token and \
+                    eos_token (grove sets those)",
+            value: format!("`{key}`"),
+        });
+    }
+    Ok(kwargs)
+}
+
 fn only(ok: bool, field: &'static str, allowed: &'static str) -> Result<(), ValidationError> {
     if ok {
         Ok(())
@@ -245,8 +284,9 @@ impl ModelLimits {
             .map(|(index, message)| chat_message(index, message))
             .collect::<Result<Vec<_>, _>>()?;
         let definitions = tools.as_ref().map_or(&[][..], |t| &t.definitions);
+        let kwargs = template_kwargs(request.chat_template_kwargs)?;
         let rendered = tokenizer
-            .apply_chat_template_with_tools(&messages, definitions)
+            .apply_chat_template_with(&messages, definitions, &kwargs)
             .map_err(|e| ValidationError::ChatTemplate {
                 reason: e.to_string(),
             })?;
@@ -279,6 +319,17 @@ impl ModelLimits {
             }
         }
         valid.tools = tools;
+        let grammar = &mut valid.generate.grammar;
+        if let (Some(parser), Some(schema)) = (self.reasoning, grammar.as_ref()) {
+            let tokens = parser.tokens(tokenizer).ok_or_else(|| {
+                unsupported(
+                    "response_format",
+                    "text or absent (and `tool_choice` not a required call) with \
+                     --reasoning-parser on a model without <think> and </think> as tokens",
+                )
+            })?;
+            *grammar = Some(schema.clone().after_reasoning(tokens));
+        }
         Ok(valid)
     }
 

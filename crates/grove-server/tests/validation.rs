@@ -510,6 +510,22 @@ rule!(
     BAD,
     Some("messages[0].content[0].type")
 );
+rule!(
+    chat_template_kwargs_not_an_object,
+    CHAT,
+    chat(json!({"chat_template_kwargs": "enable_thinking"})),
+    400,
+    BAD,
+    Some("chat_template_kwargs")
+);
+rule!(
+    chat_template_kwargs_setting_groves_own_variable,
+    CHAT,
+    chat(json!({"chat_template_kwargs": {"tools": []}})),
+    400,
+    BAD,
+    Some("chat_template_kwargs")
+);
 
 /// Content that is neither a string nor a list of parts says what it must be, not serde's
 /// untagged-enum message.

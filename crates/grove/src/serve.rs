@@ -74,6 +74,19 @@ pub struct ServeArgs {
     /// logged. Default: the descriptor limit (`ulimit -n`) less 64.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
+    /// Where a thinking model writes its reasoning (vLLM's and SGLang's flag): chat answers
+    /// carry it as `reasoning_content` (streams as `delta.reasoning_content`), the rest as
+    /// `content`, and `response_format` and required tool calls hold only the text after it.
+    /// `qwen3`: a block the text opens with `<think>` (Qwen3's hybrid thinking, on by default
+    /// and off with `chat_template_kwargs: {"enable_thinking": false}`); `deepseek-r1` (or
+    /// `deepseek_r1`): the text is reasoning from its start up to `</think>` (DeepSeek-R1 and
+    /// its distills, QwQ, Qwen3's thinking-only releases, whose templates open the block).
+    #[arg(long, value_parser = parse_reasoning_parser)]
+    pub reasoning_parser: Option<grove_server::ReasoningParser>,
+}
+
+fn parse_reasoning_parser(name: &str) -> Result<grove_server::ReasoningParser, String> {
+    name.parse()
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -109,6 +122,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             stop_token_ids,
             context_length: args.context_length,
             sampling_defaults,
+            reasoning_parser: args.reasoning_parser,
             engine: EngineSettings {
                 options: GeneratorOptions {
                     page_size: args.model.page_size,
@@ -139,6 +153,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         eprintln!("grove serve: {}", crate::kernels_line());
+        if let Some(parser) = args.reasoning_parser {
+            eprintln!("grove serve: reasoning parser {}", parser.name());
+        }
         // Tests and scripts read this line to find the port.
         eprintln!(
             "grove serve: model `{model_name}` listening on http://{}",

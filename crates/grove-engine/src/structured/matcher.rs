@@ -130,6 +130,21 @@ pub struct Matcher {
     stacks: Vec<Stack>,
     /// Where the next byte's stacks are built (kept for its allocation).
     scratch: Vec<Stack>,
+    /// Whether the schema holds the text yet (a reasoning block before it does not).
+    pub(crate) reasoning: Reasoning,
+}
+
+/// Where a text stands with respect to a thinking model's reasoning, which comes before the
+/// schema's value and which the schema does not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reasoning {
+    /// None, or it has closed: the schema holds the text.
+    #[default]
+    Past,
+    /// At the text's start, where the model may open a block.
+    MayOpen,
+    /// Inside a block: any text up to the closing token.
+    Open,
 }
 
 impl Clone for Matcher {
@@ -137,6 +152,7 @@ impl Clone for Matcher {
         Self {
             stacks: self.stacks.clone(),
             scratch: Vec::new(),
+            reasoning: self.reasoning,
         }
     }
 
@@ -162,6 +178,7 @@ impl Matcher {
                 whitespace: 0,
             }],
             scratch: Vec::new(),
+            reasoning: Reasoning::Past,
         }
     }
 
@@ -170,6 +187,7 @@ impl Matcher {
         Self {
             stacks: Vec::new(),
             scratch: Vec::new(),
+            reasoning: Reasoning::Past,
         }
     }
 

@@ -27,6 +27,7 @@ use grove_core::TokenId;
 
 use pattern::Pattern;
 
+use matcher::Reasoning;
 pub use matcher::{Matcher, MAX_DEPTH, MAX_INDENT};
 pub use schema::{Schema, SchemaError, SUPPORTED_FORMATS, SUPPORTED_KEYWORDS};
 
@@ -130,11 +131,23 @@ impl TokenBytes {
 pub struct Grammar {
     pub schema: Arc<Schema>,
     pub vocab: Arc<TokenBytes>,
+    /// A thinking model's reasoning block, which the schema holds only after.
+    pub reasoning: Option<ReasoningTokens>,
+}
+
+/// The tokens that open and close a reasoning block (`<think>`, `</think>`). Without an
+/// opening token the text starts inside the block (the prompt opened it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningTokens {
+    pub open: Option<TokenId>,
+    pub close: TokenId,
 }
 
 impl PartialEq for Grammar {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.vocab, &other.vocab) && self.schema == other.schema
+        Arc::ptr_eq(&self.vocab, &other.vocab)
+            && self.schema == other.schema
+            && self.reasoning == other.reasoning
     }
 }
 
@@ -143,16 +156,46 @@ impl Grammar {
         Self {
             schema: Arc::new(schema),
             vocab,
+            reasoning: None,
         }
+    }
+
+    /// The schema held only after a reasoning block: inside it any token but a stop token may
+    /// come (the value must still follow), and the closing token ends it.
+    pub fn after_reasoning(mut self, tokens: ReasoningTokens) -> Self {
+        self.reasoning = Some(tokens);
+        self
     }
 
     /// The state before any text.
     pub fn start(&self) -> Matcher {
-        Matcher::new(&self.schema)
+        let mut state = Matcher::new(&self.schema);
+        state.reasoning = match self.reasoning {
+            None => Reasoning::Past,
+            Some(ReasoningTokens { open: Some(_), .. }) => Reasoning::MayOpen,
+            Some(ReasoningTokens { open: None, .. }) => Reasoning::Open,
+        };
+        state
     }
 
     /// Advances `state` past `token` (a stop token or one off the schema leaves it dead).
     pub fn advance(&self, state: &mut Matcher, token: TokenId) {
+        if let Some(tokens) = self.reasoning {
+            match state.reasoning {
+                Reasoning::Open => {
+                    if token == tokens.close {
+                        state.reasoning = Reasoning::Past;
+                    }
+                    return;
+                }
+                Reasoning::MayOpen if tokens.open == Some(token) => {
+                    state.reasoning = Reasoning::Open;
+                    return;
+                }
+                Reasoning::MayOpen => state.reasoning = Reasoning::Past,
+                Reasoning::Past => {}
+            }
+        }
         match self.vocab.get(token) {
             Some(bytes) => {
                 state.feed(&self.schema, bytes);
@@ -163,6 +206,11 @@ impl Grammar {
 
     /// Whether `token` may come in `state` (`stops`: the request's stop tokens).
     pub fn allows(&self, state: &Matcher, token: TokenId, stops: &[TokenId]) -> bool {
+        match state.reasoning {
+            Reasoning::Open => return !stops.contains(&token),
+            Reasoning::MayOpen if self.opens(token) => return true,
+            _ => {}
+        }
         if stops.contains(&token) {
             return state.can_end(&self.schema);
         }
@@ -171,9 +219,19 @@ impl Grammar {
             .is_some_and(|bytes| state.accepts(&self.schema, bytes))
     }
 
+    /// `token` opens a reasoning block.
+    fn opens(&self, token: TokenId) -> bool {
+        self.reasoning.is_some_and(|t| t.open == Some(token))
+    }
+
     /// The state after `token` in `state`, if it may come there (a stop token that may end
     /// the text leaves nothing to continue).
     pub fn after(&self, state: &Matcher, token: TokenId, stops: &[TokenId]) -> Option<Matcher> {
+        if state.reasoning != Reasoning::Past {
+            let mut next = state.clone();
+            self.advance(&mut next, token);
+            return self.allows(state, token, stops).then_some(next);
+        }
         if stops.contains(&token) {
             return state.can_end(&self.schema).then(Matcher::dead);
         }
@@ -208,6 +266,34 @@ impl Grammar {
     /// every token under a prefix the schema refused is refused unread. Inside a string a
     /// token's plain rest (no quote, backslash or control byte) is accepted unread.
     pub fn mask(&self, state: &Matcher, stops: &[TokenId], allowed: &mut [bool]) -> usize {
+        match state.reasoning {
+            Reasoning::Open => {
+                allowed.fill(true);
+                for &stop in stops {
+                    if let Some(flag) = allowed.get_mut(stop as usize) {
+                        *flag = false;
+                    }
+                }
+                return allowed.iter().filter(|&&a| a).count();
+            }
+            Reasoning::MayOpen => {
+                let open = self
+                    .reasoning
+                    .and_then(|t| t.open)
+                    .expect("MayOpen has an opening");
+                let mut value = state.clone();
+                value.reasoning = Reasoning::Past;
+                let count = self.mask(&value, stops, allowed);
+                return match allowed.get_mut(open as usize) {
+                    Some(flag) if !*flag => {
+                        *flag = true;
+                        count + 1
+                    }
+                    _ => count,
+                };
+            }
+            Reasoning::Past => {}
+        }
         allowed.fill(false);
         let schema = &self.schema;
         // states[d]: after the first d bytes of the token last read, for d <= read.

@@ -163,6 +163,10 @@ fn recursion_and_whitespace_limits() {
 
 /// A vocabulary of JSON-ish fragments: 0 is special, 1 the stop token.
 fn vocab() -> Arc<TokenBytes> {
+    Arc::new(TokenBytes::new(vocab_bytes()))
+}
+
+fn vocab_bytes() -> Vec<Option<Vec<u8>>> {
     let mut bytes: Vec<Option<Vec<u8>>> = vec![None, None];
     for byte in 0x20..0x7f_u8 {
         bytes.push(Some(vec![byte]));
@@ -214,7 +218,7 @@ fn vocab() -> Arc<TokenBytes> {
     // A split UTF-8 character: its two bytes as two tokens.
     bytes.push(Some(vec![0xc3]));
     bytes.push(Some(vec![0xab]));
-    Arc::new(TokenBytes::new(bytes))
+    bytes
 }
 
 const STOP: TokenId = 1;
@@ -372,4 +376,87 @@ fn a_draft_tree_under_a_schema_holds_only_drafts_it_allows_after_their_paths() {
         grammar.advance(&mut state, next);
     }
     assert!(refused > 100, "the schema refused only {refused} drafts");
+}
+
+#[test]
+fn a_reasoning_block_comes_before_the_schema_and_is_not_held_by_it() {
+    let mut bytes = vocab_bytes();
+    let (open, close) = (bytes.len() as TokenId, bytes.len() as TokenId + 1);
+    bytes.extend([None, None]);
+    let vocab = Arc::new(TokenBytes::new(bytes));
+    let token = |text: &str| {
+        (0..vocab.len() as TokenId)
+            .find(|&t| vocab.get(t) == Some(text.as_bytes()))
+            .unwrap()
+    };
+    let (brace, word) = (token("{\""), token("admin"));
+    let mut allowed = vec![false; vocab.len()];
+    let check_mask = |grammar: &Grammar, state: &Matcher, allowed: &mut Vec<bool>| {
+        let count = grammar.mask(state, &[STOP], allowed);
+        for t in 0..vocab.len() as TokenId {
+            assert_eq!(
+                allowed[t as usize],
+                grammar.allows(state, t, &[STOP]),
+                "token {t}"
+            );
+        }
+        assert_eq!(count, allowed.iter().filter(|&&a| a).count());
+    };
+    // Qwen3: the text may open a block; inside it anything but a stop token.
+    let hybrid = Grammar::new(person(), Arc::clone(&vocab)).after_reasoning(ReasoningTokens {
+        open: Some(open),
+        close,
+    });
+    let start = hybrid.start();
+    check_mask(&hybrid, &start, &mut allowed);
+    assert!(hybrid.allows(&start, open, &[STOP]) && hybrid.allows(&start, brace, &[STOP]));
+    assert!(!hybrid.allows(&start, word, &[STOP]) && !hybrid.allows(&start, close, &[STOP]));
+    let mut thinking = hybrid.after(&start, open, &[STOP]).unwrap();
+    check_mask(&hybrid, &thinking, &mut allowed);
+    assert_eq!(allowed.iter().filter(|&&a| a).count(), vocab.len() - 1);
+    assert!(!allowed[STOP as usize]);
+    for t in [word, open, token("}]"), brace] {
+        hybrid.advance(&mut thinking, t);
+        assert!(hybrid.allows(&thinking, close, &[STOP]));
+    }
+    // Closed: the schema from its start, as if nothing came before.
+    hybrid.advance(&mut thinking, close);
+    let plain = Grammar::new(person(), Arc::clone(&vocab));
+    let mut expected = vec![false; vocab.len()];
+    plain.mask(&plain.start(), &[STOP], &mut expected);
+    check_mask(&hybrid, &thinking, &mut allowed);
+    assert_eq!(allowed, expected);
+    // No block opened: the schema holds from the first token, and none opens later.
+    let answering = hybrid.after(&start, brace, &[STOP]).unwrap();
+    assert!(!hybrid.allows(&answering, open, &[STOP]));
+    check_mask(&hybrid, &answering, &mut allowed);
+    // DeepSeek-R1: the text starts inside the block.
+    let opened = Grammar::new(person(), Arc::clone(&vocab))
+        .after_reasoning(ReasoningTokens { open: None, close });
+    let mut state = opened.start();
+    assert!(opened.allows(&state, word, &[STOP]) && !opened.allows(&state, STOP, &[STOP]));
+    opened.advance(&mut state, word);
+    opened.advance(&mut state, close);
+    check_mask(&opened, &state, &mut allowed);
+    assert_eq!(allowed, expected);
+    // A draft tree follows the block through its paths.
+    let candidates = vec![
+        DepthCandidates {
+            token_ids: vec![open, brace, word],
+            log_probs: vec![-0.1, -1.0, -2.0],
+        },
+        DepthCandidates {
+            token_ids: vec![word, close],
+            log_probs: vec![-0.1, -1.0],
+        },
+        DepthCandidates {
+            token_ids: vec![close, brace],
+            log_probs: vec![-0.1, -1.0],
+        },
+    ];
+    let tree = DraftTree::build_where(0, &candidates, 16, hybrid.admission(&start, &[STOP]));
+    let paths: Vec<Vec<TokenId>> = (1..tree.tokens.len()).map(|n| tree.path(n)).collect();
+    assert!(paths.contains(&vec![open, word, close]) && paths.contains(&vec![open, close, brace]));
+    assert!(!paths.iter().any(|p| p[0] == word), "{paths:?}");
+    assert!(!paths.contains(&vec![brace, word]), "{paths:?}");
 }

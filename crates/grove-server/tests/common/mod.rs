@@ -76,6 +76,7 @@ pub fn config(
         stop_token_ids: vec![],
         context_length: None,
         sampling_defaults: Default::default(),
+        reasoning_parser: None,
         engine: EngineSettings {
             options: GeneratorOptions::default(),
             speculation: SpeculationSettings {

@@ -95,6 +95,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             stop_token_ids: Vec::new(),
             context_length: None,
             sampling_defaults: Default::default(),
+            reasoning_parser: None,
             engine: EngineSettings {
                 options: GeneratorOptions {
                     page_size: args.model.page_size,
