@@ -29,7 +29,7 @@ pub use decoder::Decoder;
 pub use dflash::{DFlashConfig, DFlashDrafter, DraftOutput};
 pub use forward::{ForwardBatch, ForwardOutput, LogitRows, Segment, Visibility};
 pub use rope::Rope;
-pub use tokenizer::{ChatMessage, TextTokenizer};
+pub use tokenizer::{reserved_template_variable, ChatMessage, TextTokenizer};
 
 use grove_kv::{KvDtype, KvStore};
 

@@ -24,6 +24,23 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
 }
 
+/// Template variables grove sets itself; `chat_template_kwargs` may not.
+pub const CHAT_TEMPLATE_VARIABLES: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// The first of `kwargs`' names that grove sets itself ([`CHAT_TEMPLATE_VARIABLES`]), if any.
+pub fn reserved_template_variable(kwargs: &serde_json::Map<String, Value>) -> Option<&str> {
+    kwargs
+        .keys()
+        .map(String::as_str)
+        .find(|k| CHAT_TEMPLATE_VARIABLES.contains(k))
+}
+
 impl ChatMessage {
     /// A turn of text.
     pub fn text(role: &str, content: &str) -> Self {

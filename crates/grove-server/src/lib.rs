@@ -55,6 +55,9 @@ pub struct ServerConfig {
     /// Where a thinking model's reasoning is in its text: chat answers carry it as
     /// `reasoning_content` (`--reasoning-parser`; none: all of the text is `content`).
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Chat template variables for every chat request (`--chat-template-kwargs`); a request's
+    /// own `chat_template_kwargs` override them name by name.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     pub engine: EngineSettings,
 }
 
@@ -134,6 +137,7 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
             tokenizer,
             sampling_defaults: config.sampling_defaults,
             reasoning: config.reasoning_parser,
+            template_kwargs: config.chat_template_kwargs,
         },
         api_key: config.api_key,
         commands,

@@ -10,7 +10,7 @@ use grove_engine::structured::TokenBytes;
 use grove_engine::{
     Budget, GenerateRequest, LogitAdjustments, SpeculationOverride, MAX_TOP_LOGPROBS,
 };
-use grove_model::{ChatMessage, TextTokenizer};
+use grove_model::{reserved_template_variable, ChatMessage, TextTokenizer};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -44,6 +44,8 @@ pub struct ModelLimits {
     pub sampling_defaults: SamplingDefaults,
     /// Where a thinking model's reasoning is in its chat answers (`--reasoning-parser`).
     pub reasoning: Option<ReasoningParser>,
+    /// Chat template variables every chat request gets unless it sets them itself.
+    pub template_kwargs: Map<String, Value>,
 }
 
 impl ModelLimits {
@@ -142,21 +144,15 @@ fn top_count(field: &'static str, value: &Value) -> Result<usize, ValidationErro
         })
 }
 
-/// `value` must be absent or pass `ok`; else the field is refused as unsupported.
-/// Template variables grove sets itself, which a request's `chat_template_kwargs` may not.
-const TEMPLATE_VARIABLES: [&str; 5] = [
-    "messages",
-    "tools",
-    "add_generation_prompt",
-    "bos_token",
-    "eos_token",
-];
-
 /// `chat_template_kwargs` (vLLM, SGLang): variables for the chat template, such as Qwen3's
-/// `enable_thinking`.
-fn template_kwargs(value: Option<Value>) -> Result<Map<String, Value>, ValidationError> {
+/// `enable_thinking`, over the server's defaults (`--chat-template-kwargs`) name by name.
+fn template_kwargs(
+    defaults: &Map<String, Value>,
+    value: Option<Value>,
+) -> Result<Map<String, Value>, ValidationError> {
+    let mut merged = defaults.clone();
     let kwargs = match value {
-        None | Some(Value::Null) => return Ok(Map::new()),
+        None | Some(Value::Null) => return Ok(merged),
         Some(Value::Object(kwargs)) => kwargs,
         Some(other) => {
             return Err(ValidationError::WrongType {
@@ -165,10 +161,7 @@ fn template_kwargs(value: Option<Value>) -> Result<Map<String, Value>, Validatio
             })
         }
     };
-    if let Some(key) = kwargs
-        .keys()
-        .find(|k| TEMPLATE_VARIABLES.contains(&k.as_str()))
-    {
+    if let Some(key) = reserved_template_variable(&kwargs) {
         return Err(ValidationError::OutOfRange {
             field: "chat_template_kwargs",
             limit: "variables other than messages, tools, add_generation_prompt, bos_token and \
@@ -176,9 +169,11 @@ fn template_kwargs(value: Option<Value>) -> Result<Map<String, Value>, Validatio
             value: format!("`{key}`"),
         });
     }
-    Ok(kwargs)
+    merged.extend(kwargs);
+    Ok(merged)
 }
 
+/// `value` must be absent or pass `ok`; else the field is refused as unsupported.
 fn only(ok: bool, field: &'static str, allowed: &'static str) -> Result<(), ValidationError> {
     if ok {
         Ok(())
@@ -284,7 +279,7 @@ impl ModelLimits {
             .map(|(index, message)| chat_message(index, message))
             .collect::<Result<Vec<_>, _>>()?;
         let definitions = tools.as_ref().map_or(&[][..], |t| &t.definitions);
-        let kwargs = template_kwargs(request.chat_template_kwargs)?;
+        let kwargs = template_kwargs(&self.template_kwargs, request.chat_template_kwargs)?;
         let rendered = tokenizer
             .apply_chat_template_with(&messages, definitions, &kwargs)
             .map_err(|e| ValidationError::ChatTemplate {

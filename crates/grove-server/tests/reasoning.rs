@@ -171,6 +171,20 @@ async fn the_template_reads_the_requests_variables_and_refuses_grove_s_own() {
     assert_eq!(status, 200, "{quiet}");
     // `<think>`, `\n\n`'s two bytes, `</think>` and two more.
     assert_eq!(prompt_tokens(&quiet), prompt_tokens(&thinking) + 6);
+    // The server's defaults (`--chat-template-kwargs`), which a request overrides by name.
+    let mut settings = config("tiny", 6, 4096, 4, 16);
+    settings.chat_template_kwargs = json!({"enable_thinking": false})
+        .as_object()
+        .unwrap()
+        .clone();
+    let defaulted = TestServer::start(thinking_served(), settings);
+    let (_, answer) = defaulted
+        .post("/v1/chat/completions", &chat(json!({"max_tokens": 1})))
+        .await;
+    assert_eq!(prompt_tokens(&answer), prompt_tokens(&quiet));
+    let body = chat(json!({"max_tokens": 1, "chat_template_kwargs": {"enable_thinking": true}}));
+    let (_, answer) = defaulted.post("/v1/chat/completions", &body).await;
+    assert_eq!(prompt_tokens(&answer), prompt_tokens(&thinking));
     for (kwargs, words) in [
         (json!({"messages": []}), "`messages`"),
         (

@@ -119,11 +119,9 @@ fn generate(args: &GenerateArgs) -> Result<()> {
                 )
             })?;
             if args.chat {
-                let rendered = tokenizer.apply_chat_template(&[ChatMessage {
-                    role: "user".into(),
-                    content: text.clone(),
-                    ..Default::default()
-                }])?;
+                let kwargs = args.model.chat_template_kwargs.clone().unwrap_or_default();
+                let user = ChatMessage::text("user", text);
+                let rendered = tokenizer.apply_chat_template_with(&[user], &[], &kwargs)?;
                 // The template already holds any BOS; adding special tokens would double it.
                 tokenizer.encode(&rendered, false)?
             } else {

@@ -58,6 +58,12 @@ pub struct ModelArgs {
     /// `chat_template`, a GGUF file's `tokenizer.chat_template`), e.g. for a file without one.
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+    /// Variables for the chat template, as a JSON object (llama.cpp's flag), e.g.
+    /// '{"enable_thinking": false}' for Qwen3: `generate --chat` renders its prompt with them,
+    /// and `serve` gives them to every chat request (a request's own `chat_template_kwargs`
+    /// override them name by name).
+    #[arg(long, value_parser = parse_template_kwargs)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// How the KV cache keeps keys and values: f16 (half the memory and half the bytes
     /// attention reads over a long context; llama.cpp's default), bf16 (the same memory, f32's
     /// range; on CPUs with AVX-512 BF16 a long row's attention in bfloat16 arithmetic, faster
@@ -65,6 +71,18 @@ pub struct ModelArgs {
     /// checkpoint (the precision its references were made in).
     #[arg(long, value_enum, ignore_case = true, default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
+}
+
+fn parse_template_kwargs(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let kwargs = match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(kwargs)) => kwargs,
+        Ok(_) => return Err("expected a JSON object of template variables".into()),
+        Err(e) => return Err(format!("not JSON: {e}")),
+    };
+    match grove_model::reserved_template_variable(&kwargs) {
+        Some(name) => Err(format!("`{name}` is set by grove")),
+        None => Ok(kwargs),
+    }
 }
 
 /// `--kv-cache-dtype`'s values (vLLM's flag name).
@@ -411,4 +429,19 @@ pub fn write_tiny_model(args: TinyModelArgs) -> Result<()> {
         eprintln!("wrote {}", gguf.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_kwargs_are_a_json_object_of_the_templates_own_variables() {
+        let parsed = parse_template_kwargs(r#"{"enable_thinking": false}"#).unwrap();
+        assert_eq!(parsed["enable_thinking"], serde_json::json!(false));
+        assert!(parse_template_kwargs("[1]").unwrap_err().contains("object"));
+        assert!(parse_template_kwargs("{").unwrap_err().contains("JSON"));
+        let own = parse_template_kwargs(r#"{"add_generation_prompt": false}"#).unwrap_err();
+        assert!(own.contains("add_generation_prompt"), "{own}");
+    }
 }

@@ -123,6 +123,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             context_length: args.context_length,
             sampling_defaults,
             reasoning_parser: args.reasoning_parser,
+            chat_template_kwargs: args.model.chat_template_kwargs.clone().unwrap_or_default(),
             engine: EngineSettings {
                 options: GeneratorOptions {
                     page_size: args.model.page_size,

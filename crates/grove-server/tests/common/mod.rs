@@ -77,6 +77,7 @@ pub fn config(
         context_length: None,
         sampling_defaults: Default::default(),
         reasoning_parser: None,
+        chat_template_kwargs: Default::default(),
         engine: EngineSettings {
             options: GeneratorOptions::default(),
             speculation: SpeculationSettings {

@@ -96,6 +96,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             context_length: None,
             sampling_defaults: Default::default(),
             reasoning_parser: None,
+            chat_template_kwargs: Default::default(),
             engine: EngineSettings {
                 options: GeneratorOptions {
                     page_size: args.model.page_size,
