@@ -59,8 +59,9 @@ fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> (Server, String) {
     (server, url)
 }
 
-#[test]
-fn the_openai_python_client_drives_grove_serve() {
+/// Runs `tests/python/{script}` against `grove serve` started with `server_args`; skipped
+/// without python3 and `openai` unless `GROVE_REQUIRE_OPENAI` is set.
+fn run_client_script(script: &str, server_args: &[&str]) {
     if !openai_available() {
         assert!(
             std::env::var_os("GROVE_REQUIRE_OPENAI").is_none(),
@@ -71,15 +72,10 @@ fn the_openai_python_client_drives_grove_serve() {
         );
         return;
     }
-    // The embedded default pair: DDTree with its trained drafter.
-    let (_server, url) = start(&[
-        "--speculative-algorithm",
-        "ddtree",
-        "--speculative-ddtree-budget",
-        "6",
-    ]);
-    let script: PathBuf =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
+    let (_server, url) = start(server_args);
+    let script: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
     let output = Command::new("python3")
         .arg(&script)
         .arg(&url)
@@ -93,6 +89,35 @@ fn the_openai_python_client_drives_grove_serve() {
         "openai client checks failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("checks passed"));
+}
+
+#[test]
+fn the_openai_python_client_drives_grove_serve() {
+    // The embedded default pair: DDTree with its trained drafter.
+    run_client_script(
+        "openai_client.py",
+        &[
+            "--speculative-algorithm",
+            "ddtree",
+            "--speculative-ddtree-budget",
+            "6",
+        ],
+    );
+}
+
+/// The client reads a thinking model's answers: `--reasoning-parser` and
+/// `--chat-template-kwargs` on the same binary.
+#[test]
+fn the_openai_python_client_reads_reasoning_content() {
+    run_client_script(
+        "openai_reasoning.py",
+        &[
+            "--reasoning-parser",
+            "deepseek-r1",
+            "--chat-template-kwargs",
+            r#"{"enable_thinking": false}"#,
+        ],
+    );
 }
 
 /// The whole response to an HTTP/1.0 request (`body`: a JSON POST, else a GET).

@@ -8,20 +8,11 @@ DDTree over its trained drafter. Every check raises on failure; the last line pr
 
 import json
 import string
-import sys
 
 import openai
 
-base = sys.argv[1]
-client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
-checks = 0
-
-
-def check(condition, message):
-    global checks
-    if not condition:
-        raise AssertionError(message)
-    checks += 1
+import checks
+from checks import check, client
 
 
 # Models.
@@ -191,4 +182,4 @@ try:
 except openai.NotFoundError as error:
     check(error.status_code == 404, f"{error}")
 
-print(f"openai client: {checks} checks passed")
+print(f"openai client: {checks.passed} checks passed")
