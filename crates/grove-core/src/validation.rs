@@ -79,10 +79,6 @@ pub enum ValidationError {
     Body {
         reason: String,
     },
-    /// One request carries one prompt.
-    ManyPrompts {
-        count: usize,
-    },
     /// A message role outside the chat roles.
     Role {
         index: usize,
@@ -145,7 +141,6 @@ impl ValidationError {
             Self::ContextOverflow { .. } | Self::KvOverflow { .. } => "max_new_tokens",
             Self::Missing { field } | Self::WrongType { field, .. } => field.as_str(),
             Self::Body { .. } => "body",
-            Self::ManyPrompts { .. } => "prompt",
             Self::Role { index, .. } => return format!("messages[{index}].role").into(),
             Self::ContentPart { index, part, .. } => {
                 return format!("messages[{index}].content[{part}]").into()
@@ -247,9 +242,6 @@ impl ValidationError {
             Self::Missing { .. } => format!("`{field}` is required"),
             Self::WrongType { reason, .. } => format!("invalid `{field}`: {reason}"),
             Self::Body { reason } => format!("the request body {reason}"),
-            Self::ManyPrompts { count } => format!(
-                "`prompt` must be one prompt (a string or a token array), got a list of {count}"
-            ),
             Self::Role { role, .. } => {
                 format!("`{field}` must be system, developer, user or assistant, got \"{role}\"")
             }

@@ -39,8 +39,10 @@ pub(crate) struct Reply {
     pub logprobs: bool,
     /// The request asked for the token ids (vLLM's `return_token_ids`).
     pub token_ids: bool,
-    /// Completions' `echo` (never with a stream).
-    pub echo: Option<Echo>,
+    /// Completions' `echo`, one per prompt (never with a stream).
+    pub echo: Vec<Echo>,
+    /// Choices of each prompt (`n`): output `i` is prompt `i / per_prompt`'s.
+    pub per_prompt: usize,
     /// Chat's tools: calls are read from the text.
     pub tools: Option<Tools>,
     /// Chat with `--reasoning-parser`: the reasoning is answered apart from the content.
@@ -74,8 +76,8 @@ impl Reply {
             .enumerate()
             .map(|(index, output)| self.choice(index, output))
             .collect();
-        let mut usage = usage(outputs);
-        if self.echo.as_ref().is_some_and(|e| e.without_completion) {
+        let mut usage = usage(outputs, self.per_prompt);
+        if self.echo.first().is_some_and(|e| e.without_completion) {
             // Only the prompt was asked for: the token generated alongside is not answered.
             usage.completion_tokens = 0;
             usage.total_tokens = usage.prompt_tokens;
@@ -84,7 +86,7 @@ impl Reply {
     }
 
     fn choice(&self, index: usize, output: &GenerateOutput) -> Value {
-        if let Some(echo) = &self.echo {
+        if let Some(echo) = self.echo.get(index / self.per_prompt) {
             return self.echoed(index, echo, output);
         }
         let mut choice = match self.endpoint {
@@ -282,12 +284,15 @@ impl Reply {
     }
 }
 
-/// `usage` over a request's choices: the prompt once (its K/V is shared: the choices after the
-/// first find it in the prefix cache), the completions' tokens summed, and the speculation's
-/// rounds pooled.
-pub(crate) fn usage(outputs: &[GenerateOutput]) -> Usage {
+/// `usage` over a request's choices (`per_prompt` of each prompt, in order): each prompt once
+/// (its K/V is shared: the choices after the first find it in the prefix cache), the
+/// completions' tokens summed, and the speculation's rounds pooled.
+pub(crate) fn usage(outputs: &[GenerateOutput], per_prompt: usize) -> Usage {
     let first = &outputs[0].stats;
     let sum = |f: fn(&GenerateOutput) -> usize| outputs.iter().map(f).sum::<usize>();
+    let prompts = || outputs.iter().step_by(per_prompt.max(1)).map(|o| &o.stats);
+    let prompt_tokens = prompts().map(|s| s.prompt_tokens).sum::<usize>();
+    let cached_tokens = prompts().map(|s| s.cached_tokens).sum::<usize>();
     let completion_tokens = sum(|o| o.stats.new_tokens);
     let rounds = sum(|o| o.stats.rounds);
     let per_round = |f: fn(&GenerateOutput) -> f64| {
@@ -299,12 +304,10 @@ pub(crate) fn usage(outputs: &[GenerateOutput]) -> Usage {
         }
     };
     Usage {
-        prompt_tokens: first.prompt_tokens,
+        prompt_tokens,
         completion_tokens,
-        total_tokens: first.prompt_tokens + completion_tokens,
-        prompt_tokens_details: PromptTokensDetails {
-            cached_tokens: first.cached_tokens,
-        },
+        total_tokens: prompt_tokens + completion_tokens,
+        prompt_tokens_details: PromptTokensDetails { cached_tokens },
         speculative: SpeculativeUsage {
             algorithm: first.algorithm,
             budget: first.budget,
@@ -450,7 +453,7 @@ impl Streaming {
                         .iter_mut()
                         .filter_map(|c| c.output.take())
                         .collect();
-                    let usage = usage(&outputs);
+                    let usage = usage(&outputs, self.reply.per_prompt);
                     batch.push(data(&self.reply.envelope(true, json!([]), Some(usage))));
                 }
                 batch.push(Ok(Event::default().data("[DONE]")));

@@ -241,15 +241,22 @@ async fn run(
             return error.into_response();
         }
     };
-    // The choices: engine requests of their own, a seed given moved on by the choice's index.
-    let mut choices = Vec::with_capacity(valid.choices);
-    for index in 0..valid.choices {
-        let mut request = valid.generate.clone();
-        let seed = &mut request.sampling.seed;
-        *seed = seed.map(|seed| seed.wrapping_add(index as u64));
-        match submit(&state, request).await {
-            Ok(events) => choices.push(events),
-            Err(error) => return error.into_response(),
+    // The choices: engine requests of their own, each prompt's in turn, a seed given moved on
+    // by the choice's index within its prompt's.
+    let prompts = std::iter::once(None).chain(valid.more_prompts.iter().map(Some));
+    let mut choices = Vec::with_capacity(valid.choices * (1 + valid.more_prompts.len()));
+    for prompt in prompts {
+        for index in 0..valid.choices {
+            let mut request = valid.generate.clone();
+            if let Some(prompt) = prompt {
+                request.prompt.clone_from(prompt);
+            }
+            let seed = &mut request.sampling.seed;
+            *seed = seed.map(|seed| seed.wrapping_add(index as u64));
+            match submit(&state, request).await {
+                Ok(events) => choices.push(events),
+                Err(error) => return error.into_response(),
+            }
         }
     }
     let reply = Reply {
@@ -268,6 +275,7 @@ async fn run(
         logprobs: valid.generate.logprobs.is_some(),
         token_ids: valid.return_token_ids,
         echo: valid.echo,
+        per_prompt: valid.choices,
         tools: valid.tools,
         reasoning: state
             .limits

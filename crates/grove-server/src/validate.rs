@@ -60,14 +60,17 @@ impl ModelLimits {
 /// A request that passed every edge check.
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
+    /// The request for the first prompt; every other prompt's differs only in its prompt.
     pub generate: GenerateRequest,
-    /// Choices to generate (`n`), each an engine request of its own.
+    /// Completions' prompts after the first (a list of several prompts).
+    pub more_prompts: Vec<Vec<TokenId>>,
+    /// Choices to generate for each prompt (`n`), each an engine request of its own.
     pub choices: usize,
     pub stream: bool,
     pub include_usage: bool,
     pub return_token_ids: bool,
-    /// Completions' `echo`: the prompt comes back before the completion.
-    pub echo: Option<Echo>,
+    /// Completions' `echo`, one per prompt: the prompt comes back before the completion.
+    pub echo: Vec<Echo>,
     /// Chat's tools, whose calls are read from the text.
     pub tools: Option<crate::tools::Tools>,
 }
@@ -129,6 +132,12 @@ fn unsupported(field: &'static str, allowed: &'static str) -> ValidationError {
 
 /// The most choices (`n`) one request may ask for: each is a sequence of its own in the engine.
 pub const MAX_CHOICES: usize = 16;
+
+/// A prompt as token ids, and its text where it came as text.
+type PromptTokens = (Vec<TokenId>, Option<String>);
+
+/// The most sequences one request may start: its prompts times its choices (`n`).
+pub const MAX_SEQUENCES: usize = 64;
 
 /// A count of alternative tokens per position (`logprobs` of completions, `top_logprobs` of
 /// chat): an integer in [0, MAX_TOP_LOGPROBS].
@@ -208,7 +217,7 @@ impl ModelLimits {
             "must be 1 or absent",
         )?;
         let ignore_eos = common.ignore_eos;
-        let (fim, (prompt, text)) = match request.suffix {
+        let (fim, prompts) = match request.suffix {
             Some(suffix) => {
                 only(!echo, "echo", "must be false or absent with `suffix`")?;
                 let Prompt::Text(prefix) = request.prompt else {
@@ -216,30 +225,55 @@ impl ModelLimits {
                 };
                 let fim = self.fim_tokens()?;
                 let prompt = fim.prompt(self, &prefix, &suffix)?;
-                (Some(fim), (prompt, None))
+                (Some(fim), vec![(prompt, None)])
             }
-            None => (None, self.prompt(request.prompt)?),
+            None => (None, self.prompts(request.prompt)?),
         };
-        let echo = echo.then(|| Echo {
-            // A prompt of token ids echoes as their text.
-            text: text.unwrap_or_else(|| {
-                let tokenizer = self.tokenizer.as_deref();
-                tokenizer
-                    .and_then(|t| t.decode(&prompt).ok())
-                    .unwrap_or_default()
-            }),
-            first_token: prompt.first().copied().unwrap_or_default(),
-            without_completion,
-        });
-        let mut valid = self.finish(prompt, common, None, DEFAULT_COMPLETION_MAX_TOKENS)?;
+        let echoes = match echo {
+            true => prompts
+                .iter()
+                .map(|(prompt, text)| Echo {
+                    // A prompt of token ids echoes as their text.
+                    text: text.clone().unwrap_or_else(|| {
+                        let tokenizer = self.tokenizer.as_deref();
+                        tokenizer
+                            .and_then(|t| t.decode(prompt).ok())
+                            .unwrap_or_default()
+                    }),
+                    first_token: prompt.first().copied().unwrap_or_default(),
+                    without_completion,
+                })
+                .collect(),
+            false => Vec::new(),
+        };
+        let mut prompts = prompts.into_iter().map(|(prompt, _)| prompt);
+        let first = prompts.next().expect("at least one prompt");
+        let mut valid = self.finish(first, common, None, DEFAULT_COMPLETION_MAX_TOKENS)?;
+        valid.more_prompts = prompts.collect();
+        let max_new_tokens = valid.generate.stop.max_new_tokens;
+        for prompt in &valid.more_prompts {
+            self.fits(prompt.len(), max_new_tokens)?;
+        }
+        let sequences = valid.choices * (1 + valid.more_prompts.len());
+        if sequences > MAX_SEQUENCES {
+            return Err(ValidationError::OutOfRange {
+                field: "prompt",
+                limit: "at most 64 sequences a request (prompts times `n`)",
+                value: format!(
+                    "{} prompts times n = {}",
+                    sequences / valid.choices,
+                    valid.choices
+                ),
+            });
+        }
         if let Some(fim) = fim.filter(|_| !ignore_eos) {
             // A middle ends where the model would end a file (`<|endoftext|>`), which a chat
             // model's stop ids may not list.
             valid.generate.stop.stop_token_ids.extend(fim.stops);
         }
         valid.generate.logprobs = logprobs;
-        valid.generate.prompt_logprobs = echo.is_some() && logprobs.is_some();
-        valid.echo = echo;
+        valid.generate.prompt_logprobs = echo && logprobs.is_some();
+        valid.echo = echoes;
         Ok(valid)
     }
 
@@ -352,20 +386,21 @@ impl ModelLimits {
             })
     }
 
-    /// A completion's prompt as token ids, and its text where it came as text.
-    fn prompt(&self, prompt: Prompt) -> Result<(Vec<TokenId>, Option<String>), ValidationError> {
-        Ok(match prompt {
-            Prompt::Text(text) => (self.encode(&text, "prompt", true)?, Some(text)),
-            Prompt::Tokens(ids) => (self.token_ids(&ids)?, None),
-            Prompt::Texts(texts) => match <[String; 1]>::try_from(texts) {
-                Ok([text]) => (self.encode(&text, "prompt", true)?, Some(text)),
-                Err(texts) => return Err(ValidationError::ManyPrompts { count: texts.len() }),
-            },
-            Prompt::TokenLists(lists) => match <[Vec<i64>; 1]>::try_from(lists) {
-                Ok([ids]) => (self.token_ids(&ids)?, None),
-                Err(lists) => return Err(ValidationError::ManyPrompts { count: lists.len() }),
-            },
-        })
+    /// A completion's prompts (one, or a list of several) as token ids, each with its text
+    /// where it came as text.
+    fn prompts(&self, prompt: Prompt) -> Result<Vec<PromptTokens>, ValidationError> {
+        let text = |text: String| Ok((self.encode(&text, "prompt", true)?, Some(text)));
+        let ids = |ids: Vec<i64>| Ok((self.token_ids(&ids)?, None));
+        let prompts: Vec<_> = match prompt {
+            Prompt::Text(one) => vec![text(one)?],
+            Prompt::Tokens(one) => vec![ids(one)?],
+            Prompt::Texts(texts) => texts.into_iter().map(text).collect::<Result<_, _>>()?,
+            Prompt::TokenLists(lists) => lists.into_iter().map(ids).collect::<Result<_, _>>()?,
+        };
+        if prompts.is_empty() {
+            return Err(ValidationError::Empty { field: "prompt" });
+        }
+        Ok(prompts)
     }
 
     /// The model's fill-in-the-middle tokens, or why `suffix` cannot be served.
@@ -447,6 +482,19 @@ impl ModelLimits {
     }
 
     /// The checks and defaults both endpoints share.
+    /// A prompt of `prompt_tokens` and `max_new_tokens` fit the context. The model's own
+    /// context is the engine's to check; `--context-length` may be less.
+    fn fits(&self, prompt_tokens: usize, max_new_tokens: usize) -> Result<(), ValidationError> {
+        if prompt_tokens + max_new_tokens > self.context {
+            return Err(ValidationError::ContextOverflow {
+                prompt_tokens,
+                max_new_tokens,
+                context: self.context,
+            });
+        }
+        Ok(())
+    }
+
     fn finish(
         &self,
         prompt: Vec<TokenId>,
@@ -462,14 +510,7 @@ impl ModelLimits {
         if !common.stream && common.stream_options.is_some() {
             return Err(ValidationError::StreamOptionsWithoutStream);
         }
-        // The model's own context is the engine's to check; `--context-length` may be less.
-        if prompt.len() + max_new_tokens > self.context {
-            return Err(ValidationError::ContextOverflow {
-                prompt_tokens: prompt.len(),
-                max_new_tokens,
-                context: self.context,
-            });
-        }
+        self.fits(prompt.len(), max_new_tokens)?;
         let choices = match common.n {
             None => 1,
             Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
@@ -510,7 +551,8 @@ impl ModelLimits {
                 grammar,
             },
             choices,
-            echo: None,
+            more_prompts: Vec::new(),
+            echo: Vec::new(),
             tools: None,
             stream: common.stream,
             return_token_ids: common.return_token_ids,

@@ -1,6 +1,6 @@
 //! `n` choices per request: each an engine request of its own (a seed moved on by the choice's
 //! index), answered together in JSON or interleaved in one stream, usage counting the prompt
-//! once.
+//! once; several prompts in one completion request, each answered as alone.
 
 mod common;
 
@@ -113,4 +113,67 @@ async fn every_choice_of_a_request_its_client_left_is_cancelled() {
     unstreamed["stream"] = json!(false);
     server.give_up_on("/v1/completions", &unstreamed).await;
     assert_eq!(server.idle_free_pages().await, initial_pages);
+}
+
+/// Several prompts in one completion request (what evaluation harnesses batch): their
+/// choices in prompt order, each what the prompt alone answers, the prompts' tokens summed in
+/// `usage`; scoring them (`echo`, `logprobs`, `max_tokens: 0`) scores each as alone; a stream
+/// tags each prompt's choices by index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_prompts_are_answered_as_each_alone() {
+    let server = TestServer::start(default_served(), config("tiny", 6, 4096, 8, 64));
+    let prompts = ["def add(a, b):", "import os\n", "class Stack:"];
+    let request = json!({"model": "tiny", "prompt": prompts, "max_tokens": 12,
+                         "temperature": 0.8, "seed": 5, "n": 2});
+    let (status, answer) = server.post("/v1/completions", &request).await;
+    assert_eq!(status, 200, "{answer}");
+    let choices = texts(&answer);
+    assert_eq!(choices.len(), 6);
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    for (p, prompt) in prompts.iter().enumerate() {
+        let mut alone = request.clone();
+        alone["prompt"] = json!(prompt);
+        let (_, alone) = server.post("/v1/completions", &alone).await;
+        assert_eq!(texts(&alone), choices[2 * p..2 * p + 2], "prompt {p}");
+        prompt_tokens += alone["usage"]["prompt_tokens"].as_u64().unwrap();
+        completion_tokens += alone["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(answer["usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(answer["usage"]["completion_tokens"], completion_tokens);
+
+    // Token-id prompts scored as a harness scores them.
+    let ids = [vec![100, 101, 102, 103], vec![50, 60], vec![7, 8, 9]];
+    let score = json!({"model": "tiny", "prompt": ids, "max_tokens": 0, "echo": true,
+                       "logprobs": 1, "temperature": 0});
+    let (status, scored) = server.post("/v1/completions", &score).await;
+    assert_eq!(status, 200, "{scored}");
+    assert_eq!(scored["usage"]["completion_tokens"], 0);
+    for (p, prompt) in ids.iter().enumerate() {
+        let mut alone = score.clone();
+        alone["prompt"] = json!(prompt);
+        let (_, alone) = server.post("/v1/completions", &alone).await;
+        let choice = &scored["choices"][p];
+        assert_eq!(choice["index"], p);
+        assert_eq!(choice["text"], alone["choices"][0]["text"], "prompt {p}");
+        assert_eq!(
+            choice["logprobs"], alone["choices"][0]["logprobs"],
+            "prompt {p}"
+        );
+        let tokens = choice["logprobs"]["token_logprobs"].as_array().unwrap();
+        assert_eq!(tokens.len(), prompt.len(), "prompt {p}");
+    }
+
+    // Streamed: every choice's text by its index, as in the JSON answer (greedy).
+    let mut greedy = request.clone();
+    greedy["temperature"] = json!(0);
+    let (_, answer) = server.post("/v1/completions", &greedy).await;
+    greedy["stream"] = json!(true);
+    let (chunks, done) = read_stream(server.send("/v1/completions", &greedy).await).await;
+    assert!(done);
+    let mut streamed = vec![String::new(); 6];
+    for chunk in &chunks {
+        let choice = &chunk["choices"][0];
+        streamed[choice["index"].as_u64().unwrap() as usize] += choice["text"].as_str().unwrap();
+    }
+    assert_eq!(streamed, texts(&answer));
 }

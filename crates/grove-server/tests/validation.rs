@@ -165,9 +165,9 @@ rule!(
     Some("prompt")
 );
 rule!(
-    several_prompts,
+    more_sequences_than_a_request_may_start,
     C,
-    completion(json!({"prompt": ["a", "b"]})),
+    completion(json!({"prompt": vec!["a"; 17], "n": 4})),
     400,
     BAD,
     Some("prompt")
