@@ -10,15 +10,20 @@ use grove_engine::structured::TokenBytes;
 use grove_engine::{
     Budget, GenerateRequest, LogitAdjustments, SpeculationOverride, MAX_TOP_LOGPROBS,
 };
-use grove_model::{reserved_template_variable, ChatMessage, TextTokenizer};
+use grove_model::TextTokenizer;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::protocol::{
-    BudgetField, ChatRequest, CommonFields, CompletionRequest, Content, Message, Prompt,
-    SpeculativeField, Stop,
+    BudgetField, ChatRequest, CommonFields, CompletionRequest, Prompt, SpeculativeField, Stop,
 };
 use crate::reasoning::ReasoningParser;
+
+mod fim;
+mod messages;
+
+use fim::FimTokens;
+use messages::{chat_message, template_kwargs};
 
 /// OpenAI's limit on stop sequences.
 pub const MAX_STOP_SEQUENCES: usize = 4;
@@ -139,6 +144,15 @@ type PromptTokens = (Vec<TokenId>, Option<String>);
 /// The most sequences one request may start: its prompts times its choices (`n`).
 pub const MAX_SEQUENCES: usize = 64;
 
+/// More than [`MAX_SEQUENCES`] prompts times choices.
+fn too_many_sequences(value: String) -> ValidationError {
+    ValidationError::OutOfRange {
+        field: "prompt",
+        limit: "at most 64 sequences a request (prompts times `n`)",
+        value,
+    }
+}
+
 /// A count of alternative tokens per position (`logprobs` of completions, `top_logprobs` of
 /// chat): an integer in [0, MAX_TOP_LOGPROBS].
 fn top_count(field: &'static str, value: &Value) -> Result<usize, ValidationError> {
@@ -151,35 +165,6 @@ fn top_count(field: &'static str, value: &Value) -> Result<usize, ValidationErro
             limit: "an integer in [0, 20]",
             value: value.to_string(),
         })
-}
-
-/// `chat_template_kwargs` (vLLM, SGLang): variables for the chat template, such as Qwen3's
-/// `enable_thinking`, over the server's defaults (`--chat-template-kwargs`) name by name.
-fn template_kwargs(
-    defaults: &Map<String, Value>,
-    value: Option<Value>,
-) -> Result<Map<String, Value>, ValidationError> {
-    let mut merged = defaults.clone();
-    let kwargs = match value {
-        None | Some(Value::Null) => return Ok(merged),
-        Some(Value::Object(kwargs)) => kwargs,
-        Some(other) => {
-            return Err(ValidationError::WrongType {
-                field: "chat_template_kwargs".into(),
-                reason: format!("expected an object of template variables, got {other}"),
-            })
-        }
-    };
-    if let Some(key) = reserved_template_variable(&kwargs) {
-        return Err(ValidationError::OutOfRange {
-            field: "chat_template_kwargs",
-            limit: "variables other than messages, tools, add_generation_prompt, bos_token and \
-                    eos_token (grove sets those)",
-            value: format!("`{key}`"),
-        });
-    }
-    merged.extend(kwargs);
-    Ok(merged)
 }
 
 /// `value` must be absent or pass `ok`; else the field is refused as unsupported.
@@ -256,15 +241,11 @@ impl ModelLimits {
         }
         let sequences = valid.choices * (1 + valid.more_prompts.len());
         if sequences > MAX_SEQUENCES {
-            return Err(ValidationError::OutOfRange {
-                field: "prompt",
-                limit: "at most 64 sequences a request (prompts times `n`)",
-                value: format!(
-                    "{} prompts times n = {}",
-                    sequences / valid.choices,
-                    valid.choices
-                ),
-            });
+            let prompts = sequences / valid.choices;
+            return Err(too_many_sequences(format!(
+                "{prompts} prompts times n = {}",
+                valid.choices
+            )));
         }
         if let Some(fim) = fim.filter(|_| !ignore_eos) {
             // A middle ends where the model would end a file (`<|endoftext|>`), which a chat
@@ -389,6 +370,15 @@ impl ModelLimits {
     /// A completion's prompts (one, or a list of several) as token ids, each with its text
     /// where it came as text.
     fn prompts(&self, prompt: Prompt) -> Result<Vec<PromptTokens>, ValidationError> {
+        let count = match &prompt {
+            Prompt::Texts(texts) => texts.len(),
+            Prompt::TokenLists(lists) => lists.len(),
+            Prompt::Text(_) | Prompt::Tokens(_) => 1,
+        };
+        // Refused before any is encoded (the product with `n` is checked once `n` is).
+        if count > MAX_SEQUENCES {
+            return Err(too_many_sequences(format!("{count} prompts")));
+        }
         let text = |text: String| Ok((self.encode(&text, "prompt", true)?, Some(text)));
         let ids = |ids: Vec<i64>| Ok((self.token_ids(&ids)?, None));
         let prompts: Vec<_> = match prompt {
@@ -561,54 +551,6 @@ impl ModelLimits {
     }
 }
 
-/// One chat message, its content parts joined (text parts only).
-fn chat_message(index: usize, message: Message) -> Result<ChatMessage, ValidationError> {
-    if !matches!(
-        message.role.as_str(),
-        "system" | "user" | "assistant" | "developer" | "tool"
-    ) {
-        return Err(ValidationError::Role {
-            index,
-            role: message.role,
-        });
-    }
-    let content = match message.content {
-        None => String::new(),
-        Some(Content::Text(text)) => text,
-        Some(Content::Parts(parts)) => {
-            let mut text = String::new();
-            for (part, content) in parts.into_iter().enumerate() {
-                let missing = |name: &str| ValidationError::Missing {
-                    field: format!("messages[{index}].content[{part}].{name}"),
-                };
-                match (content.kind.as_deref(), content.text) {
-                    (None, _) => return Err(missing("type")),
-                    (Some("text"), Some(t)) => text.push_str(&t),
-                    (Some("text"), None) => return Err(missing("text")),
-                    (Some(kind), _) => {
-                        return Err(ValidationError::ContentPart {
-                            index,
-                            part,
-                            kind: kind.to_owned(),
-                        })
-                    }
-                }
-            }
-            text
-        }
-    };
-    let tool_calls = match message.tool_calls {
-        None | Some(Value::Null) => None,
-        Some(calls) => Some(crate::tools::message_calls(index, calls)?),
-    };
-    Ok(ChatMessage {
-        role: message.role,
-        content,
-        tool_calls,
-        tool_call_id: message.tool_call_id,
-    })
-}
-
 /// The penalties and `logit_bias` (an object of token ids, as strings, to biases), checked
 /// against OpenAI's limits and the vocabulary.
 fn adjustments(common: &CommonFields, vocab: usize) -> Result<LogitAdjustments, ValidationError> {
@@ -754,59 +696,4 @@ fn speculation(field: Option<SpeculativeField>) -> Result<SpeculationOverride, V
         algorithm: field.algorithm,
         budget,
     })
-}
-
-/// A vocabulary's fill-in-the-middle tokens (Qwen2.5-Coder's `<|fim_prefix|>` names, or
-/// StarCoder's `<fim_prefix>`), and the tokens that end a middle.
-#[derive(Debug)]
-struct FimTokens {
-    prefix: TokenId,
-    suffix: TokenId,
-    middle: TokenId,
-    stops: Vec<TokenId>,
-}
-
-impl FimTokens {
-    fn of(tokenizer: &TextTokenizer) -> Option<Self> {
-        let id = |name: &str| tokenizer.token_to_id(name);
-        let named = |open: &str, close: &str| {
-            Some((
-                id(&format!("{open}fim_prefix{close}"))?,
-                id(&format!("{open}fim_suffix{close}"))?,
-                id(&format!("{open}fim_middle{close}"))?,
-                id(&format!("{open}fim_pad{close}")),
-            ))
-        };
-        let (prefix, suffix, middle, pad) = named("<|", "|>").or_else(|| named("<", ">"))?;
-        let stops = [id("<|endoftext|>"), pad].into_iter().flatten().collect();
-        Some(Self {
-            prefix,
-            suffix,
-            middle,
-            stops,
-        })
-    }
-
-    /// The prefix-suffix-middle prompt: `<fim_prefix>` prefix `<fim_suffix>` suffix
-    /// `<fim_middle>`, the two texts encoded without special tokens (either may be empty).
-    fn prompt(
-        &self,
-        limits: &ModelLimits,
-        prefix: &str,
-        suffix: &str,
-    ) -> Result<Vec<TokenId>, ValidationError> {
-        let encode = |text: &str, field| {
-            if text.is_empty() {
-                Ok(Vec::new())
-            } else {
-                limits.encode(text, field, false)
-            }
-        };
-        let mut prompt = vec![self.prefix];
-        prompt.extend(encode(prefix, "prompt")?);
-        prompt.push(self.suffix);
-        prompt.extend(encode(suffix, "suffix")?);
-        prompt.push(self.middle);
-        Ok(prompt)
-    }
 }
