@@ -219,6 +219,42 @@ impl Grammar {
             .is_some_and(|bytes| state.accepts(&self.schema, bytes))
     }
 
+    /// [`Grammar::mask`] before the schema holds the text: inside a reasoning block every token
+    /// but a stop token; where a block may open, the schema's first tokens and the opening one.
+    /// `None` once the schema holds it.
+    fn mask_reasoning(
+        &self,
+        state: &Matcher,
+        stops: &[TokenId],
+        allowed: &mut [bool],
+    ) -> Option<usize> {
+        match state.reasoning {
+            Reasoning::Open => {
+                allowed.fill(true);
+                for &stop in stops {
+                    if let Some(flag) = allowed.get_mut(stop as usize) {
+                        *flag = false;
+                    }
+                }
+                Some(allowed.iter().filter(|&&a| a).count())
+            }
+            Reasoning::MayOpen => {
+                let open = self.reasoning.and_then(|t| t.open)?;
+                let mut value = state.clone();
+                value.reasoning = Reasoning::Past;
+                let count = self.mask(&value, stops, allowed);
+                Some(match allowed.get_mut(open as usize) {
+                    Some(flag) if !*flag => {
+                        *flag = true;
+                        count + 1
+                    }
+                    _ => count,
+                })
+            }
+            Reasoning::Past => None,
+        }
+    }
+
     /// `token` opens a reasoning block.
     fn opens(&self, token: TokenId) -> bool {
         self.reasoning.is_some_and(|t| t.open == Some(token))
@@ -266,33 +302,8 @@ impl Grammar {
     /// every token under a prefix the schema refused is refused unread. Inside a string a
     /// token's plain rest (no quote, backslash or control byte) is accepted unread.
     pub fn mask(&self, state: &Matcher, stops: &[TokenId], allowed: &mut [bool]) -> usize {
-        match state.reasoning {
-            Reasoning::Open => {
-                allowed.fill(true);
-                for &stop in stops {
-                    if let Some(flag) = allowed.get_mut(stop as usize) {
-                        *flag = false;
-                    }
-                }
-                return allowed.iter().filter(|&&a| a).count();
-            }
-            Reasoning::MayOpen => {
-                let open = self
-                    .reasoning
-                    .and_then(|t| t.open)
-                    .expect("MayOpen has an opening");
-                let mut value = state.clone();
-                value.reasoning = Reasoning::Past;
-                let count = self.mask(&value, stops, allowed);
-                return match allowed.get_mut(open as usize) {
-                    Some(flag) if !*flag => {
-                        *flag = true;
-                        count + 1
-                    }
-                    _ => count,
-                };
-            }
-            Reasoning::Past => {}
+        if let Some(count) = self.mask_reasoning(state, stops, allowed) {
+            return count;
         }
         allowed.fill(false);
         let schema = &self.schema;
