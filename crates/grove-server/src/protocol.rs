@@ -142,7 +142,17 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// With a reasoning parser: how many completion tokens were reasoning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
     pub speculative: SpeculativeUsage,
+}
+
+/// OpenAI's breakdown of the completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Tokens of the reasoning block, its tags included.
+    pub reasoning_tokens: usize,
 }
 
 /// OpenAI's breakdown of the prompt: how much of it came from the prefix cache.

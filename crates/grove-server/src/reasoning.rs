@@ -8,6 +8,7 @@
 
 use std::str::FromStr;
 
+use grove_core::TokenId;
 use grove_engine::structured::ReasoningTokens;
 use grove_model::TextTokenizer;
 
@@ -47,6 +48,23 @@ impl ReasoningParser {
             Self::Qwen3 => "qwen3",
             Self::DeepSeekR1 => "deepseek-r1",
         }
+    }
+
+    /// How many of an answer's `tokens` (its `text`) are its reasoning block, the tags
+    /// included: up to the first `close` token, all of them for a block left open, none for
+    /// a text without one.
+    pub fn reasoning_tokens(self, tokens: &[TokenId], text: &str, close: TokenId) -> usize {
+        let opens = match self {
+            Self::Qwen3 => text.trim_start().starts_with(OPEN),
+            Self::DeepSeekR1 => true,
+        };
+        if !opens {
+            return 0;
+        }
+        tokens
+            .iter()
+            .position(|&t| t == close)
+            .map_or(tokens.len(), |at| at + 1)
     }
 
     /// The tokens a schema waits for (`None` where the tags are not single tokens).
@@ -306,6 +324,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn reasoning_tokens_run_to_the_closing_token() {
+        let (open, close) = (7, 9);
+        let q = ReasoningParser::Qwen3;
+        assert_eq!(
+            q.reasoning_tokens(&[open, 1, 2, close, 3], "<think>ab</think>c", close),
+            4
+        );
+        assert_eq!(q.reasoning_tokens(&[open, 1, 2], "<think>ab", close), 3);
+        assert_eq!(q.reasoning_tokens(&[1, close, 2], "a</think>b", close), 0);
+        let r1 = ReasoningParser::DeepSeekR1;
+        assert_eq!(r1.reasoning_tokens(&[1, close, 2], "a</think>b", close), 2);
+        assert_eq!(r1.reasoning_tokens(&[1, 2], "ab", close), 2);
     }
 
     #[test]

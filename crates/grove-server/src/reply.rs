@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::logprobs::TokenTexts;
-use crate::protocol::{PromptTokensDetails, SpeculativeUsage, Usage};
+use crate::protocol::{CompletionTokensDetails, PromptTokensDetails, SpeculativeUsage, Usage};
 use crate::reasoning::{ReasoningParser, Split, Splitter};
 use crate::tools::{ToolCall, ToolChoice, Tools};
 use crate::validate::Echo;
@@ -76,7 +76,7 @@ impl Reply {
             .enumerate()
             .map(|(index, output)| self.choice(index, output))
             .collect();
-        let mut usage = usage(outputs, self.per_prompt);
+        let mut usage = self.usage(outputs);
         if self.echo.first().is_some_and(|e| e.without_completion) {
             // Only the prompt was asked for: the token generated alongside is not answered.
             usage.completion_tokens = 0;
@@ -126,6 +126,23 @@ impl Reply {
             choice["logprobs"] = self.logprobs(&output.logprobs, 0).0;
         }
         choice
+    }
+
+    /// `usage` over the outputs, with the reasoning's tokens where a parser reads them.
+    fn usage(&self, outputs: &[GenerateOutput]) -> Usage {
+        let mut usage = usage(outputs, self.per_prompt);
+        let close = self
+            .tokenizer
+            .as_deref()
+            .and_then(|t| t.token_to_id(crate::reasoning::CLOSE));
+        if let (Some(parser), Some(close)) = (self.reasoning, close) {
+            let reasoning_tokens = outputs
+                .iter()
+                .map(|o| parser.reasoning_tokens(&o.token_ids, &o.text, close))
+                .sum();
+            usage.completion_tokens_details = Some(CompletionTokensDetails { reasoning_tokens });
+        }
+        usage
     }
 
     /// A chat answer's reasoning and content (all content without a reasoning parser).
@@ -308,6 +325,7 @@ pub(crate) fn usage(outputs: &[GenerateOutput], per_prompt: usize) -> Usage {
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
         prompt_tokens_details: PromptTokensDetails { cached_tokens },
+        completion_tokens_details: None,
         speculative: SpeculativeUsage {
             algorithm: first.algorithm,
             budget: first.budget,
@@ -453,7 +471,7 @@ impl Streaming {
                         .iter_mut()
                         .filter_map(|c| c.output.take())
                         .collect();
-                    let usage = usage(&outputs, self.reply.per_prompt);
+                    let usage = self.reply.usage(&outputs);
                     batch.push(data(&self.reply.envelope(true, json!([]), Some(usage))));
                 }
                 batch.push(Ok(Event::default().data("[DONE]")));

@@ -94,6 +94,14 @@ async fn reasoning_is_answered_apart_and_a_stream_adds_up_to_the_same() {
             let message = &answer["choices"][0]["message"];
             let reasoning = text(&message["reasoning_content"]);
             let content = text(&message["content"]);
+            let usage = &answer["usage"];
+            let counted = usage["completion_tokens_details"]["reasoning_tokens"].as_u64();
+            let counted = counted.expect("reasoning tokens counted");
+            assert!(
+                counted <= usage["completion_tokens"].as_u64().unwrap(),
+                "{usage}"
+            );
+            assert!(reasoning.is_empty() || counted > 0, "{answer}");
             reasoned += usize::from(!reasoning.is_empty());
             answered += usize::from(!reasoning.is_empty() && !content.is_empty());
             let split = (reasoning, content);
@@ -116,6 +124,8 @@ async fn reasoning_is_answered_apart_and_a_stream_adds_up_to_the_same() {
     let message = &answer["choices"][0]["message"];
     assert_eq!(message["reasoning_content"], Value::Null, "{answer}");
     assert!(!text(&message["content"]).is_empty(), "{answer}");
+    let details = &answer["usage"]["completion_tokens_details"];
+    assert_eq!(details["reasoning_tokens"], 0, "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
