@@ -23,7 +23,9 @@ use crate::error::ApiError;
 use crate::metrics;
 use crate::protocol::{ChatRequest, CommonFields, CompletionRequest, ModelCard};
 use crate::reply::{collect_all, sse_stream, Endpoint, Reply};
-use crate::validate::{parse_json, ModelLimits, ValidRequest};
+use crate::validate::{
+    parse_body, parse_json, DetokenizeRequest, ModelLimits, TokenizeRequest, ValidRequest,
+};
 use crate::worker::{EngineStatus, Submission, WorkerEvent};
 
 /// What a gateway asks a worker about (SGLang's `/server_info` and `/model_info`).
@@ -64,6 +66,9 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        // vLLM's, for clients that count or inspect tokens before they send a request.
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         // SGLang's worker metadata, which sglang-router reads when a worker registers (and
         // the older names it falls back to).
@@ -158,6 +163,57 @@ async fn completions(
     run(state, valid, Endpoint::Completions).await
 }
 
+/// The token ids a prompt (or a chat's messages) runs as: `{"count", "max_model_len",
+/// "tokens"}`.
+async fn tokenize(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let model = |request: &TokenizeRequest| request.model.clone();
+    tokenizer_endpoint(state, headers, body, model, |limits, request| {
+        let tokens = limits.tokenize(request)?;
+        Ok(
+            json!({"count": tokens.len(), "max_model_len": limits.max_model_len(),
+                  "tokens": tokens}),
+        )
+    })
+    .await
+}
+
+/// Token ids as text: `{"prompt"}`.
+async fn detokenize(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let model = |request: &DetokenizeRequest| request.model.clone();
+    tokenizer_endpoint(state, headers, body, model, |limits, request| {
+        Ok(json!({"prompt": limits.detokenize(&request.tokens)?}))
+    })
+    .await
+}
+
+/// An endpoint that only tokenizes: the body read as `T`, the `model` it names (if any)
+/// checked, and `answer` run on the validation pool.
+async fn tokenizer_endpoint<T: serde::de::DeserializeOwned + Send + 'static>(
+    state: AppState,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    model: fn(&T) -> Option<String>,
+    answer: fn(&ModelLimits, T) -> Result<serde_json::Value, ValidationError>,
+) -> Response {
+    let answer = on_validation_pool(&state, &headers, body, move |state, body| {
+        let request: T = parse_body(&body)?;
+        if let Some(model) = model(&request) {
+            check_model(state, &model)?;
+        }
+        answer(&state.limits, request).map_err(ApiError::from)
+    })
+    .await;
+    answer.map_or_else(IntoResponse::into_response, |a| Json(a).into_response())
+}
+
 async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -174,6 +230,22 @@ async fn validate<T: serde::de::DeserializeOwned + Send + 'static>(
     body: Result<Bytes, BytesRejection>,
     endpoint: fn(&ModelLimits, (T, CommonFields)) -> Result<ValidRequest, ValidationError>,
 ) -> Result<ValidRequest, ApiError> {
+    on_validation_pool(state, headers, body, move |state, body| {
+        let request = parse_json::<T>(&body)?;
+        check_model(state, &request.1.model)?;
+        endpoint(&state.limits, request).map_err(ApiError::from)
+    })
+    .await
+}
+
+/// `work` on a request's body after the key is checked and the body read, on the blocking
+/// pool with the other validations.
+async fn on_validation_pool<R: Send + 'static>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    work: impl FnOnce(&Shared, Bytes) -> Result<R, ApiError> + Send + 'static,
+) -> Result<R, ApiError> {
     authorize(state, headers)?;
     let body = body_bytes(body)?;
     // Parsing a large body, rendering a chat template and tokenizing a long prompt are
@@ -190,9 +262,7 @@ async fn validate<T: serde::de::DeserializeOwned + Send + 'static>(
     let state = Arc::clone(state);
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let request = parse_json::<T>(&body)?;
-        check_model(&state, &request.1.model)?;
-        endpoint(&state.limits, request).map_err(ApiError::from)
+        work(&state, body)
     })
     .await
     .map_err(|error| ApiError::Internal(format!("validation task failed: {error}")))?

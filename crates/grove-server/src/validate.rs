@@ -15,15 +15,18 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::protocol::{
-    BudgetField, ChatRequest, CommonFields, CompletionRequest, Prompt, SpeculativeField, Stop,
+    BudgetField, ChatRequest, CommonFields, CompletionRequest, Message, Prompt, SpeculativeField,
+    Stop,
 };
 use crate::reasoning::ReasoningParser;
 
 mod fim;
 mod messages;
+mod tokenize;
 
 use fim::FimTokens;
 use messages::{chat_message, template_kwargs};
+pub use tokenize::{DetokenizeRequest, TokenizeRequest};
 
 /// OpenAI's limit on stop sequences.
 pub const MAX_STOP_SEQUENCES: usize = 4;
@@ -93,6 +96,17 @@ pub struct Echo {
 /// Parses a JSON object body into the endpoint's fields `T` and the shared fields, naming the
 /// field whose value is missing or has the wrong type.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<(T, CommonFields), ValidationError> {
+    let value = json_object(body)?;
+    Ok((fields(&value)?, fields(&value)?))
+}
+
+/// A body that holds one request object of type `T`.
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ValidationError> {
+    fields(&json_object(body)?)
+}
+
+/// The body as a JSON object.
+fn json_object(body: &[u8]) -> Result<Value, ValidationError> {
     let text = std::str::from_utf8(body).map_err(|e| ValidationError::Body {
         reason: format!(
             "is not valid UTF-8 (invalid byte at offset {})",
@@ -107,7 +121,7 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<(T, CommonFields),
             reason: "must be a JSON object".into(),
         });
     }
-    Ok((fields(&value)?, fields(&value)?))
+    Ok(value)
 }
 
 fn fields<T: DeserializeOwned>(value: &Value) -> Result<T, ValidationError> {
@@ -278,41 +292,11 @@ impl ModelLimits {
             }
         };
         let tools = crate::tools::tools(request.tools, request.tool_choice)?;
-        if request.messages.is_empty() {
-            return Err(ValidationError::Empty { field: "messages" });
-        }
-        let tokenizer = self.tokenizer("messages")?;
-        if !tokenizer.has_chat_template() {
-            return Err(ValidationError::NoChatTemplate {
-                model: self.name.clone(),
-            });
-        }
-        let messages = request
-            .messages
-            .into_iter()
-            .enumerate()
-            .map(|(index, message)| chat_message(index, message))
-            .collect::<Result<Vec<_>, _>>()?;
-        let definitions = tools.as_ref().map_or(&[][..], |t| &t.definitions);
-        let kwargs = template_kwargs(&self.template_kwargs, request.chat_template_kwargs)?;
-        let rendered = tokenizer
-            .apply_chat_template_with(&messages, definitions, &kwargs)
-            .map_err(|e| ValidationError::ChatTemplate {
-                reason: e.to_string(),
-            })?;
-        // Named `prompt`, as every other overflow of a chat is (the rendered messages are the
-        // prompt; clients that trim history look at the code).
-        self.check_length(tokenizer, &rendered, "prompt")?;
-        // Special tokens count only where the template wrote them; the template already holds
-        // any BOS (adding the post-processor's would double it).
-        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-        let prompt =
-            tokenizer
-                .encode_chat(&rendered, &contents)
-                .map_err(|e| ValidationError::Tokenize {
-                    field: "messages",
-                    reason: e.to_string(),
-                })?;
+        let (tokenizer, prompt) = self.chat_prompt(
+            request.messages,
+            tools.as_ref().map_or(&[][..], |t| &t.definitions),
+            request.chat_template_kwargs,
+        )?;
         let default_max = self.max_model_len().saturating_sub(prompt.len()).max(1);
         let ignore_eos = common.ignore_eos;
         let mut valid = self.finish(prompt, common, request.max_completion_tokens, default_max)?;
@@ -341,6 +325,50 @@ impl ModelLimits {
             *grammar = Some(schema.clone().after_reasoning(tokens));
         }
         Ok(valid)
+    }
+
+    /// A chat's messages rendered by the model's template (with the tools it may call and the
+    /// request's template variables) and encoded: the prompt the model runs.
+    pub fn chat_prompt(
+        &self,
+        messages: Vec<Message>,
+        definitions: &[Value],
+        kwargs: Option<Value>,
+    ) -> Result<(&TextTokenizer, Vec<TokenId>), ValidationError> {
+        if messages.is_empty() {
+            return Err(ValidationError::Empty { field: "messages" });
+        }
+        let tokenizer = self.tokenizer("messages")?;
+        if !tokenizer.has_chat_template() {
+            return Err(ValidationError::NoChatTemplate {
+                model: self.name.clone(),
+            });
+        }
+        let messages = messages
+            .into_iter()
+            .enumerate()
+            .map(|(index, message)| chat_message(index, message))
+            .collect::<Result<Vec<_>, _>>()?;
+        let kwargs = template_kwargs(&self.template_kwargs, kwargs)?;
+        let rendered = tokenizer
+            .apply_chat_template_with(&messages, definitions, &kwargs)
+            .map_err(|e| ValidationError::ChatTemplate {
+                reason: e.to_string(),
+            })?;
+        // Named `prompt`, as every other overflow of a chat is (the rendered messages are the
+        // prompt; clients that trim history look at the code).
+        self.check_length(tokenizer, &rendered, "prompt")?;
+        // Special tokens count only where the template wrote them; the template already holds
+        // any BOS (adding the post-processor's would double it).
+        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        let prompt =
+            tokenizer
+                .encode_chat(&rendered, &contents)
+                .map_err(|e| ValidationError::Tokenize {
+                    field: "messages",
+                    reason: e.to_string(),
+                })?;
+        Ok((tokenizer, prompt))
     }
 
     /// A value of a schema ends with an end-of-sequence token: there must be one, and it must
@@ -380,7 +408,7 @@ impl ModelLimits {
             return Err(too_many_sequences(format!("{count} prompts")));
         }
         let text = |text: String| Ok((self.encode(&text, "prompt", true)?, Some(text)));
-        let ids = |ids: Vec<i64>| Ok((self.token_ids(&ids)?, None));
+        let ids = |ids: Vec<i64>| Ok((self.token_ids(&ids, "prompt")?, None));
         let prompts: Vec<_> = match prompt {
             Prompt::Text(one) => vec![text(one)?],
             Prompt::Tokens(one) => vec![ids(one)?],
@@ -452,9 +480,9 @@ impl ModelLimits {
         }
     }
 
-    fn token_ids(&self, ids: &[i64]) -> Result<Vec<TokenId>, ValidationError> {
+    fn token_ids(&self, ids: &[i64], field: &'static str) -> Result<Vec<TokenId>, ValidationError> {
         if ids.is_empty() {
-            return Err(ValidationError::Empty { field: "prompt" });
+            return Err(ValidationError::Empty { field });
         }
         ids.iter()
             .map(|&id| {
@@ -462,7 +490,7 @@ impl ModelLimits {
                     Ok(id as TokenId)
                 } else {
                     Err(ValidationError::TokenOutOfVocab {
-                        field: "prompt",
+                        field,
                         id,
                         vocab_size: self.vocab_size,
                     })
