@@ -264,9 +264,13 @@ impl Grammar {
     /// the text leaves nothing to continue).
     pub fn after(&self, state: &Matcher, token: TokenId, stops: &[TokenId]) -> Option<Matcher> {
         if state.reasoning != Reasoning::Past {
+            // Refused ones (stop tokens in a block, most tokens where one may open) unread.
+            if !self.allows(state, token, stops) {
+                return None;
+            }
             let mut next = state.clone();
             self.advance(&mut next, token);
-            return self.allows(state, token, stops).then_some(next);
+            return Some(next);
         }
         if stops.contains(&token) {
             return state.can_end(&self.schema).then(Matcher::dead);
