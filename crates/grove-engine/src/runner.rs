@@ -13,12 +13,12 @@ use grove_kv::{KvStore, PagePool, PrefixCache};
 use grove_model::layers::with_host_values;
 use grove_model::{ForwardBatch, LogitRows, Model, ModelError, Segment, TextTokenizer, Visibility};
 use grove_spec::{
-    map_to_target_ids, top_k_candidates, AcceptResult, DepthCandidates, DraftTree, SegmentPlan,
-    VerifyPlan,
+    map_to_target_ids, top_k_candidates, AcceptResult, DepthCandidates, DraftTree, LookupConfig,
+    SegmentPlan, VerifyPlan,
 };
 
 use crate::budget::AutoBudget;
-use crate::drafter::DraftBlock;
+use crate::drafter::{DraftBlock, Drafter};
 use crate::emitter::Emitter;
 use crate::logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 use crate::request::{GenerateRequest, GeneratorOptions};
@@ -148,8 +148,13 @@ impl<'a> RoundRunner<'a> {
         speculation::default_method(self.speculation)
     }
 
+    /// The engine's drafter (none without speculation, or when it drafts by lookup alone).
+    pub fn drafter(&self) -> Option<&'a dyn Drafter> {
+        self.speculation.and_then(|s| s.drafter)
+    }
+
     fn taps(&self) -> &'a [usize] {
-        self.speculation.map_or(&[], |s| s.drafter.target_taps())
+        self.drafter().map_or(&[], |d| d.target_taps())
     }
 
     /// Pools of `target_pages` pages for the target and enough for the drafter's context, with
@@ -163,18 +168,18 @@ impl<'a> RoundRunner<'a> {
         let page_size = self.options.page_size;
         let pool = PagePool::new(target_pages, page_size)?;
         // The drafter holds the committed context plus one block per running sequence.
-        let draft_pages = self.speculation.map_or(0, |s| {
-            target_pages + max_running * s.drafter.block_size().div_ceil(page_size)
+        let draft_pages = self.drafter().map_or(0, |d| {
+            target_pages + max_running * d.block_size().div_ceil(page_size)
         });
         let draft_pool = PagePool::new(draft_pages, page_size)?;
         let prefix = prefix_cache.then(|| {
-            let draft = self.speculation.map(|_| draft_pool.clone());
+            let draft = self.drafter().map(|_| draft_pool.clone());
             PrefixCache::new(pool.clone(), draft)
         });
         Ok(Pools {
             kv: self.model.new_kv_store(pool.num_slots()),
-            draft_kv: match self.speculation {
-                Some(spec) => spec.drafter.new_kv_store(draft_pool.num_slots()),
+            draft_kv: match self.drafter() {
+                Some(drafter) => drafter.new_kv_store(draft_pool.num_slots()),
                 None => KvStore::new(0, 0, 0, 0),
             },
             prefix,
@@ -191,7 +196,10 @@ impl<'a> RoundRunner<'a> {
         method: (Method, bool),
         pools: &Pools,
     ) -> Sequence<'a> {
-        let max_depth = self.speculation.map_or(0, |s| s.drafter.block_size() - 1);
+        let max_depth = match method.0 {
+            Method::Lookup { budget } => budget,
+            _ => self.drafter().map_or(0, |d| d.block_size() - 1),
+        };
         let emitter = Emitter::new(self.tokenizer, &request.stop);
         let budget = AutoBudget::lock(&self.auto).new_sequence();
         let mut sequence = Sequence::new(id, request, method, emitter, pools, (max_depth, budget));
@@ -219,8 +227,8 @@ impl<'a> RoundRunner<'a> {
 
     /// Drafter slots a round of `sequence` writes past its context (0: it does not draft).
     fn round_block(&self, sequence: &Sequence<'_>) -> usize {
-        match self.speculation {
-            Some(spec) if sequence.method.drafts() => spec.drafter.block_size(),
+        match self.drafter() {
+            Some(drafter) if sequence.method.uses_drafter() => drafter.block_size(),
             _ => 0,
         }
     }
@@ -329,9 +337,9 @@ impl<'a> RoundRunner<'a> {
     ) -> Result<(), EngineError> {
         sequence.pending_features = None;
         let features = std::mem::take(&mut sequence.prefill_features);
-        if let (false, Some(spec), Some(draft_table)) = (
+        if let (false, Some(drafter), Some(draft_table)) = (
             features.is_empty(),
-            self.speculation,
+            self.drafter(),
             sequence.draft_table.as_mut(),
         ) {
             let features = Tensor::cat(&features, 0).map_err(ModelError::from)?;
@@ -340,8 +348,7 @@ impl<'a> RoundRunner<'a> {
                 sequence.table.len(),
                 "drafter context out of step"
             );
-            spec.drafter
-                .extend(&mut pools.draft_kv, draft_table, &features)?;
+            drafter.extend(&mut pools.draft_kv, draft_table, &features)?;
         }
         Ok(())
     }
@@ -397,13 +404,20 @@ impl<'a> RoundRunner<'a> {
         let start = Instant::now();
         let candidates = self.draft(batch, pools)?;
         timings.draft = start.elapsed();
-        timings.drafted = batch.iter().filter(|s| s.draft_now).count();
+        timings.drafted = batch
+            .iter()
+            .filter(|s| s.draft_now && s.method.uses_drafter())
+            .count();
 
         let start = Instant::now();
+        let lookup = self.speculation.map_or(LookupConfig::DEFAULT, |s| s.lookup);
         let mut trees: Vec<DraftTree> = batch
             .iter()
             .zip(&candidates)
-            .map(|(sequence, candidates)| sequence.draft_tree(candidates))
+            .map(|(sequence, candidates)| match sequence.method {
+                Method::Lookup { budget } => sequence.lookup_tree(lookup, budget),
+                _ => sequence.draft_tree(candidates),
+            })
             .collect();
         let gains = self.choose_budgets(batch, &mut trees, context, timings.draft);
         timings.predicted_accepted = gains.iter().flatten().sum();
@@ -439,10 +453,10 @@ impl<'a> RoundRunner<'a> {
                 timings.accepted += accepted;
                 if !tree.is_empty() {
                     AutoBudget::lock(&self.auto)
-                        .calibration
+                        .calibration_mut(sequence.method)
                         .observe(tree, &result.path);
                 }
-                if sequence.auto && sequence.draft_now {
+                if sequence.auto && sequence.draft_now && sequence.method.uses_drafter() {
                     sequence.budget.drafted(accepted as f64, tree.len());
                     let depth = tree.depths.iter().copied().max().unwrap_or(0);
                     sequence.budget.reached(depth, drafted.len());
@@ -492,7 +506,7 @@ impl<'a> RoundRunner<'a> {
         // Taps only when a sequence keeps a drafter context to add them to.
         let keeps_context = batch
             .iter()
-            .any(|s| s.method.drafts() && s.draft_table.is_some());
+            .any(|s| s.method.uses_drafter() && s.draft_table.is_some());
         let forward = ForwardBatch {
             segments,
             taps: if keeps_context { self.taps() } else { &[] },
@@ -540,7 +554,7 @@ impl<'a> RoundRunner<'a> {
             .commit_path(&mut pools.kv, segment.base, &result.path);
         if let (Some(taps), true, true) = (
             taps,
-            sequence.method.drafts(),
+            sequence.method.uses_drafter(),
             sequence.draft_table.is_some(),
         ) {
             let first = segment.logits_rows.start;
@@ -567,10 +581,10 @@ impl<'a> RoundRunner<'a> {
         pools: &mut Pools,
     ) -> Result<Vec<Vec<DepthCandidates>>, EngineError> {
         let mut candidates = vec![Vec::new(); batch.len()];
-        let Some(spec) = self.speculation else {
+        let Some(drafter) = self.drafter() else {
             return Ok(candidates);
         };
-        let block_size = spec.drafter.block_size();
+        let block_size = drafter.block_size();
         let shapes: Vec<(usize, usize)> = batch
             .iter()
             .map(|s| {
@@ -584,6 +598,11 @@ impl<'a> RoundRunner<'a> {
         let mut blocks = Vec::new();
         let mut drafting = Vec::new();
         for (index, (sequence, &(depths, _))) in batch.iter_mut().zip(&shapes).enumerate() {
+            if !sequence.method.uses_drafter() {
+                // Lookup drafts need no drafter; a sequence that keeps the drafter's context
+                // anyway (for the prefix cache) adds its rows when it drafts again.
+                continue;
+            }
             sequence.draft_now &= depths > 0;
             let pending = Self::pending_rows(sequence);
             if !sequence.draft_now && pending < MAX_PENDING_ROWS {
@@ -595,8 +614,7 @@ impl<'a> RoundRunner<'a> {
                 .as_mut()
                 .expect("speculating sequences have a drafter table");
             if let Some(features) = sequence.pending_features.take() {
-                spec.drafter
-                    .extend(&mut pools.draft_kv, draft_table, &features)?;
+                drafter.extend(&mut pools.draft_kv, draft_table, &features)?;
             }
             if !sequence.draft_now {
                 continue;
@@ -612,9 +630,7 @@ impl<'a> RoundRunner<'a> {
         if blocks.is_empty() {
             return Ok(candidates);
         }
-        let logits = spec
-            .drafter
-            .draft(self.model, &mut pools.draft_kv, &mut blocks)?;
+        let logits = drafter.draft(self.model, &mut pools.draft_kv, &mut blocks)?;
         for (index, logits) in drafting.into_iter().zip(logits) {
             let k = shapes[index].1;
             // The reference drafts from raw logits at every temperature (exact: see sampler.rs).
@@ -625,7 +641,7 @@ impl<'a> RoundRunner<'a> {
                     .collect()
             };
             candidates[index] = with_host_values(&logits, top_k).map_err(ModelError::from)?;
-            if let Some(ids) = spec.drafter.vocabulary() {
+            if let Some(ids) = drafter.vocabulary() {
                 map_to_target_ids(&mut candidates[index], ids);
             }
         }

@@ -268,7 +268,17 @@ impl<'a> Engine<'a> {
         if !auto.costs.is_empty() {
             return Ok(());
         }
-        let max_rows = self.runner.default_method().verify_rows();
+        // A request may ask for more rows than the server's default (lookup on a plain server).
+        let queued = self
+            .running
+            .iter()
+            .chain(&self.prefilling)
+            .chain(&self.waiting);
+        let max_rows = queued
+            .map(|s| s.method.verify_rows())
+            .chain([self.runner.default_method().verify_rows()])
+            .max()
+            .unwrap_or(1);
         measure_costs(&self.runner, &mut self.pools, max_rows, &mut auto.costs)
     }
 

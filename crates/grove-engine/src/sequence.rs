@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use grove_core::{FinishReason, TokenId};
 use grove_kv::{KvStore, PagePool, PageTable, PrefixCache};
-use grove_spec::{AcceptResult, AcceptanceStats, DepthCandidates, DraftTree};
+use grove_spec::{
+    lookup_tree, AcceptResult, AcceptanceStats, DepthCandidates, DraftTree, LookupConfig,
+};
 
 use crate::budget::SequenceBudget;
 use crate::emitter::Emitter;
@@ -35,7 +37,7 @@ impl Pools {
     /// in a speculative engine with a prefix cache even when it does not, so that its cached
     /// prompt serves later requests that draft.
     pub fn keeps_draft_context(&self, method: Method) -> bool {
-        method.drafts() || (self.prefix.is_some() && self.draft_pool.total_pages() > 0)
+        method.uses_drafter() || (self.prefix.is_some() && self.draft_pool.total_pages() > 0)
     }
 
     /// Pages the prefix cache holds that nothing else does (0 without a cache).
@@ -228,6 +230,22 @@ impl<'r> Sequence<'r> {
                 tree(&mut grammar.admission(state, &self.request.stop.stop_token_ids))
             }
             _ => tree(&mut |_, _| true),
+        }
+    }
+
+    /// The round's lookup draft: a tree of at most `budget` nodes from what followed earlier
+    /// occurrences of the text's last tokens (prompt and output), no deeper than the tokens it
+    /// may still emit, and under a schema only of drafts the schema allows (as `draft_tree`).
+    pub fn lookup_tree(&self, config: LookupConfig, budget: usize) -> DraftTree {
+        let mut history = self.committed_tokens();
+        history.push(self.anchor);
+        let depth = self.remaining().saturating_sub(1);
+        match (&self.request.grammar, &self.grammar_state) {
+            (Some(grammar), Some(state)) => {
+                let admit = grammar.admission(state, &self.request.stop.stop_token_ids);
+                lookup_tree(&history, config, budget, depth, admit)
+            }
+            _ => lookup_tree(&history, config, budget, depth, |_, _| true),
         }
     }
 

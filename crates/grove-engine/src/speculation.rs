@@ -1,6 +1,7 @@
 //! What a round drafts, as one concept: [`Method`] is a [`SpecAlgorithm`] with its parameters
-//! (plain decoding, a DFlash chain, a DDTree tree), and every conversion between the two is a
-//! method here. A leaf module: it knows the drafter's shape, not the engine.
+//! (plain decoding, a DFlash chain, a DDTree tree, a lookup tree of what followed earlier
+//! occurrences of the last tokens), and every conversion between the two is a method here. A
+//! leaf module: it knows the drafter's shape, not the engine.
 //!
 //! The engine's flags (`--speculative-algorithm`, budget, block size) set both the default and
 //! the ceiling: a request may turn speculation off, switch between DFlash chains and DDTree
@@ -8,6 +9,7 @@
 //! KV reservations and cost bound allow.
 
 use grove_core::ValidationError;
+use grove_spec::LookupConfig;
 
 use crate::drafter::Drafter;
 
@@ -21,6 +23,9 @@ pub enum SpecAlgorithm {
     DFlash,
     #[serde(rename = "ddtree")]
     DDTree,
+    /// Drafts from the text itself (prompt lookup), no drafter needed.
+    #[serde(rename = "ngram")]
+    Ngram,
 }
 
 impl SpecAlgorithm {
@@ -29,6 +34,7 @@ impl SpecAlgorithm {
             Self::None => "none",
             Self::DFlash => "dflash",
             Self::DDTree => "ddtree",
+            Self::Ngram => "ngram",
         }
     }
 }
@@ -66,7 +72,13 @@ pub struct SpeculationSettings {
     pub max_budget: Option<usize>,
     /// DDTree: candidates per depth (default: the budget).
     pub top_k: Option<usize>,
+    /// Ngram: the suffix lengths matched.
+    pub lookup: LookupConfig,
 }
+
+/// The most nodes an automatic lookup budget verifies unless `max_budget` says otherwise:
+/// a tree as deep as a copied line or two.
+pub const DEFAULT_LOOKUP_MAX_BUDGET: usize = 16;
 
 /// Linear speculative decoding with a DFlash-style drafter.
 #[derive(Clone, Copy)]
@@ -96,6 +108,9 @@ pub(crate) enum Method {
     Chain { num_draft_tokens: usize },
     /// A best-first tree of `budget` nodes over the top-`top_k` tokens per depth.
     Tree { budget: usize, top_k: usize },
+    /// A tree of at most `budget` nodes from what followed earlier occurrences of the text's
+    /// last tokens (no drafter).
+    Lookup { budget: usize },
 }
 
 impl Method {
@@ -104,6 +119,7 @@ impl Method {
             Self::Plain => SpecAlgorithm::None,
             Self::Chain { .. } => SpecAlgorithm::DFlash,
             Self::Tree { .. } => SpecAlgorithm::DDTree,
+            Self::Lookup { .. } => SpecAlgorithm::Ngram,
         }
     }
 
@@ -112,12 +128,18 @@ impl Method {
         match self {
             Self::Plain => 0,
             Self::Chain { num_draft_tokens } => num_draft_tokens - 1,
-            Self::Tree { budget, .. } => budget,
+            Self::Tree { budget, .. } | Self::Lookup { budget } => budget,
         }
     }
 
+    /// Its rounds verify drafts.
     pub fn drafts(self) -> bool {
         self != Self::Plain
+    }
+
+    /// Its drafts come from the drafter (which then keeps the sequence's context).
+    pub fn uses_drafter(self) -> bool {
+        matches!(self, Self::Chain { .. } | Self::Tree { .. })
     }
 
     /// Rows one verify may add past a sequence's committed length: the anchor and the drafts.
@@ -137,7 +159,7 @@ impl Method {
     ) -> (usize, usize) {
         let depth_cap = remaining.saturating_sub(1);
         match self {
-            Self::Plain => (0, 0),
+            Self::Plain | Self::Lookup { .. } => (0, 0),
             Self::Chain { num_draft_tokens } => (
                 (num_draft_tokens - 1).min(depth_cap),
                 if constrained {
@@ -165,13 +187,16 @@ pub(crate) fn kv_need(tokens: usize, method: Method) -> usize {
     tokens + method.verify_rows()
 }
 
-/// An engine's drafter and the method its requests get by default (and at most).
+/// An engine's drafter (an engine drafting by lookup alone has none) and the method its
+/// requests get by default (and at most).
 #[derive(Clone, Copy)]
 pub(crate) struct Speculation<'a> {
-    pub drafter: &'a dyn Drafter,
+    pub drafter: Option<&'a dyn Drafter>,
     pub method: Method,
     /// Requests that do not choose get a budget chosen each round, up to `method`'s.
     pub auto: bool,
+    /// How lookup trees match the text.
+    pub lookup: LookupConfig,
 }
 
 impl<'a> Speculation<'a> {
@@ -186,11 +211,12 @@ impl<'a> Speculation<'a> {
             });
         }
         Ok(Self {
-            drafter: spec.drafter,
+            drafter: Some(spec.drafter),
             method: Method::Chain {
                 num_draft_tokens: spec.num_draft_tokens,
             },
             auto: false,
+            lookup: LookupConfig::default(),
         })
     }
 
@@ -209,12 +235,63 @@ impl<'a> Speculation<'a> {
             }
         }
         Ok(Self {
-            drafter: spec.drafter,
+            drafter: Some(spec.drafter),
             method: Method::Tree {
                 budget: spec.budget,
                 top_k: spec.top_k,
             },
             auto: false,
+            lookup: LookupConfig::default(),
+        })
+    }
+
+    /// What a server started without speculation offers a request that asks for lookup.
+    const LOOKUP_ONLY: Self = Self {
+        drafter: None,
+        method: Method::Lookup {
+            budget: DEFAULT_LOOKUP_MAX_BUDGET,
+        },
+        auto: true,
+        lookup: LookupConfig::DEFAULT,
+    };
+
+    /// Lookup trees of `budget` nodes at most (chosen each round when `auto`), matching as
+    /// `lookup` says; `drafter` stays available to requests that ask for it.
+    pub fn ngram(
+        drafter: Option<&'a dyn Drafter>,
+        budget: usize,
+        auto: bool,
+        lookup: LookupConfig,
+    ) -> Result<Self, ValidationError> {
+        let checks = [
+            ("speculative_ddtree_budget", budget, 1, "at least 1"),
+            (
+                "speculative_ngram_min_match",
+                lookup.min_match,
+                1,
+                "at least 1",
+            ),
+            (
+                "speculative_ngram_max_match",
+                lookup.max_match,
+                lookup.min_match.max(1),
+                "at least speculative_ngram_min_match",
+            ),
+        ];
+        for (field, value, least, limit) in checks {
+            if value < least {
+                return Err(ValidationError::OutOfRange {
+                    field,
+                    limit,
+                    value: value.to_string(),
+                });
+            }
+        }
+        Ok(Self {
+            drafter,
+            method: Method::Lookup { budget },
+            auto,
+            lookup,
         })
     }
 
@@ -223,6 +300,19 @@ impl<'a> Speculation<'a> {
         settings: SpeculationSettings,
         drafter: Option<&'a dyn Drafter>,
     ) -> Result<Option<Self>, ValidationError> {
+        let auto = |fixed: Option<Budget>| !matches!(fixed, Some(Budget::Fixed(_)));
+        if settings.algorithm == SpecAlgorithm::Ngram {
+            // As for DFlash, the chain's flag counts the anchor.
+            let budget = match settings.num_draft_tokens {
+                Some(n) => Some(Budget::Fixed(n.saturating_sub(1))),
+                None => settings.budget,
+            };
+            let nodes = match budget {
+                Some(Budget::Fixed(nodes)) => nodes,
+                _ => settings.max_budget.unwrap_or(DEFAULT_LOOKUP_MAX_BUDGET),
+            };
+            return Self::ngram(drafter, nodes, auto(budget), settings.lookup).map(Some);
+        }
         let Some(drafter) = drafter else {
             return match settings.algorithm {
                 SpecAlgorithm::None => Ok(None),
@@ -234,9 +324,8 @@ impl<'a> Speculation<'a> {
             };
         };
         let block_size = drafter.block_size();
-        let auto = |fixed: Option<Budget>| !matches!(fixed, Some(Budget::Fixed(_)));
         let speculation = match settings.algorithm {
-            SpecAlgorithm::None => return Ok(None),
+            SpecAlgorithm::None | SpecAlgorithm::Ngram => return Ok(None),
             SpecAlgorithm::DFlash => {
                 // The chain's own flag fixes it; a fixed tree budget keeps the whole block.
                 let budget = match (settings.num_draft_tokens, settings.budget) {
@@ -301,19 +390,11 @@ pub(crate) fn resolve(
             },
         });
     }
-    let Some(spec) = speculation else {
-        return match algorithm {
-            SpecAlgorithm::None => Ok((Method::Plain, false)),
-            _ => Err(ValidationError::OutOfRange {
-                field: "speculative.algorithm",
-                limit: "\"none\" on a server started without a drafter (--speculative-algorithm)",
-                value: format!("\"{}\"", algorithm.name()),
-            }),
-        };
-    };
     if algorithm == SpecAlgorithm::None {
         return Ok((Method::Plain, false));
     }
+    // Lookup needs no drafter: a server started without speculation drafts so when asked.
+    let spec = speculation.unwrap_or(Speculation::LOOKUP_ONLY);
     let ceiling = spec.method.budget();
     let (fixed, auto) = match choice.budget {
         Some(Budget::Fixed(budget)) => (Some(budget), false),
@@ -330,9 +411,21 @@ pub(crate) fn resolve(
         }
     }
     let budget = fixed.unwrap_or(ceiling);
+    let drafter = match (algorithm, spec.drafter) {
+        (SpecAlgorithm::Ngram, _) => return Ok((Method::Lookup { budget }, auto)),
+        (_, Some(drafter)) => drafter,
+        (_, None) => {
+            return Err(ValidationError::OutOfRange {
+                field: "speculative.algorithm",
+                limit: "\"none\" or \"ngram\" on a server started without a drafter \
+                        (--speculative-draft-model-path)",
+                value: format!("\"{}\"", algorithm.name()),
+            })
+        }
+    };
     let method = match algorithm {
         SpecAlgorithm::DFlash => Method::Chain {
-            num_draft_tokens: budget.min(spec.drafter.block_size() - 1) + 1,
+            num_draft_tokens: budget.min(drafter.block_size() - 1) + 1,
         },
         _ => Method::Tree {
             budget,

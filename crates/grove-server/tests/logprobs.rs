@@ -54,7 +54,7 @@ async fn answers_and_streams_carry_each_tokens_log_probability_for_every_method(
     ] {
         let is_chat = path.contains("chat");
         let mut answers = Vec::new();
-        for algorithm in ["none", "dflash", "ddtree"] {
+        for algorithm in ["none", "dflash", "ddtree", "ngram"] {
             let mut request = request.clone();
             request["speculative"] = json!({"algorithm": algorithm});
             let (status, whole) = server.post(path, &request).await;

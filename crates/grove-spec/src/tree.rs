@@ -67,7 +67,7 @@ impl Ord for Entry {
 
 impl DraftTree {
     /// The tree of the anchor alone.
-    fn root(root: TokenId) -> Self {
+    pub(crate) fn root(root: TokenId) -> Self {
         Self {
             tokens: vec![root],
             parents: vec![0],
@@ -176,6 +176,23 @@ impl DraftTree {
             tree.children[parent].push(depth);
         }
         tree
+    }
+
+    /// Adds a node under `parent` (already in the tree, and without a child carrying `token`)
+    /// whose path scores `score`; returns its index.
+    pub(crate) fn push(&mut self, parent: usize, token: TokenId, score: f64) -> usize {
+        debug_assert!(
+            self.child(parent, token).is_none(),
+            "a second child {token}"
+        );
+        let index = self.tokens.len();
+        self.tokens.push(token);
+        self.parents.push(parent);
+        self.depths.push(self.depths[parent] + 1);
+        self.scores.push(score);
+        self.children.push(Vec::new());
+        self.children[parent].push(index);
+        index
     }
 
     /// Keeps the first `budget` nodes: the tree `build` makes with that budget from the same

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Args;
 use grove_core::TokenId;
-use grove_engine::{Budget, Drafter, Generator, SpeculationSettings};
+use grove_engine::{Budget, Drafter, Generator, LookupConfig, SpeculationSettings};
 use grove_kv::KvDtype;
 use grove_model::drafter_manifest::{find_drafter, DrafterManifest, TargetFingerprint};
 use grove_model::tokenizer::{generation_sampling, generation_stop_ids};
@@ -140,6 +140,8 @@ pub enum SpecAlgorithm {
     DFlash,
     #[value(name = "ddtree")]
     DDTree,
+    /// Prompt lookup: drafts what followed earlier occurrences of the last tokens (no drafter).
+    Ngram,
 }
 
 /// A budget flag's value: a number of draft nodes, or `auto`.
@@ -157,14 +159,15 @@ pub fn parse_budget(text: &str) -> Result<Budget, String> {
 /// Speculation flags shared by `generate` and `bench`.
 #[derive(Debug, Clone, Args)]
 pub struct SpecArgs {
-    /// none, dflash or ddtree (case-insensitive).
+    /// none, dflash, ddtree or ngram (case-insensitive). ngram drafts from the text itself
+    /// (what followed earlier occurrences of its last tokens) and needs no drafter.
     #[arg(long, value_enum, ignore_case = true, default_value_t = SpecAlgorithm::None)]
     pub speculative_algorithm: SpecAlgorithm,
     /// A DFlash drafter directory (z-lab format: config.json + model.safetensors).
     #[arg(long)]
     pub speculative_draft_model_path: Option<PathBuf>,
     /// Verify block size (anchor + drafts), at most the drafter's block size; default: the
-    /// drafter's.
+    /// drafter's. With ngram: a fixed budget of this many - 1 drafts.
     #[arg(long)]
     pub speculative_num_draft_tokens: Option<usize>,
     /// DDTree (and DFlash without --speculative-num-draft-tokens): draft nodes verified per
@@ -173,8 +176,8 @@ pub struct SpecArgs {
     /// --speculative-ddtree-max-budget.
     #[arg(long, value_parser = parse_budget)]
     pub speculative_ddtree_budget: Option<Budget>,
-    /// The most draft nodes an `auto` budget verifies per round; default: 32 for DDTree, the
-    /// drafter's block size - 1 for DFlash.
+    /// The most draft nodes an `auto` budget verifies per round; default: 32 for DDTree, 16
+    /// for ngram, the drafter's block size - 1 for DFlash.
     #[arg(long)]
     pub speculative_ddtree_max_budget: Option<usize>,
     /// DDTree: candidates per depth; default: the budget.
@@ -185,6 +188,12 @@ pub struct SpecArgs {
     /// identical for any count.
     #[arg(long, default_value_t = 1)]
     pub tp_size: usize,
+    /// ngram: the shortest suffix of the text (in tokens) matched against earlier text.
+    #[arg(long, default_value_t = LookupConfig::DEFAULT.min_match)]
+    pub speculative_ngram_min_match: usize,
+    /// ngram: the longest suffix compared (the longest match found is drafted from).
+    #[arg(long, default_value_t = LookupConfig::DEFAULT.max_match)]
+    pub speculative_ngram_max_match: usize,
 }
 
 impl SpecArgs {
@@ -204,7 +213,7 @@ impl SpecArgs {
             self.speculative_algorithm,
             &self.speculative_draft_model_path,
         ) {
-            (SpecAlgorithm::None, None) => return Ok(None),
+            (SpecAlgorithm::None | SpecAlgorithm::Ngram, None) => return Ok(None),
             (SpecAlgorithm::None, Some(_)) => {
                 anyhow::bail!(
                     "--speculative-draft-model-path needs --speculative-algorithm dflash or ddtree"
@@ -257,11 +266,16 @@ impl SpecArgs {
                 SpecAlgorithm::None => grove_engine::SpecAlgorithm::None,
                 SpecAlgorithm::DFlash => grove_engine::SpecAlgorithm::DFlash,
                 SpecAlgorithm::DDTree => grove_engine::SpecAlgorithm::DDTree,
+                SpecAlgorithm::Ngram => grove_engine::SpecAlgorithm::Ngram,
             },
             num_draft_tokens: self.speculative_num_draft_tokens,
             budget: self.speculative_ddtree_budget,
             max_budget: self.speculative_ddtree_max_budget,
             top_k: self.speculative_ddtree_topk,
+            lookup: LookupConfig {
+                min_match: self.speculative_ngram_min_match,
+                max_match: self.speculative_ngram_max_match,
+            },
         }
     }
 

@@ -163,6 +163,59 @@ fn the_embedded_default_pair_generates_text_and_chat() {
     assert_eq!(json["stats"]["prompt_tokens"], 1 + 5 + 2 + 1 + 1 + 1 + 10);
 }
 
+/// `--speculative-algorithm ngram` needs no drafter: on a prompt that repeats itself it drafts
+/// from the prompt, and prints what plain decoding prints; its flags are checked by name.
+#[test]
+fn ngram_drafts_from_the_text_without_a_drafter_and_prints_plain_decodings_text() {
+    let prompt = "def area(w, h):\n    return w * h\n\n\ndef area(w, h):\n";
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "24",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        grove(&args)
+    };
+    let plain = run(&[]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let plain: Value = serde_json::from_slice(&plain.stdout).unwrap();
+    let ngram = run(&[
+        "--speculative-algorithm",
+        "ngram",
+        "--speculative-ngram-min-match",
+        "1",
+        "--speculative-ngram-max-match",
+        "3",
+    ]);
+    assert!(ngram.status.success(), "{}", stderr(&ngram));
+    let ngram: Value = serde_json::from_slice(&ngram.stdout).unwrap();
+    assert_eq!(ngram["text"], plain["text"]);
+    assert_eq!(ngram["stats"]["algorithm"], "ngram");
+    assert!(
+        ngram["stats"]["tree_nodes"].as_u64().unwrap() > 0,
+        "{ngram}"
+    );
+    let refused = run(&[
+        "--speculative-algorithm",
+        "ngram",
+        "--speculative-ngram-min-match",
+        "3",
+        "--speculative-ngram-max-match",
+        "2",
+    ]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("speculative_ngram_max_match"),
+        "{}",
+        stderr(&refused)
+    );
+}
+
 /// `tiny-model --gguf` writes the checkpoint twice, as safetensors and as an F32 GGUF file,
 /// and both generate the same greedy tokens, whichever KV cache each keeps (f32 for the
 /// checkpoint, f16 for the file unless `--kv-cache-dtype` says otherwise; bf16 on request).

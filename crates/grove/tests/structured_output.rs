@@ -1,5 +1,6 @@
 //! Structured output on the embedded default pair (a trained target, its trained drafter and
-//! its byte-level tokenizer): under a JSON Schema or JSON mode, DDTree and DFlash emit what
+//! its byte-level tokenizer): under a JSON Schema or JSON mode, DDTree, DFlash and lookup
+//! drafts (ngram) emit what
 //! plain decoding emits, greedy and seeded, and every text is one the schema allows (a whole
 //! value where it stopped, a beginning of one where it ran out of tokens); `grove generate
 //! --json-schema` holds its text to the schema in the file, and names what it cannot enforce.
@@ -10,7 +11,10 @@ use std::sync::Arc;
 use candle_core::Device;
 use grove_core::SamplingParams;
 use grove_engine::structured::{Grammar, Matcher, Schema, TokenBytes};
-use grove_engine::{DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions};
+use grove_engine::{
+    Budget, DDTreeSpec, DFlashSpec, GenerateRequest, Generator, GeneratorOptions, SpecAlgorithm,
+    SpeculationSettings,
+};
 use grove_model::{DFlashDrafter, Decoder, TextTokenizer};
 use serde_json::{json, Value};
 
@@ -49,6 +53,16 @@ fn speculation_is_lossless_under_a_schema_and_the_text_keeps_to_it() {
             top_k: 8,
         })
         .unwrap();
+    let ngram = Generator::new(&target, Some(&tokenizer), options())
+        .with_speculation(
+            SpeculationSettings {
+                algorithm: SpecAlgorithm::Ngram,
+                budget: Some(Budget::Fixed(8)),
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
     let vocab = Arc::new(TokenBytes::new(tokenizer.token_bytes()));
     let eos = tokenizer.eos_token_id().expect("an eos token");
     let grammars = [Schema::compile(&schema()).unwrap(), Schema::any_object()];
@@ -61,7 +75,7 @@ fn speculation_is_lossless_under_a_schema_and_the_text_keeps_to_it() {
             seed: Some(9),
         },
     ];
-    let (mut drafted, mut stopped) = (0, 0);
+    let (mut drafted, mut stopped, mut looked_up) = (0, 0, 0);
     for schema in grammars {
         let grammar = Grammar::new(schema, Arc::clone(&vocab));
         for sampling in &samplings {
@@ -80,6 +94,9 @@ fn speculation_is_lossless_under_a_schema_and_the_text_keeps_to_it() {
                     );
                     drafted += output.stats.tree_nodes;
                 }
+                let output = ngram.generate(&request, |_| {}).unwrap();
+                assert_eq!(output.token_ids, reference.token_ids, "ngram on {prompt:?}");
+                looked_up += output.stats.tree_nodes;
                 let mut state = Matcher::new(&grammar.schema);
                 assert!(
                     state.feed(&grammar.schema, reference.text.as_bytes()),
@@ -95,6 +112,7 @@ fn speculation_is_lossless_under_a_schema_and_the_text_keeps_to_it() {
         }
     }
     assert!(drafted > 0, "nothing was drafted");
+    assert!(looked_up > 0, "nothing was looked up");
     assert!(stopped > 0, "no text ended in a whole value");
 }
 

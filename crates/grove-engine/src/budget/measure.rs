@@ -38,17 +38,16 @@ pub(crate) fn measure_costs(
     max_rows: usize,
     costs: &mut CostTable,
 ) -> Result<(), EngineError> {
-    let Some(spec) = runner.speculation else {
-        return Ok(());
-    };
-    let block = spec.drafter.block_size();
+    // Without a drafter (lookup drafts) only the verify costs are measured.
+    let drafter = runner.speculation.and_then(|s| s.drafter);
+    let block = drafter.map_or(0, |d| d.block_size());
     let mut table = pools.pool.new_table();
     let mut draft_table = pools.draft_pool.new_table();
     if table.reserve(max_rows.max(block)).is_err() || draft_table.reserve(2 * block).is_err() {
         return Ok(());
     }
     let start = Instant::now();
-    let taps = spec.drafter.target_taps();
+    let taps = drafter.map_or(&[][..], |d| d.target_taps());
     let mut forward = |rows: usize| -> Result<(Duration, Vec<Tensor>), EngineError> {
         let tokens: Vec<u32> = (0..rows as u32).collect();
         let positions: Vec<usize> = (0..rows).collect();
@@ -61,7 +60,7 @@ pub(crate) fn measure_costs(
         Ok((begin.elapsed(), output.taps))
     };
     // The first forward pays for cold caches and thread start-up: not counted.
-    let (_, warm_taps) = forward(block)?;
+    let (_, warm_taps) = forward(block.max(1))?;
     // Two passes when there is time, keeping each count's faster run: a shared machine only
     // ever adds time.
     let counts = row_counts(max_rows);
@@ -80,12 +79,11 @@ pub(crate) fn measure_costs(
             costs.observe_verify(0, rows, best.as_secs_f64());
         }
     }
-    if warm_taps.is_empty() {
+    let Some(drafter) = drafter.filter(|_| !warm_taps.is_empty()) else {
         return Ok(());
-    }
+    };
     let features = Tensor::cat(&warm_taps, 1).map_err(ModelError::from)?;
-    spec.drafter
-        .extend(&mut pools.draft_kv, &mut draft_table, &features)?;
+    drafter.extend(&mut pools.draft_kv, &mut draft_table, &features)?;
     let position = draft_table.len();
     for attempt in 0..2 {
         // Every depth, as an automatic budget drafts.
@@ -93,11 +91,10 @@ pub(crate) fn measure_costs(
             table: &mut draft_table,
             anchor: 0,
             position,
-            depths: spec.drafter.block_size() - 1,
+            depths: block - 1,
         }];
         let begin = Instant::now();
-        spec.drafter
-            .draft(runner.model, &mut pools.draft_kv, &mut blocks)?;
+        drafter.draft(runner.model, &mut pools.draft_kv, &mut blocks)?;
         if attempt == 1 {
             costs.observe_draft(0, 1, begin.elapsed().as_secs_f64());
         }

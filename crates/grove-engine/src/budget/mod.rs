@@ -22,6 +22,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::speculation::Method;
+
 pub(crate) use acceptance::Calibration;
 pub(crate) use choice::{choose_drafting, choose_nodes, DraftOption};
 pub use cost::{CostCell, CostTable};
@@ -194,6 +196,8 @@ pub struct BudgetTracePoint {
 pub(crate) struct AutoBudget {
     pub costs: CostTable,
     pub calibration: Calibration,
+    /// Lookup drafts' own: their scores are shares of earlier continuations, not a drafter's.
+    pub lookup_calibration: Calibration,
     /// What new sequences start from: the last drafted sequence's state.
     pub prior: SequenceBudget,
     /// Node choices made (every few explore one node further).
@@ -208,11 +212,20 @@ impl AutoBudget {
         Arc::new(Mutex::new(Self {
             costs: CostTable::default(),
             calibration: Calibration::default(),
+            lookup_calibration: Calibration::default(),
             prior: SequenceBudget::default(),
             choices: 0,
             look_cost: 1.0,
             trace: None,
         }))
+    }
+
+    /// The calibration of `method`'s drafts.
+    pub fn calibration_mut(&mut self, method: Method) -> &mut Calibration {
+        match method {
+            Method::Lookup { .. } => &mut self.lookup_calibration,
+            _ => &mut self.calibration,
+        }
     }
 
     /// Locks `shared`, whatever a panicking holder left (the table stays usable).

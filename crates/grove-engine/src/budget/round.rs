@@ -9,6 +9,7 @@ use grove_spec::DraftTree;
 use super::{choose_drafting, choose_nodes, AutoBudget, BudgetTracePoint, DraftOption};
 use crate::runner::{RoundRunner, StepTimings};
 use crate::sequence::Sequence;
+use crate::speculation::Method;
 
 /// Every this many choices, one node past the first drop is verified too (see `choose_nodes`).
 const EXPLORE_EVERY: u64 = 8;
@@ -21,7 +22,7 @@ impl RoundRunner<'_> {
         let mut auto = AutoBudget::lock(&self.auto);
         let mut options: Vec<Option<DraftOption>> = Vec::with_capacity(batch.len());
         for sequence in batch.iter_mut() {
-            options.push(match (sequence.method.drafts(), sequence.auto) {
+            options.push(match (sequence.method.uses_drafter(), sequence.auto) {
                 (false, _) => None,
                 (true, false) => Some(DraftOption {
                     value: 0.0,
@@ -47,6 +48,12 @@ impl RoundRunner<'_> {
             })
         };
         for ((sequence, option), drafts) in batch.iter_mut().zip(&options).zip(chosen) {
+            if let Method::Lookup { .. } = sequence.method {
+                // A lookup costs next to nothing: every round looks, and the nodes it verifies
+                // are chosen after (`choose_budgets`).
+                sequence.draft_now = true;
+                continue;
+            }
             sequence.draft_now = drafts;
             if !drafts && sequence.method.drafts() {
                 sequence.rounds_without_drafts += 1;
@@ -78,7 +85,11 @@ impl RoundRunner<'_> {
         draft: Duration,
     ) -> Vec<Vec<f64>> {
         let mut auto = AutoBudget::lock(&self.auto);
-        let mut gains: Vec<Vec<f64>> = trees.iter().map(|t| auto.calibration.gains(t)).collect();
+        let mut gains: Vec<Vec<f64>> = batch
+            .iter()
+            .zip(trees.iter())
+            .map(|(s, t)| auto.calibration_mut(s.method).gains(t))
+            .collect();
         let choosing: Vec<bool> = batch
             .iter()
             .zip(trees.iter())

@@ -1,0 +1,212 @@
+//! Lookup drafts (`ngram`, no drafter) are lossless: greedy output equals plain greedy decoding
+//! token for token, seeded sampling draws the same tokens (the walk samples the target once per
+//! visited node, in path order), alone and batched, with fixed and automatic budgets, on an
+//! engine started for lookup, on a plain engine and on a DDTree engine when a request asks.
+
+mod common;
+
+use anyhow::Result;
+use common::*;
+use grove_core::{SamplingParams, TokenId};
+use grove_engine::{
+    Budget, GenerateOutput, GenerateRequest, Generator, GeneratorOptions, LookupConfig,
+    SpecAlgorithm, SpeculationOverride, SpeculationSettings,
+};
+use grove_model::Decoder;
+use rand::{Rng, SeedableRng};
+
+/// Prompts that repeat themselves (a random stretch written two or three times, with other
+/// tokens between): lookup drafts from them, and the random target rarely follows. Its greedy
+/// outputs come back to stretches it favours, and there drafts are accepted.
+fn repetitive_prompts(count: usize, seed: u64) -> Vec<Vec<TokenId>> {
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
+    (0..count)
+        .map(|_| {
+            let stretch: Vec<TokenId> = (0..rng.random_range(3..12))
+                .map(|_| rng.random_range(0..1021))
+                .collect();
+            let mut prompt = Vec::new();
+            for _ in 0..rng.random_range(2..4) {
+                prompt.extend((0..rng.random_range(0..4)).map(|_| rng.random_range(0..1021)));
+                prompt.extend(&stretch);
+            }
+            prompt
+        })
+        .collect()
+}
+
+fn requests(prompts: &[Vec<TokenId>], speculation: SpeculationOverride) -> Vec<GenerateRequest> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let mut request = greedy(prompt, 24 + 8 * (i % 7));
+            if i % 3 == 2 {
+                request.sampling = seeded_sampling(i as u64);
+            }
+            if i % 4 == 3 {
+                request.sampling = SamplingParams {
+                    temperature: 0.7,
+                    top_k: 20,
+                    top_p: 0.9,
+                    seed: Some(100 + i as u64),
+                };
+            }
+            request.speculation = speculation;
+            request
+        })
+        .collect()
+}
+
+fn lookup_engine(target: &Decoder, budget: Budget, lookup: LookupConfig) -> Result<Generator<'_>> {
+    let settings = SpeculationSettings {
+        algorithm: SpecAlgorithm::Ngram,
+        budget: Some(budget),
+        lookup,
+        ..Default::default()
+    };
+    Ok(Generator::new(target, None, GeneratorOptions::default())
+        .with_speculation(settings, None)?)
+}
+
+/// Each output equals plain decoding's, token for token; returns the accepted drafts.
+fn assert_plain(
+    outputs: &[GenerateOutput],
+    references: &[GenerateOutput],
+    algorithm: SpecAlgorithm,
+    label: &str,
+) -> usize {
+    let mut accepted = 0;
+    for (i, (output, reference)) in outputs.iter().zip(references).enumerate() {
+        assert_eq!(output.token_ids, reference.token_ids, "{label} request {i}");
+        assert_eq!(output.stats.algorithm, algorithm, "{label} request {i}");
+        accepted += output.stats.accept_lengths.iter().sum::<usize>() - output.stats.rounds;
+    }
+    accepted
+}
+
+#[test]
+fn lookup_drafts_emit_exactly_plain_decoding_alone_and_batched() -> Result<()> {
+    let (target, _) = golden_pair()?;
+    let plain = Generator::new(&target, None, GeneratorOptions::default());
+    let prompts = repetitive_prompts(14, 3);
+    let requests = requests(&prompts, SpeculationOverride::default());
+    let references: Vec<GenerateOutput> = requests
+        .iter()
+        .map(|r| plain.generate(r, |_| {}))
+        .collect::<Result<_, _>>()?;
+    let configs = [
+        (Budget::Fixed(1), LookupConfig::DEFAULT),
+        (Budget::Fixed(4), LookupConfig::DEFAULT),
+        (
+            Budget::Fixed(16),
+            LookupConfig {
+                min_match: 1,
+                max_match: 6,
+            },
+        ),
+        (Budget::Auto, LookupConfig::DEFAULT),
+    ];
+    for (budget, lookup) in configs {
+        let generator = lookup_engine(&target, budget, lookup)?;
+        let label = format!("{budget:?} {lookup:?}");
+        let together = generator.generate_batch(&requests)?;
+        let accepted = assert_plain(&together, &references, SpecAlgorithm::Ngram, &label);
+        // The prompts repeat themselves: drafts were made, and some accepted.
+        assert!(accepted > 0, "{label}: no lookup draft was accepted");
+        let alone: Vec<GenerateOutput> = requests
+            .iter()
+            .map(|r| generator.generate(r, |_| {}))
+            .collect::<Result<_, _>>()?;
+        assert_plain(&alone, &references, SpecAlgorithm::Ngram, &label);
+        if let Budget::Fixed(nodes) = budget {
+            for output in &together {
+                assert_eq!(output.stats.budget, nodes, "{label}");
+                assert!(output.stats.accept_lengths.iter().all(|&a| a <= nodes + 1));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A request may ask for lookup on an engine started without speculation (no drafter is
+/// needed) and on a DDTree engine, batched with requests that draft otherwise.
+#[test]
+fn a_request_may_ask_for_lookup_on_any_engine() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let [(_, plain), _, (_, ddtree)] = three_methods(&target, &drafter, 1, 12)?;
+    let prompts = repetitive_prompts(9, 8);
+    let ngram = |budget| SpeculationOverride {
+        algorithm: Some(SpecAlgorithm::Ngram),
+        budget,
+    };
+    let mut requests = requests(&prompts, ngram(None));
+    let references: Vec<GenerateOutput> = requests
+        .iter()
+        .map(|r| {
+            let plain_request = GenerateRequest {
+                speculation: SpeculationOverride::default(),
+                ..r.clone()
+            };
+            plain.generate(&plain_request, |_| {})
+        })
+        .collect::<Result<_, _>>()?;
+    requests[1].speculation = ngram(Some(Budget::Fixed(3)));
+    let on_plain = plain.generate_batch(&requests)?;
+    let accepted = assert_plain(&on_plain, &references, SpecAlgorithm::Ngram, "plain engine");
+    assert!(accepted > 0, "no lookup draft was accepted");
+    assert_eq!(
+        on_plain[0].stats.budget, 16,
+        "a plain engine's lookup ceiling"
+    );
+    assert!(on_plain[0].stats.auto_budget);
+    assert_eq!(on_plain[1].stats.budget, 3);
+    // Beside DDTree trees and plain rounds in the same steps.
+    requests[4].speculation = SpeculationOverride::default();
+    requests[5].speculation = SpeculationOverride {
+        algorithm: Some(SpecAlgorithm::None),
+        budget: None,
+    };
+    let mixed = ddtree.generate_batch(&requests)?;
+    for (i, (output, reference)) in mixed.iter().zip(&references).enumerate() {
+        assert_eq!(output.token_ids, reference.token_ids, "mixed request {i}");
+    }
+    assert_eq!(mixed[0].stats.algorithm, SpecAlgorithm::Ngram);
+    assert_eq!(mixed[4].stats.algorithm, SpecAlgorithm::DDTree);
+    // Trees need the drafter a lookup engine does not have: refused, naming the field.
+    let lookup = lookup_engine(&target, Budget::Auto, LookupConfig::DEFAULT)?;
+    let tree = GenerateRequest {
+        speculation: SpeculationOverride {
+            algorithm: Some(SpecAlgorithm::DDTree),
+            budget: None,
+        },
+        ..greedy(&[1, 2], 4)
+    };
+    let message = lookup.generate(&tree, |_| {}).unwrap_err().to_string();
+    assert!(
+        message.contains("speculative.algorithm") && message.contains("ngram"),
+        "{message}"
+    );
+    Ok(())
+}
+
+#[test]
+fn bad_lookup_settings_are_refused_by_name() {
+    let (target, _) = golden_pair().expect("golden pair");
+    let cases = [
+        (Budget::Fixed(0), 2, 4, "speculative_ddtree_budget"),
+        (Budget::Auto, 0, 4, "speculative_ngram_min_match"),
+        (Budget::Auto, 3, 2, "speculative_ngram_max_match"),
+    ];
+    for (budget, min_match, max_match, field) in cases {
+        let lookup = LookupConfig {
+            min_match,
+            max_match,
+        };
+        let error = lookup_engine(&target, budget, lookup)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.contains(field), "{error}");
+    }
+}

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Lookup drafts (`--speculative-algorithm ngram`) against plain decoding on tasks that repeat
+their input and on tasks that do not, in one sitting (docs/benchmarks.md, "Lookup drafts").
+
+    python3 scripts/bench_lookup.py MODEL.gguf [REPETITIONS] [--drafter DIR] [-- EXTRA FLAGS]
+
+Each task runs greedy through `grove generate --chat` with every method, the runs of one
+repetition alternating: plain decoding, ngram with its automatic budget, and with `--drafter`
+DDTree with its automatic budget. Prints each cell's median decode tokens/s, its ratio over
+plain decoding's median, and tau (tokens a round); checks that every method's text equals
+plain decoding's.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+GROVE = os.path.join(os.path.dirname(__file__), "..", "target", "release", "grove")
+
+CODE = '''def compute_total(items):
+    total = 0
+    for item in items:
+        if item.price > 0:
+            total += item.price * item.quantity
+    return total
+
+
+def report(orders):
+    lines = []
+    for order in orders:
+        value = compute_total(order.items)
+        lines.append(f"{order.id}: {value:.2f}")
+    return "\\n".join(lines)
+'''
+
+CLASS = '''class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, count):
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count):
+        if self.items.get(name, 0) < count:
+            raise ValueError("not enough " + name)
+        self.items[name] -= count
+
+    def total(self):
+        return sum(self.items.values())
+'''
+
+NOTES = (
+    "Release notes, version 2.4. The scheduler now admits requests in arrival order. "
+    "Prefix caching keeps the pages of finished requests until memory is needed. "
+    "The tokenizer endpoint returns the same counts as the completion endpoints. "
+    "Logging moved to structured JSON lines. The metrics endpoint adds a histogram of "
+    "time to first token. Configuration files may now set the default sampling temperature."
+)
+
+TASKS = {
+    "rename": "Rename the function `compute_total` to `sum_prices` everywhere in this code "
+              "and return the whole code.\n\n```python\n" + CODE + "```",
+    "docstrings": "Add a one-line docstring to every method of this class and return the "
+                  "whole class.\n\n```python\n" + CLASS + "```",
+    "quote": "Copy, word for word, the sentences of these notes that mention requests or "
+             "tokens, one per line.\n\n" + NOTES,
+    "palindrome": "Write a Python function that checks whether a string is a palindrome, "
+                  "ignoring case and punctuation. Explain it briefly.",
+    "explain": "Explain what a hash map is and when to use one, in two short paragraphs.",
+}
+
+
+def run(model, method_args, prompt, extra):
+    command = [GROVE, "generate", "--model-path", model, "--chat", "--threads", "2",
+               "--max-new-tokens", "256", "--format", "json", "--prompt", prompt,
+               *method_args, *extra]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def main():
+    args = sys.argv[1:]
+    extra = []
+    if "--" in args:
+        extra = args[args.index("--") + 1:]
+        args = args[:args.index("--")]
+    drafter = None
+    if "--drafter" in args:
+        i = args.index("--drafter")
+        drafter = args[i + 1]
+        del args[i:i + 2]
+    model = args[0]
+    repetitions = int(args[1]) if len(args) > 1 else 3
+    methods = {"none": [], "ngram": ["--speculative-algorithm", "ngram"]}
+    if drafter:
+        methods["ddtree"] = ["--speculative-algorithm", "ddtree",
+                             "--speculative-draft-model-path", drafter]
+    results = {}
+    for _ in range(repetitions):
+        for task, prompt in TASKS.items():
+            texts = {}
+            for method, method_args in methods.items():
+                answer = run(model, method_args, prompt, extra)
+                texts[method] = answer["text"]
+                stats = answer["stats"]
+                results.setdefault((task, method), []).append(
+                    (stats["decode_tokens_per_s"], stats["mean_accept_length"]))
+            for method, text in texts.items():
+                if text != texts["none"]:
+                    sys.exit(f"{task}: {method}'s text differs from plain decoding's")
+    print(f"{'task':<11} {'method':<7} {'tok/s':>7} {'x plain':>8} {'tau':>5}")
+    for task in TASKS:
+        plain = statistics.median(s for s, _ in results[(task, "none")])
+        for method in methods:
+            runs = results[(task, method)]
+            speed = statistics.median(s for s, _ in runs)
+            tau = statistics.median(t for _, t in runs)
+            print(f"{task:<11} {method:<7} {speed:7.1f} {speed / plain:8.2f} {tau:5.2f}")
+    print("texts equal to plain decoding's: yes")
+
+
+if __name__ == "__main__":
+    main()
