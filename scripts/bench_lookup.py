@@ -6,7 +6,8 @@ their input and on tasks that do not, in one sitting (docs/benchmarks.md, "Looku
 
 Each task runs greedy through `grove generate --chat` with every method, the runs of one
 repetition alternating: plain decoding, ngram with its automatic budget, and with `--drafter`
-DDTree with its automatic budget. Prints each cell's median decode tokens/s, its ratio over
+DDTree with its automatic budget, with lookup drafts in its trees (`ddtree`, the default) and
+without (`ddtree-alone`, `--speculative-ddtree-lookup false`). Prints each cell's median decode tokens/s, its ratio over
 plain decoding's median, and tau (tokens a round); checks that every method's text equals
 plain decoding's.
 """
@@ -95,8 +96,9 @@ def main():
     repetitions = int(args[1]) if len(args) > 1 else 3
     methods = {"none": [], "ngram": ["--speculative-algorithm", "ngram"]}
     if drafter:
-        methods["ddtree"] = ["--speculative-algorithm", "ddtree",
-                             "--speculative-draft-model-path", drafter]
+        ddtree = ["--speculative-algorithm", "ddtree", "--speculative-draft-model-path", drafter]
+        methods["ddtree"] = ddtree
+        methods["ddtree-alone"] = [*ddtree, "--speculative-ddtree-lookup", "false"]
     results = {}
     for _ in range(repetitions):
         for task, prompt in TASKS.items():
@@ -110,14 +112,14 @@ def main():
             for method, text in texts.items():
                 if text != texts["none"]:
                     sys.exit(f"{task}: {method}'s text differs from plain decoding's")
-    print(f"{'task':<11} {'method':<7} {'tok/s':>7} {'x plain':>8} {'tau':>5}")
+    print(f"{'task':<11} {'method':<12} {'tok/s':>7} {'x plain':>8} {'tau':>5}")
     for task in TASKS:
         plain = statistics.median(s for s, _ in results[(task, "none")])
         for method in methods:
             runs = results[(task, method)]
             speed = statistics.median(s for s, _ in runs)
             tau = statistics.median(t for _, t in runs)
-            print(f"{task:<11} {method:<7} {speed:7.1f} {speed / plain:8.2f} {tau:5.2f}")
+            print(f"{task:<11} {method:<12} {speed:7.1f} {speed / plain:8.2f} {tau:5.2f}")
     print("texts equal to plain decoding's: yes")
 
 

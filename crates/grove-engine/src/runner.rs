@@ -196,9 +196,13 @@ impl<'a> RoundRunner<'a> {
         method: (Method, bool),
         pools: &Pools,
     ) -> Sequence<'a> {
+        let drafted_depth = self.drafter().map_or(0, |d| d.block_size() - 1);
+        let merges = self.speculation.is_some_and(|s| s.lookup_in_trees) && method.1;
         let max_depth = match method.0 {
             Method::Lookup { budget } => budget,
-            _ => self.drafter().map_or(0, |d| d.block_size() - 1),
+            // Lookup drafts in its trees may go deeper than the drafter's block.
+            Method::Tree { budget, .. } if merges => drafted_depth.max(budget),
+            _ => drafted_depth,
         };
         let emitter = Emitter::new(self.tokenizer, &request.stop);
         let budget = AutoBudget::lock(&self.auto).new_sequence();
@@ -419,7 +423,19 @@ impl<'a> RoundRunner<'a> {
                 _ => sequence.draft_tree(candidates),
             })
             .collect();
-        let gains = self.choose_budgets(batch, &mut trees, context, timings.draft);
+        // Automatic DDTree budgets choose among lookup drafts too (even in a round the
+        // drafter sits out).
+        let lookups: Vec<Option<DraftTree>> = batch
+            .iter()
+            .map(|s| {
+                let merges = self.speculation.is_some_and(|spec| spec.lookup_in_trees)
+                    && s.auto
+                    && matches!(s.method, Method::Tree { .. });
+                merges.then(|| s.lookup_tree(lookup, s.method.budget()))
+            })
+            .collect();
+        let (gains, sources) =
+            self.choose_budgets(batch, &mut trees, lookups, context, timings.draft);
         timings.predicted_accepted = gains.iter().flatten().sum();
         timings.budgets = batch
             .iter()
@@ -442,23 +458,21 @@ impl<'a> RoundRunner<'a> {
         let accept_all = |logits: &[f32]| -> Result<Vec<Vec<TokenId>>, EngineError> {
             let mut emitted = Vec::with_capacity(batch.len());
             let rounds = batch.iter_mut().zip(&trees).zip(&plan.segments);
-            for (((sequence, tree), segment), drafted) in rounds.zip(&candidates) {
+            let rounds = rounds.zip(&candidates).zip(&sources);
+            for ((((sequence, tree), segment), drafted), sources) in rounds {
                 let rows =
                     &logits[segment.logits_rows.start * vocab..][..tree.tokens.len() * vocab];
                 let id = sequence.id;
                 let commit_start = Instant::now();
                 let result =
                     self.accept_and_commit(sequence, tree, segment, rows, taps.as_ref(), pools)?;
-                let accepted = result.path.len() - 1;
-                timings.accepted += accepted;
-                if !tree.is_empty() {
-                    AutoBudget::lock(&self.auto)
-                        .calibration_mut(sequence.method)
-                        .observe(tree, &result.path);
-                }
+                timings.accepted += result.path.len() - 1;
+                // What the drafter's own nodes gave, for its calibration and its plan.
+                let (verified, path) = observe(&self.auto, sequence.method, tree, sources, &result);
                 if sequence.auto && sequence.draft_now && sequence.method.uses_drafter() {
-                    sequence.budget.drafted(accepted as f64, tree.len());
-                    let depth = tree.depths.iter().copied().max().unwrap_or(0);
+                    let accepted = path.len() - 1;
+                    sequence.budget.drafted(accepted as f64, verified.len());
+                    let depth = verified.depths.iter().copied().max().unwrap_or(0);
                     sequence.budget.reached(depth, drafted.len());
                 }
                 let commit = commit_start.elapsed();
@@ -647,6 +661,38 @@ impl<'a> RoundRunner<'a> {
         }
         Ok(candidates)
     }
+}
+
+/// Folds a verified tree's outcome into its source's calibration; a merged tree's drafter
+/// part and lookup part each into their own (what of each the cut tree verified, and how far
+/// the accepted path went in it). Returns the drafter's part (the whole tree unless merged)
+/// and its accepted path.
+fn observe(
+    auto: &Mutex<AutoBudget>,
+    method: Method,
+    tree: &DraftTree,
+    sources: &Option<(DraftTree, DraftTree)>,
+    result: &AcceptResult,
+) -> (DraftTree, Vec<usize>) {
+    let mut auto = AutoBudget::lock(auto);
+    let Some((drafted, looked_up)) = sources else {
+        if !tree.is_empty() {
+            auto.calibration_mut(method).observe(tree, &result.path);
+        }
+        return (tree.clone(), result.path.clone());
+    };
+    let tokens = tree.path(*result.path.last().expect("the root"));
+    let looked_up = looked_up.restrict(tree);
+    if !looked_up.is_empty() {
+        let path = looked_up.follow(&tokens);
+        auto.lookup_calibration.observe(&looked_up, &path);
+    }
+    let drafted = drafted.restrict(tree);
+    let path = drafted.follow(&tokens);
+    if !drafted.is_empty() {
+        auto.calibration.observe(&drafted, &path);
+    }
+    (drafted, path)
 }
 
 /// Prompt rows per prefill forward when the prompt is scored: each row's logits are kept

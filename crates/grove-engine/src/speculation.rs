@@ -74,6 +74,9 @@ pub struct SpeculationSettings {
     pub top_k: Option<usize>,
     /// Ngram: the suffix lengths matched.
     pub lookup: LookupConfig,
+    /// DDTree with an automatic budget: lookup drafts join the drafter's tree, and the budget
+    /// chooses among both.
+    pub lookup_in_trees: bool,
 }
 
 /// The most nodes an automatic lookup budget verifies unless `max_budget` says otherwise:
@@ -197,6 +200,8 @@ pub(crate) struct Speculation<'a> {
     pub auto: bool,
     /// How lookup trees match the text.
     pub lookup: LookupConfig,
+    /// Automatic-budget DDTree rounds merge a lookup tree into the drafter's.
+    pub lookup_in_trees: bool,
 }
 
 impl<'a> Speculation<'a> {
@@ -217,6 +222,7 @@ impl<'a> Speculation<'a> {
             },
             auto: false,
             lookup: LookupConfig::default(),
+            lookup_in_trees: false,
         })
     }
 
@@ -242,6 +248,7 @@ impl<'a> Speculation<'a> {
             },
             auto: false,
             lookup: LookupConfig::default(),
+            lookup_in_trees: false,
         })
     }
 
@@ -253,6 +260,7 @@ impl<'a> Speculation<'a> {
         },
         auto: true,
         lookup: LookupConfig::DEFAULT,
+        lookup_in_trees: false,
     };
 
     /// Lookup trees of `budget` nodes at most (chosen each round when `auto`), matching as
@@ -263,35 +271,20 @@ impl<'a> Speculation<'a> {
         auto: bool,
         lookup: LookupConfig,
     ) -> Result<Self, ValidationError> {
-        let checks = [
-            ("speculative_ddtree_budget", budget, 1, "at least 1"),
-            (
-                "speculative_ngram_min_match",
-                lookup.min_match,
-                1,
-                "at least 1",
-            ),
-            (
-                "speculative_ngram_max_match",
-                lookup.max_match,
-                lookup.min_match.max(1),
-                "at least speculative_ngram_min_match",
-            ),
-        ];
-        for (field, value, least, limit) in checks {
-            if value < least {
-                return Err(ValidationError::OutOfRange {
-                    field,
-                    limit,
-                    value: value.to_string(),
-                });
-            }
+        if budget == 0 {
+            return Err(ValidationError::OutOfRange {
+                field: "speculative_ddtree_budget",
+                limit: "at least 1",
+                value: "0".into(),
+            });
         }
+        check_lookup(lookup)?;
         Ok(Self {
             drafter,
             method: Method::Lookup { budget },
             auto,
             lookup,
+            lookup_in_trees: false,
         })
     }
 
@@ -356,11 +349,44 @@ impl<'a> Speculation<'a> {
                     top_k: settings.top_k.unwrap_or(budget),
                 })?;
                 speculation.auto = auto(settings.budget);
+                if settings.lookup_in_trees {
+                    check_lookup(settings.lookup)?;
+                    speculation.lookup = settings.lookup;
+                    speculation.lookup_in_trees = true;
+                }
                 speculation
             }
         };
         Ok(Some(speculation))
     }
+}
+
+/// Refuses suffix lengths that cannot match, naming the flag.
+fn check_lookup(lookup: LookupConfig) -> Result<(), ValidationError> {
+    let checks = [
+        (
+            "speculative_ngram_min_match",
+            lookup.min_match,
+            1,
+            "at least 1",
+        ),
+        (
+            "speculative_ngram_max_match",
+            lookup.max_match,
+            lookup.min_match.max(1),
+            "at least speculative_ngram_min_match",
+        ),
+    ];
+    for (field, value, least, limit) in checks {
+        if value < least {
+            return Err(ValidationError::OutOfRange {
+                field,
+                limit,
+                value: value.to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The engine's default method (plain decoding without a drafter).

@@ -210,3 +210,53 @@ fn bad_lookup_settings_are_refused_by_name() {
         assert!(error.contains(field), "{error}");
     }
 }
+
+/// With `lookup_in_trees`, an automatic DDTree budget verifies lookup drafts beside the
+/// drafter's: the output is still plain decoding's, greedy and seeded, alone and batched; with
+/// a drafter that is always wrong, the lookup drafts alone are accepted.
+#[test]
+fn lookup_drafts_in_ddtree_trees_are_lossless_and_accepted_beside_a_wrong_drafter() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let plain = Generator::new(&target, None, GeneratorOptions::default());
+    let prompts = repetitive_prompts(10, 21);
+    let requests = requests(&prompts, SpeculationOverride::default());
+    let references: Vec<GenerateOutput> = requests
+        .iter()
+        .map(|r| plain.generate(r, |_| {}))
+        .collect::<Result<_, _>>()?;
+    let settings = |lookup_in_trees| SpeculationSettings {
+        algorithm: SpecAlgorithm::DDTree,
+        budget: Some(Budget::Auto),
+        max_budget: Some(8),
+        lookup_in_trees,
+        ..Default::default()
+    };
+    let merged = Generator::new(&target, None, GeneratorOptions::default())
+        .with_speculation(settings(true), Some(&drafter))?;
+    let together = merged.generate_batch(&requests)?;
+    assert_plain(&together, &references, SpecAlgorithm::DDTree, "merged");
+    for (request, reference) in requests.iter().zip(&references).take(4) {
+        let alone = merged.generate(request, |_| {})?;
+        assert_eq!(alone.token_ids, reference.token_ids);
+    }
+    // A drafter that never proposes the target's choice: what is accepted came from lookup.
+    let prompt = &prompts[0];
+    let [_, (adversary, reference)] = scripted_pair(&target, prompt, 80)?;
+    let mut accepted = [0; 2];
+    for (lookup_in_trees, accepted) in [false, true].into_iter().zip(&mut accepted) {
+        let generator = Generator::new(&target, None, GeneratorOptions::default())
+            .with_speculation(settings(lookup_in_trees), Some(&adversary))?;
+        let output = generator.generate(&greedy(prompt, 80), |_| {})?;
+        assert_eq!(
+            output.token_ids, reference,
+            "lookup in trees {lookup_in_trees}"
+        );
+        *accepted = output.stats.accept_lengths.iter().sum::<usize>() - output.stats.rounds;
+    }
+    assert_eq!(accepted[0], 0, "the adversary had a draft accepted");
+    assert!(
+        accepted[1] > 0,
+        "no lookup draft was accepted in a DDTree tree"
+    );
+    Ok(())
+}

@@ -9,6 +9,7 @@
 mod accept;
 mod candidates;
 mod lookup;
+mod merge;
 mod plan;
 mod scan;
 mod stats;
@@ -19,6 +20,7 @@ pub use candidates::{
     map_to_target_ids, merge_shards, top_k_candidates, DepthCandidates, ShardCandidates,
 };
 pub use lookup::{lookup_tree, LookupConfig, MAX_OCCURRENCES};
+pub use merge::merge_trees;
 pub use plan::{SegmentPlan, VerifyPlan};
 pub use scan::log_sum_exp;
 pub use stats::AcceptanceStats;

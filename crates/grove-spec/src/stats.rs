@@ -27,9 +27,14 @@ impl AcceptanceStats {
         }
     }
 
-    /// Adds one round that verified `tree_nodes` draft nodes and accepted `result`.
+    /// Adds one round that verified `tree_nodes` draft nodes and accepted `result` (a round
+    /// deeper than the statistics were made for lengthens them).
     pub fn record(&mut self, result: &AcceptResult, tree_nodes: usize) {
         let accepted = result.accepted_emitted();
+        if accepted > self.accepted_per_position.len() {
+            self.accepted_per_position.resize(accepted, 0);
+            self.accepted_depth_histogram.resize(accepted + 1, 0);
+        }
         for position in self.accepted_per_position.iter_mut().take(accepted) {
             *position += 1;
         }
@@ -84,5 +89,10 @@ mod tests {
         assert_eq!(stats.tree_nodes, 9);
         assert_eq!(stats.rounds(), 3);
         assert!((stats.mean_accept_length() - 7.0 / 3.0).abs() < 1e-12);
+        // Made for shallower trees, the statistics lengthen for a deeper round.
+        let mut short = AcceptanceStats::new(1);
+        short.record(&all, chain.len());
+        assert_eq!(short.accepted_per_position, [1, 1, 1]);
+        assert_eq!(short.accepted_depth_histogram, [0, 0, 0, 1]);
     }
 }

@@ -194,6 +194,10 @@ pub struct SpecArgs {
     /// ngram: the longest suffix compared (the longest match found is drafted from).
     #[arg(long, default_value_t = LookupConfig::DEFAULT.max_match)]
     pub speculative_ngram_max_match: usize,
+    /// DDTree with an automatic budget: lookup drafts (as ngram makes them) join the drafter's
+    /// tree each round, and the budget verifies the best nodes of both (true or false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub speculative_ddtree_lookup: bool,
 }
 
 impl SpecArgs {
@@ -276,6 +280,7 @@ impl SpecArgs {
                 min_match: self.speculative_ngram_min_match,
                 max_match: self.speculative_ngram_max_match,
             },
+            lookup_in_trees: self.speculative_ddtree_lookup,
         }
     }
 

@@ -4,12 +4,15 @@
 
 use std::time::Duration;
 
-use grove_spec::DraftTree;
+use grove_spec::{merge_trees, DraftTree};
 
 use super::{choose_drafting, choose_nodes, AutoBudget, BudgetTracePoint, DraftOption};
 use crate::runner::{RoundRunner, StepTimings};
 use crate::sequence::Sequence;
 use crate::speculation::Method;
+
+/// Per sequence of a batch, the drafter's tree and the lookup tree its tree was merged from.
+pub(crate) type Sources = Vec<Option<(DraftTree, DraftTree)>>;
 
 /// Every this many choices, one node past the first drop is verified too (see `choose_nodes`).
 const EXPLORE_EVERY: u64 = 8;
@@ -74,29 +77,47 @@ impl RoundRunner<'_> {
         }
     }
 
-    /// Cuts each automatic-budget tree to the nodes that pay (DSpark's rule over the batch,
-    /// with the step's measured draft time); returns every sequence's verified nodes'
-    /// calibrated acceptance, in batch order.
+    /// Merges each sequence's lookup tree (where it has one) into its tree, then cuts each
+    /// automatic-budget tree to the nodes that pay (DSpark's rule over the batch, with the
+    /// step's measured draft time). Returns every sequence's verified nodes' calibrated
+    /// acceptance, and the two trees each merged tree was made of, in batch order.
     pub(crate) fn choose_budgets(
         &self,
         batch: &[&mut Sequence<'_>],
         trees: &mut [DraftTree],
+        lookups: Vec<Option<DraftTree>>,
         context: usize,
         draft: Duration,
-    ) -> Vec<Vec<f64>> {
+    ) -> (Vec<Vec<f64>>, Sources) {
         let mut auto = AutoBudget::lock(&self.auto);
         let mut gains: Vec<Vec<f64>> = batch
             .iter()
             .zip(trees.iter())
             .map(|(s, t)| auto.calibration_mut(s.method).gains(t))
             .collect();
+        let mut sources: Sources = vec![None; trees.len()];
+        for (index, looked_up) in lookups.into_iter().enumerate() {
+            let Some(looked_up) = looked_up.filter(|t| !t.is_empty()) else {
+                continue;
+            };
+            let looked_up_gains = auto.lookup_calibration.gains(&looked_up);
+            let drafted = std::mem::take(&mut trees[index]);
+            let (mut merged, mut merged_gains) =
+                merge_trees(&drafted, &gains[index], &looked_up, &looked_up_gains);
+            // The union may hold up to twice the nodes a round reserved rows for.
+            let budget = batch[index].method.budget();
+            merged.truncate(budget);
+            merged_gains.truncate(budget);
+            (trees[index], gains[index]) = (merged, merged_gains);
+            sources[index] = Some((drafted, looked_up));
+        }
         let choosing: Vec<bool> = batch
             .iter()
             .zip(trees.iter())
             .map(|(s, t)| s.auto && !t.is_empty())
             .collect();
         if !choosing.contains(&true) || auto.costs.verify(context, 1).is_none() {
-            return gains;
+            return (gains, sources);
         }
         let fixed_rows: usize = trees
             .iter()
@@ -141,7 +162,7 @@ impl RoundRunner<'_> {
                 gains.truncate(nodes);
             }
         }
-        gains
+        (gains, sources)
     }
 
     /// Folds the step's verify and draft times into the cost table (the draft's with the
