@@ -613,8 +613,8 @@ impl<'a> RoundRunner<'a> {
         let mut drafting = Vec::new();
         for (index, (sequence, &(depths, _))) in batch.iter_mut().zip(&shapes).enumerate() {
             if !sequence.method.uses_drafter() {
-                // Lookup drafts need no drafter; a sequence that keeps the drafter's context
-                // anyway (for the prefix cache) adds its rows when it drafts again.
+                // Lookup drafts need no drafter. One that keeps the drafter's context for the
+                // prefix cache keeps its prompt's, as a plain sequence does.
                 continue;
             }
             sequence.draft_now &= depths > 0;

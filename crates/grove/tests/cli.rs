@@ -381,6 +381,35 @@ fn bench_prints_the_verify_cost_curve() {
     );
 }
 
+/// `bench --speculative-algorithm ngram` measures lookup drafts at each budget beside plain
+/// decoding, without a drafter (no DFlash column to compare with).
+#[test]
+fn bench_compares_none_and_lookup_budgets_without_a_drafter() {
+    let output = grove(&[
+        "bench",
+        "--speculative-algorithm",
+        "ngram",
+        "--budgets",
+        "4,auto",
+        "--new-tokens",
+        "16",
+        "--repetitions",
+        "1",
+        "--rows",
+        "1",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let names: Vec<&str> = json["methods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["none", "ngram-b4", "ngram-auto"]);
+    assert!(json["methods"][1]["decode_speedup_vs_dflash"].is_null());
+}
+
 #[test]
 fn bench_compares_none_and_dflash_in_one_run() {
     let target = golden_dir().join("target");

@@ -16,7 +16,8 @@ pub struct BenchArgs {
     /// alternating, in one run.
     #[command(flatten)]
     pub spec: SpecArgs,
-    /// DDTree budgets to compare (with --speculative-algorithm ddtree), numbers or `auto`
+    /// DDTree (or ngram) budgets to compare (with --speculative-algorithm ddtree or ngram),
+    /// numbers or `auto`
     /// (e.g. 1,2,4,8,auto); default: the one --speculative-ddtree-budget gives.
     #[arg(long, value_delimiter = ',', value_parser = parse_budget)]
     pub budgets: Vec<Budget>,

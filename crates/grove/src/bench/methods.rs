@@ -109,7 +109,8 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
     Ok(())
 }
 
-/// Plain decoding, then DFlash and DDTree at each budget when there is a drafter.
+/// Plain decoding, then DFlash and DDTree at each budget when there is a drafter, or lookup
+/// drafts at each budget with `--speculative-algorithm ngram`.
 fn methods_to_compare<'a>(
     args: &BenchArgs,
     model: &'a dyn Model,
@@ -121,6 +122,23 @@ fn methods_to_compare<'a>(
     };
     let mut methods: Vec<(String, Generator)> =
         vec![("none".into(), Generator::new(model, None, options.clone()))];
+    let budgets = if args.budgets.is_empty() {
+        vec![args.spec.ddtree_budget()]
+    } else {
+        args.budgets.clone()
+    };
+    if args.spec.speculative_algorithm == SpecAlgorithm::Ngram {
+        for budget in budgets {
+            let settings = SpeculationSettings {
+                budget: Some(budget),
+                ..args.spec.settings()
+            };
+            let generator = Generator::new(model, None, options.clone())
+                .with_speculation(settings, drafter.map(|d| d as &dyn Drafter))?;
+            methods.push((budget_name("ngram", budget), generator));
+        }
+        return Ok(methods);
+    }
     let Some(drafter) = drafter else {
         return Ok(methods);
     };
@@ -131,11 +149,6 @@ fn methods_to_compare<'a>(
     })?;
     methods.push(("dflash".into(), dflash));
     if args.spec.speculative_algorithm == SpecAlgorithm::DDTree {
-        let budgets = if args.budgets.is_empty() {
-            vec![args.spec.ddtree_budget()]
-        } else {
-            args.budgets.clone()
-        };
         for budget in budgets {
             let generator = Generator::new(model, None, options.clone());
             methods.push(speculative_method(
@@ -169,11 +182,15 @@ pub(super) fn speculative_method<'a>(
         grove_engine::SpecAlgorithm::DFlash => "dflash",
         _ => "ddtree",
     };
-    let name = match budget {
+    Ok((budget_name(prefix, budget), generator))
+}
+
+/// A method's name in the tables: `ddtree-b4`, `ngram-auto`.
+fn budget_name(prefix: &str, budget: Budget) -> String {
+    match budget {
         Budget::Fixed(nodes) => format!("{prefix}-b{nodes}"),
         Budget::Auto => format!("{prefix}-auto"),
-    };
-    Ok((name, generator))
+    }
 }
 
 /// Every method on the same random prompt per repetition, alternating, after one warm-up.
@@ -229,7 +246,10 @@ fn method_reports(methods: &[(String, Generator)], samples: Vec<Samples>) -> Vec
         })
         .collect();
     let baseline = reports[0].decode_tokens_per_s.median;
-    let dflash = reports.get(1).map(|m| m.decode_tokens_per_s.median);
+    let dflash = reports
+        .iter()
+        .find(|m| m.method == "dflash")
+        .map(|m| m.decode_tokens_per_s.median);
     for report in &mut reports {
         report.decode_speedup_vs_none = report.decode_tokens_per_s.median / baseline;
         report.decode_speedup_vs_dflash = dflash.map(|d| report.decode_tokens_per_s.median / d);
