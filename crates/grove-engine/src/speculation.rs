@@ -297,7 +297,14 @@ impl<'a> Speculation<'a> {
         if settings.algorithm == SpecAlgorithm::Ngram {
             // As for DFlash, the chain's flag counts the anchor.
             let budget = match settings.num_draft_tokens {
-                Some(n) => Some(Budget::Fixed(n.saturating_sub(1))),
+                Some(n) if n < 2 => {
+                    return Err(ValidationError::OutOfRange {
+                        field: "speculative_num_draft_tokens",
+                        limit: "at least 2 (the anchor and a draft)",
+                        value: n.to_string(),
+                    })
+                }
+                Some(n) => Some(Budget::Fixed(n - 1)),
                 None => settings.budget,
             };
             let nodes = match budget {

@@ -209,6 +209,17 @@ fn bad_lookup_settings_are_refused_by_name() {
             .to_string();
         assert!(error.contains(field), "{error}");
     }
+    let one_token = SpeculationSettings {
+        algorithm: SpecAlgorithm::Ngram,
+        num_draft_tokens: Some(1),
+        ..Default::default()
+    };
+    let error = Generator::new(&target, None, GeneratorOptions::default())
+        .with_speculation(one_token, None)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("speculative_num_draft_tokens"), "{error}");
 }
 
 /// With `lookup_in_trees`, an automatic DDTree budget verifies lookup drafts beside the
