@@ -53,6 +53,18 @@ plain = client.completions.create(
 check(plain.choices[0].text == choice.text, "ddtree and plain greedy differ")
 check(plain.usage.model_extra["speculative"]["algorithm"] == "none", f"{plain.usage}")
 
+# Lookup drafts (no drafter needed) on a prompt that repeats itself: the same text again.
+repeating = "def area(w, h):\n    return w * h\n\n\ndef area(w, h):\n"
+looked_up, unspeculated = [
+    client.completions.create(
+        model=name, prompt=repeating, max_tokens=24, temperature=0,
+        extra_body={"speculative": {"algorithm": algorithm}},
+    )
+    for algorithm in ("ngram", "none")
+]
+check(looked_up.choices[0].text == unspeculated.choices[0].text, "ngram and plain greedy differ")
+check(looked_up.usage.model_extra["speculative"]["algorithm"] == "ngram", f"{looked_up.usage}")
+
 # Chat, plain and streaming.
 messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list."}]
 chat = client.chat.completions.create(model=name, messages=messages, max_tokens=20, temperature=0)
