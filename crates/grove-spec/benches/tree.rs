@@ -1,9 +1,10 @@
 //! Host-side costs of a DDTree round at real sizes: per-depth top-K over a 151936-token row
-//! (1 and 4 vocabulary shards) and the best-first tree build for growing budgets.
+//! (1 and 4 vocabulary shards), the best-first tree build for growing budgets, and a lookup
+//! tree over texts of growing length.
 //! `cargo bench -p grove-spec`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use grove_spec::{top_k_candidates, DraftTree};
+use grove_spec::{lookup_tree, top_k_candidates, DraftTree, LookupConfig};
 use rand::{Rng, SeedableRng};
 
 const VOCAB: usize = 151_936;
@@ -46,5 +47,22 @@ fn tree_build(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, candidates, tree_build);
+/// A lookup tree of 16 nodes at most over a text of `len` tokens from 200 ids (so the last
+/// token recurs every 200 tokens or so, and each recurrence is compared), whose last 24 tokens
+/// repeat a stretch from its middle.
+fn lookup(c: &mut Criterion) {
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
+    let mut group = c.benchmark_group("lookup_tree");
+    for len in [1_024usize, 8_192, 32_768] {
+        let mut history: Vec<u32> = (0..len - 24).map(|_| rng.random_range(0..200)).collect();
+        let middle = history[len / 2..len / 2 + 24].to_vec();
+        history.extend(middle);
+        group.bench_with_input(BenchmarkId::new("tokens", len), &history, |b, history| {
+            b.iter(|| lookup_tree(history, LookupConfig::DEFAULT, 16, 16, |_, _| true))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, candidates, tree_build, lookup);
 criterion_main!(benches);
