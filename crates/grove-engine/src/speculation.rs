@@ -324,7 +324,7 @@ impl<'a> Speculation<'a> {
             };
         };
         let block_size = drafter.block_size();
-        let speculation = match settings.algorithm {
+        let mut speculation = match settings.algorithm {
             SpecAlgorithm::None | SpecAlgorithm::Ngram => return Ok(None),
             SpecAlgorithm::DFlash => {
                 // The chain's own flag fixes it; a fixed tree budget keeps the whole block.
@@ -356,14 +356,13 @@ impl<'a> Speculation<'a> {
                     top_k: settings.top_k.unwrap_or(budget),
                 })?;
                 speculation.auto = auto(settings.budget);
-                if settings.lookup_in_trees {
-                    check_lookup(settings.lookup)?;
-                    speculation.lookup = settings.lookup;
-                    speculation.lookup_in_trees = true;
-                }
+                speculation.lookup_in_trees = settings.lookup_in_trees;
                 speculation
             }
         };
+        // Requests that ask for lookup match as the flags say.
+        check_lookup(settings.lookup)?;
+        speculation.lookup = settings.lookup;
         Ok(Some(speculation))
     }
 }
