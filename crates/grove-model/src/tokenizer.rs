@@ -22,6 +22,10 @@ pub struct ChatMessage {
     /// A `tool` turn's answer is to this call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, apart from its `content` (templates of thinking models
+    /// such as Qwen3's put it back in its `<think>` block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 /// Template variables grove sets itself; `chat_template_kwargs` may not.

@@ -120,6 +120,9 @@ pub struct Message {
     pub tool_calls: Option<Value>,
     /// A `tool` turn answers this call.
     pub tool_call_id: Option<String>,
+    /// An earlier answer's reasoning, as `--reasoning-parser` split it off (Qwen3's template
+    /// renders it in the turns after the last user message).
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -2,7 +2,7 @@
 //! model with `<think>` and `</think>` added to its tokenizer (logit biases make it write
 //! them): answers carry `reasoning_content` apart from `content`, streams add up to the same
 //! split, a schema holds only the text after the block (speculation changing nothing), and the
-//! template reads the request's variables.
+//! template reads the request's variables and the reasoning of earlier answers sent back.
 
 mod common;
 
@@ -17,9 +17,12 @@ use serde_json::{json, Value};
 const OPEN: u32 = 259;
 const CLOSE: u32 = 260;
 
-/// Qwen3's switch at the generation prompt, as its template has it.
+/// Qwen3's switch at the generation prompt, and its rendering of an earlier turn's reasoning,
+/// as its template has them.
 const TEMPLATE: &str = concat!(
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n",
+    "{% if m.reasoning_content is string %}<think>\n{{ m.reasoning_content }}\n</think>\n\n",
+    "{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}",
     "<|im_start|>assistant\n",
     "{% if enable_thinking is defined and enable_thinking is false %}",
     "<think>\n\n</think>\n\n{% endif %}"
@@ -219,4 +222,32 @@ async fn the_template_reads_the_requests_variables_and_refuses_grove_s_own() {
     let (status, answer) = untagged.post("/v1/chat/completions", &body).await;
     assert_eq!(status, 400, "{answer}");
     assert_eq!(answer["error"]["param"], "response_format", "{answer}");
+}
+
+/// An assistant turn sent back with its `reasoning_content` gives the template that text, as
+/// Qwen3's template reads it; without it the turn renders as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reasoning_sent_back_in_a_turn_reaches_the_template() {
+    let server = server(ReasoningParser::Qwen3);
+    let turns = |reasoning: Option<&str>| {
+        let mut answer = json!({"role": "assistant", "content": "4"});
+        if let Some(reasoning) = reasoning {
+            answer["reasoning_content"] = json!(reasoning);
+        }
+        json!({"model": "tiny", "max_tokens": 1, "messages": [
+            {"role": "user", "content": "2+2?"}, answer, {"role": "user", "content": "and 3+3?"}]})
+    };
+    let prompt_tokens = |answer: &Value| answer["usage"]["prompt_tokens"].as_u64().unwrap();
+    let (status, without) = server.post("/v1/chat/completions", &turns(None)).await;
+    assert_eq!(status, 200, "{without}");
+    let (status, with) = server
+        .post("/v1/chat/completions", &turns(Some("two and two")))
+        .await;
+    assert_eq!(status, 200, "{with}");
+    let block = json!({"model": "tiny", "prompt": "<think>\ntwo and two\n</think>\n\n",
+                       "add_special_tokens": false});
+    let (status, counted) = server.post("/tokenize", &block).await;
+    assert_eq!(status, 200, "{counted}");
+    let block_tokens = counted["count"].as_u64().unwrap();
+    assert_eq!(prompt_tokens(&with), prompt_tokens(&without) + block_tokens);
 }

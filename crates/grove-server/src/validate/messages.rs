@@ -51,6 +51,7 @@ pub(super) fn chat_message(index: usize, message: Message) -> Result<ChatMessage
         content,
         tool_calls,
         tool_call_id: message.tool_call_id,
+        reasoning_content: message.reasoning_content,
     })
 }
 
