@@ -153,6 +153,13 @@ impl<'a> RoundRunner<'a> {
         self.speculation.and_then(|s| s.drafter)
     }
 
+    /// Whether rounds of `method` (with an automatic budget when `auto`) merge a lookup tree
+    /// into the drafter's: DDTree with an automatic budget, where the engine says so.
+    fn merges_lookup(&self, method: Method, auto: bool) -> bool {
+        auto && matches!(method, Method::Tree { .. })
+            && self.speculation.is_some_and(|s| s.lookup_in_trees)
+    }
+
     fn taps(&self) -> &'a [usize] {
         self.drafter().map_or(&[], |d| d.target_taps())
     }
@@ -197,11 +204,12 @@ impl<'a> RoundRunner<'a> {
         pools: &Pools,
     ) -> Sequence<'a> {
         let drafted_depth = self.drafter().map_or(0, |d| d.block_size() - 1);
-        let merges = self.speculation.is_some_and(|s| s.lookup_in_trees) && method.1;
         let max_depth = match method.0 {
             Method::Lookup { budget } => budget,
             // Lookup drafts in its trees may go deeper than the drafter's block.
-            Method::Tree { budget, .. } if merges => drafted_depth.max(budget),
+            Method::Tree { budget, .. } if self.merges_lookup(method.0, method.1) => {
+                drafted_depth.max(budget)
+            }
             _ => drafted_depth,
         };
         let emitter = Emitter::new(self.tokenizer, &request.stop);
@@ -428,10 +436,8 @@ impl<'a> RoundRunner<'a> {
         let lookups: Vec<Option<DraftTree>> = batch
             .iter()
             .map(|s| {
-                let merges = self.speculation.is_some_and(|spec| spec.lookup_in_trees)
-                    && s.auto
-                    && matches!(s.method, Method::Tree { .. });
-                merges.then(|| s.lookup_tree(lookup, s.method.budget()))
+                self.merges_lookup(s.method, s.auto)
+                    .then(|| s.lookup_tree(lookup, s.method.budget()))
             })
             .collect();
         let (gains, sources) =
@@ -468,11 +474,10 @@ impl<'a> RoundRunner<'a> {
                     self.accept_and_commit(sequence, tree, segment, rows, taps.as_ref(), pools)?;
                 timings.accepted += result.path.len() - 1;
                 // What the drafter's own nodes gave, for its calibration and its plan.
-                let (verified, path) = observe(&self.auto, sequence.method, tree, sources, &result);
+                let (accepted, nodes, depth) =
+                    observe(&self.auto, sequence.method, tree, sources, &result);
                 if sequence.auto && sequence.draft_now && sequence.method.uses_drafter() {
-                    let accepted = path.len() - 1;
-                    sequence.budget.drafted(accepted as f64, verified.len());
-                    let depth = verified.depths.iter().copied().max().unwrap_or(0);
+                    sequence.budget.drafted(accepted as f64, nodes);
                     sequence.budget.reached(depth, drafted.len());
                 }
                 let commit = commit_start.elapsed();
@@ -665,21 +670,22 @@ impl<'a> RoundRunner<'a> {
 
 /// Folds a verified tree's outcome into its source's calibration; a merged tree's drafter
 /// part and lookup part each into their own (what of each the cut tree verified, and how far
-/// the accepted path went in it). Returns the drafter's part (the whole tree unless merged)
-/// and its accepted path.
+/// the accepted path went in it). Returns what the drafter's part (the whole tree unless
+/// merged) gave: its accepted drafts, its nodes and its depth.
 fn observe(
     auto: &Mutex<AutoBudget>,
     method: Method,
     tree: &DraftTree,
     sources: &Option<(DraftTree, DraftTree)>,
     result: &AcceptResult,
-) -> (DraftTree, Vec<usize>) {
+) -> (usize, usize, usize) {
+    let depth = |tree: &DraftTree| tree.depths.iter().copied().max().unwrap_or(0);
     let mut auto = AutoBudget::lock(auto);
     let Some((drafted, looked_up)) = sources else {
         if !tree.is_empty() {
             auto.calibration_mut(method).observe(tree, &result.path);
         }
-        return (tree.clone(), result.path.clone());
+        return (result.path.len() - 1, tree.len(), depth(tree));
     };
     let tokens = tree.path(*result.path.last().expect("the root"));
     let looked_up = looked_up.restrict(tree);
@@ -692,7 +698,7 @@ fn observe(
     if !drafted.is_empty() {
         auto.calibration.observe(&drafted, &path);
     }
-    (drafted, path)
+    (path.len() - 1, drafted.len(), depth(&drafted))
 }
 
 /// Prompt rows per prefill forward when the prompt is scored: each row's logits are kept

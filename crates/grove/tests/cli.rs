@@ -28,6 +28,16 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// The names of a bench report's methods, in its order.
+fn method_names(report: &Value) -> Vec<&str> {
+    report["methods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["method"].as_str().unwrap())
+        .collect()
+}
+
 /// Runs a command that must fail cleanly and returns its error text.
 fn failure(args: &[&str]) -> String {
     let output = grove(args);
@@ -400,12 +410,7 @@ fn bench_compares_none_and_lookup_budgets_without_a_drafter() {
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     let json: Value = serde_json::from_slice(&output.stdout).unwrap();
-    let names: Vec<&str> = json["methods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["method"].as_str().unwrap())
-        .collect();
+    let names = method_names(&json);
     assert_eq!(names, ["none", "ngram-b4", "ngram-auto"]);
     assert!(json["methods"][1]["decode_speedup_vs_dflash"].is_null());
 }
@@ -717,12 +722,7 @@ fn generate_with_ddtree_matches_the_reference_and_bench_sweeps_budgets() {
     ]);
     assert!(bench.status.success(), "{}", stderr(&bench));
     let json: Value = serde_json::from_slice(&bench.stdout).unwrap();
-    let names: Vec<&str> = json["methods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["method"].as_str().unwrap())
-        .collect();
+    let names = method_names(&json);
     assert_eq!(
         names,
         ["none", "dflash", "ddtree-b2", "ddtree-b8", "ddtree-auto"]
@@ -806,12 +806,7 @@ fn bench_report_writes_json_and_charts() {
     assert!(output.status.success(), "{}", stderr(&output));
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
-    let methods: Vec<&str> = report["methods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["method"].as_str().unwrap())
-        .collect();
+    let methods = method_names(&report);
     assert_eq!(
         methods,
         ["none", "dflash", "dflash-auto", "ddtree-b1", "ddtree-b4"]
