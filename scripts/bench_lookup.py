@@ -81,8 +81,9 @@ def run(model, method_args, prompt, extra):
     return json.loads(out)
 
 
-def main():
-    args = sys.argv[1:]
+def parse_args(args):
+    """MODEL [REPETITIONS] [--drafter DIR] [-- EXTRA FLAGS]: returns the model, the
+    repetitions (3 unless given), the drafter (or None) and the extra flags."""
     extra = []
     if "--" in args:
         extra = args[args.index("--") + 1:]
@@ -92,8 +93,28 @@ def main():
         i = args.index("--drafter")
         drafter = args[i + 1]
         del args[i:i + 2]
-    model = args[0]
     repetitions = int(args[1]) if len(args) > 1 else 3
+    return args[0], repetitions, drafter, extra
+
+
+def report(results, tasks, methods):
+    """Prints per task and method the median tokens/s, its ratio over plain decoding's
+    median (method `none`) and the median tau, from `results[(task, method)]`: a list of
+    (tokens/s, tau)."""
+    width = max(len(task) for task in tasks) + 1
+    print(f"{'task':<{width}} {'method':<14} {'tok/s':>7} {'x plain':>8} {'tau':>5}")
+    for task in tasks:
+        plain = statistics.median(s for s, _ in results[(task, "none")])
+        for method in methods:
+            runs = results[(task, method)]
+            speed = statistics.median(s for s, _ in runs)
+            tau = statistics.median(t for _, t in runs)
+            print(f"{task:<{width}} {method:<14} {speed:7.1f} {speed / plain:8.2f} {tau:5.2f}")
+    print("texts equal to plain decoding's: yes")
+
+
+def main():
+    model, repetitions, drafter, extra = parse_args(sys.argv[1:])
     methods = {"none": [], "ngram": ["--speculative-algorithm", "ngram"]}
     if drafter:
         ddtree = ["--speculative-algorithm", "ddtree", "--speculative-draft-model-path", drafter]
@@ -112,15 +133,7 @@ def main():
             for method, text in texts.items():
                 if text != texts["none"]:
                     sys.exit(f"{task}: {method}'s text differs from plain decoding's")
-    print(f"{'task':<11} {'method':<12} {'tok/s':>7} {'x plain':>8} {'tau':>5}")
-    for task in TASKS:
-        plain = statistics.median(s for s, _ in results[(task, "none")])
-        for method in methods:
-            runs = results[(task, method)]
-            speed = statistics.median(s for s, _ in runs)
-            tau = statistics.median(t for _, t in runs)
-            print(f"{task:<11} {method:<12} {speed:7.1f} {speed / plain:8.2f} {tau:5.2f}")
-    print("texts equal to plain decoding's: yes")
+    report(results, TASKS, methods)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ def first_model(url):
 
 def stream_chat(url, body):
     """Posts `body` to /v1/chat/completions as a stream. Returns a dict: `ttft` (seconds to
-    the first content, or to the end if none came), `text`, `usage`, `finish` (the last
-    finish_reason) and `done` (whether `[DONE]` came); or raises RuntimeError naming what
-    went wrong (a status other than 200, an error event)."""
+    the first content, or to the end if none came), `last` (seconds to the last content),
+    `text`, `usage`, `finish` (the last finish_reason) and `done` (whether `[DONE]` came); or
+    raises RuntimeError naming what went wrong (a status other than 200, an error event)."""
     parsed = urllib.parse.urlparse(url)
     connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=900)
     start = time.monotonic()
@@ -31,7 +31,8 @@ def stream_chat(url, body):
     response = connection.getresponse()
     if response.status != 200:
         raise RuntimeError(f"status {response.status}: {response.read()[:300]!r}")
-    result = {"ttft": None, "text": "", "usage": None, "finish": None, "done": False}
+    result = {"ttft": None, "last": None, "text": "", "usage": None, "finish": None,
+              "done": False}
     for raw in response:
         line = raw.decode().strip()
         if line == "data: [DONE]":
@@ -47,11 +48,14 @@ def stream_chat(url, body):
             if content:
                 if result["ttft"] is None:
                     result["ttft"] = time.monotonic() - start
+                result["last"] = time.monotonic() - start
                 result["text"] += content
             result["finish"] = choice.get("finish_reason") or result["finish"]
     connection.close()
     if result["ttft"] is None:
         result["ttft"] = time.monotonic() - start
+    if result["last"] is None:
+        result["last"] = result["ttft"]
     return result
 
 

@@ -166,6 +166,7 @@ impl<'a> Generator<'a> {
             max_running: requests.len(),
             prefix_cache: false,
             prefill_step: None,
+            ngram_corpus: Some(0),
         };
         let mut engine = self.engine(limits)?;
         for request in requests {

@@ -37,7 +37,7 @@ pub use request::{
 };
 pub use runner::StepTimings;
 pub use sampler::{argmax, processed_distribution, Sampler};
-pub use scheduler::{Engine, EngineEvent, EngineLimits, RequestId};
+pub use scheduler::{Engine, EngineEvent, EngineLimits, RequestId, DEFAULT_NGRAM_CORPUS};
 pub use speculation::{
     Budget, DDTreeSpec, DFlashSpec, SpecAlgorithm, SpeculationOverride, SpeculationSettings,
     DEFAULT_AUTO_MAX_BUDGET,

@@ -160,6 +160,19 @@ impl<'a> RoundRunner<'a> {
             && self.speculation.is_some_and(|s| s.lookup_in_trees)
     }
 
+    /// Whether requests that do not choose draft by lookup (alone, or merged into DDTree's
+    /// trees): then an engine keeps a lookup corpus unless told not to.
+    pub fn drafts_by_lookup(&self) -> bool {
+        self.speculation.is_some_and(|s| {
+            matches!(s.method, Method::Lookup { .. }) || self.merges_lookup(s.method, s.auto)
+        })
+    }
+
+    /// How lookup trees match the text (the defaults without speculation).
+    pub fn lookup_config(&self) -> LookupConfig {
+        self.speculation.map_or(LookupConfig::DEFAULT, |s| s.lookup)
+    }
+
     fn taps(&self) -> &'a [usize] {
         self.drafter().map_or(&[], |d| d.target_taps())
     }
@@ -192,6 +205,7 @@ impl<'a> RoundRunner<'a> {
             prefix,
             pool,
             draft_pool,
+            corpus: None,
         })
     }
 
@@ -422,12 +436,13 @@ impl<'a> RoundRunner<'a> {
             .count();
 
         let start = Instant::now();
-        let lookup = self.speculation.map_or(LookupConfig::DEFAULT, |s| s.lookup);
+        let lookup = self.lookup_config();
+        let corpus = pools.corpus.as_ref();
         let mut trees: Vec<DraftTree> = batch
             .iter()
             .zip(&candidates)
             .map(|(sequence, candidates)| match sequence.method {
-                Method::Lookup { budget } => sequence.lookup_tree(lookup, budget),
+                Method::Lookup { budget } => sequence.lookup_tree(lookup, budget, corpus),
                 _ => sequence.draft_tree(candidates),
             })
             .collect();
@@ -437,7 +452,7 @@ impl<'a> RoundRunner<'a> {
             .iter()
             .map(|s| {
                 self.merges_lookup(s.method, s.auto)
-                    .then(|| s.lookup_tree(lookup, s.method.budget()))
+                    .then(|| s.lookup_tree(lookup, s.method.budget(), corpus))
             })
             .collect();
         let (gains, sources) =

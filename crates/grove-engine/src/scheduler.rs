@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use grove_core::{TokenId, ValidationError};
 use grove_kv::{PrefixCache, PrefixCacheStats};
+use grove_spec::{NgramCorpus, MAX_CORPUS_CAPACITY};
 
 use crate::budget::{measure_costs, AutoBudget};
 use crate::logprobs::TokenLogprob;
@@ -65,7 +66,15 @@ pub struct EngineLimits {
     /// cut into chunks sized by the measured prefill rate (`None`: whole `prefill_chunk`s,
     /// one per step).
     pub prefill_step: Option<Duration>,
+    /// Tokens of finished requests' texts kept for lookup drafts to draw on (SGLang's
+    /// `--speculative-ngram-capacity`; 0: lookups read only the request's own text). `None`:
+    /// [`DEFAULT_NGRAM_CORPUS`] when requests that do not choose draft by lookup, else 0.
+    pub ngram_corpus: Option<usize>,
 }
+
+/// The corpus a server keeps when it drafts by lookup and its flags do not say: a million
+/// tokens (12 MB of tokens and links, two 8 MB tables), hundreds of earlier answers.
+pub const DEFAULT_NGRAM_CORPUS: usize = 1 << 20;
 
 /// The shortest prefill chunk a step runs (and the multiple longer time-sized chunks round to).
 pub const MIN_PREFILL_CHUNK: usize = 16;
@@ -91,7 +100,23 @@ impl<'a> Engine<'a> {
         let pages = limits
             .max_total_tokens
             .div_ceil(runner.options.page_size.max(1));
-        let pools = runner.pools(pages, limits.max_running.max(1), limits.prefix_cache)?;
+        let corpus = limits.ngram_corpus.unwrap_or(if runner.drafts_by_lookup() {
+            DEFAULT_NGRAM_CORPUS
+        } else {
+            0
+        });
+        if corpus > MAX_CORPUS_CAPACITY {
+            return Err(ValidationError::OutOfRange {
+                field: "speculative_ngram_capacity",
+                limit: "at most 2^31 tokens",
+                value: corpus.to_string(),
+            }
+            .into());
+        }
+        let mut pools = runner.pools(pages, limits.max_running.max(1), limits.prefix_cache)?;
+        if corpus > 0 {
+            pools.corpus = Some(NgramCorpus::new(corpus, runner.lookup_config()));
+        }
         Ok(Self {
             runner,
             limits,
@@ -195,6 +220,16 @@ impl<'a> Engine<'a> {
     /// The prefix cache's counters (`None`: the cache is off).
     pub fn prefix_stats(&self) -> Option<PrefixCacheStats> {
         self.pools.prefix.as_ref().map(PrefixCache::stats)
+    }
+
+    /// Tokens the lookup corpus holds (0 without one).
+    pub fn corpus_tokens(&self) -> usize {
+        self.pools.corpus.as_ref().map_or(0, NgramCorpus::len)
+    }
+
+    /// Tokens the lookup corpus may hold (0 without one).
+    pub fn corpus_capacity(&self) -> usize {
+        self.pools.corpus.as_ref().map_or(0, NgramCorpus::capacity)
     }
 
     /// Drops every cached page no request holds (they return to the free list).
@@ -430,6 +465,9 @@ impl<'a> Engine<'a> {
         self.running = running;
         for sequence in finished {
             sequence.cache_prefix(&mut self.pools);
+            if let Some(corpus) = self.pools.corpus.as_mut() {
+                corpus.insert(&sequence.corpus_text(corpus.config().max_match));
+            }
             let id = sequence.id;
             let output = sequence.into_output(&mut |text: &str| {
                 events.push(EngineEvent::Text {

@@ -10,6 +10,7 @@ use grove_core::{FinishReason, TokenId};
 use grove_kv::{KvStore, PagePool, PageTable, PrefixCache};
 use grove_spec::{
     lookup_tree, AcceptResult, AcceptanceStats, DepthCandidates, DraftTree, LookupConfig,
+    NgramCorpus,
 };
 
 use crate::budget::SequenceBudget;
@@ -30,6 +31,8 @@ pub(crate) struct Pools {
     /// Pages of earlier requests' committed tokens, shared by later prompts that start with
     /// them (`None`: prefix caching is off).
     pub prefix: Option<PrefixCache>,
+    /// Finished requests' texts, for lookup drafts (`None`: lookups read their own text).
+    pub corpus: Option<NgramCorpus>,
 }
 
 impl Pools {
@@ -182,6 +185,18 @@ impl<'r> Sequence<'r> {
         tokens
     }
 
+    /// What a lookup corpus keeps of it: its prompt and every token it emitted, less the
+    /// prompt's start that the prefix cache held (an earlier request's text, so already kept:
+    /// a shared system prompt, a conversation's earlier turns) but for its last `overlap`
+    /// tokens, so that matches run across the seam.
+    pub fn corpus_text(&self, overlap: usize) -> Vec<TokenId> {
+        let prompt = &self.request.prompt;
+        let cached = self.cached_tokens.saturating_sub(overlap).min(prompt.len());
+        let mut tokens = prompt[cached..].to_vec();
+        tokens.extend_from_slice(self.emitter.token_ids());
+        tokens
+    }
+
     /// KV slots a prefill of everything it committed and its first round take (asked of the
     /// queue's front every step: counted, not listed).
     pub fn prefill_need(&self) -> usize {
@@ -234,18 +249,24 @@ impl<'r> Sequence<'r> {
     }
 
     /// The round's lookup draft: a tree of at most `budget` nodes from what followed earlier
-    /// occurrences of the text's last tokens (prompt and output), no deeper than the tokens it
-    /// may still emit, and under a schema only of drafts the schema allows (as `draft_tree`).
-    pub fn lookup_tree(&self, config: LookupConfig, budget: usize) -> DraftTree {
+    /// occurrences of the text's last tokens (in its prompt and output, and in `corpus`), no
+    /// deeper than the tokens it may still emit, and under a schema only of drafts the schema
+    /// allows (as `draft_tree`).
+    pub fn lookup_tree(
+        &self,
+        config: LookupConfig,
+        budget: usize,
+        corpus: Option<&NgramCorpus>,
+    ) -> DraftTree {
         let mut history = self.committed_tokens();
         history.push(self.anchor);
         let depth = self.remaining().saturating_sub(1);
         match (&self.request.grammar, &self.grammar_state) {
             (Some(grammar), Some(state)) => {
                 let admit = grammar.admission(state, &self.request.stop.stop_token_ids);
-                lookup_tree(&history, config, budget, depth, admit)
+                lookup_tree(&history, corpus, config, budget, depth, admit)
             }
-            _ => lookup_tree(&history, config, budget, depth, |_, _| true),
+            _ => lookup_tree(&history, corpus, config, budget, depth, |_, _| true),
         }
     }
 

@@ -9,8 +9,8 @@ use anyhow::Result;
 use common::*;
 use grove_core::{SamplingParams, TokenId};
 use grove_engine::{
-    Budget, GenerateOutput, GenerateRequest, Generator, GeneratorOptions, LookupConfig,
-    SpecAlgorithm, SpeculationOverride, SpeculationSettings,
+    Budget, Engine, EngineEvent, EngineLimits, GenerateOutput, GenerateRequest, Generator,
+    GeneratorOptions, LookupConfig, SpecAlgorithm, SpeculationOverride, SpeculationSettings,
 };
 use grove_model::Decoder;
 use rand::{Rng, SeedableRng};
@@ -269,5 +269,103 @@ fn lookup_drafts_in_ddtree_trees_are_lossless_and_accepted_beside_a_wrong_drafte
         accepted[1] > 0,
         "no lookup draft was accepted in a DDTree tree"
     );
+    Ok(())
+}
+
+/// Runs `requests` one after another on `engine` (each starts when the one before finished).
+fn one_by_one(
+    engine: &mut Engine<'_>,
+    requests: &[GenerateRequest],
+) -> Result<Vec<GenerateOutput>> {
+    let mut outputs = Vec::new();
+    for request in requests {
+        engine.submit(request.clone())?;
+        while !engine.is_idle() {
+            for event in engine.step()? {
+                if let EngineEvent::Finished { output, .. } = event {
+                    outputs.push(*output);
+                }
+            }
+        }
+    }
+    Ok(outputs)
+}
+
+/// An engine keeps finished requests' texts (`ngram_corpus`): a request that writes what an
+/// earlier one wrote drafts it from there and accepts nearly every draft, greedy and seeded,
+/// and its output is still plain decoding's. Without the corpus the same request drafts from
+/// its own text alone, as the first did.
+#[test]
+fn a_request_drafts_what_an_earlier_one_wrote() -> Result<()> {
+    let (target, drafter) = golden_pair()?;
+    let plain = Generator::new(&target, None, GeneratorOptions::default());
+    // Distinct tokens: the prompt never repeats itself.
+    let prompt: Vec<TokenId> = (0..24).map(|i| 17 + 37 * i).collect();
+    let mut requests = vec![greedy(&prompt, 48), greedy(&prompt, 48)];
+    let mut seeded = greedy(&prompt, 48);
+    seeded.sampling = seeded_sampling(5);
+    requests.extend([seeded.clone(), seeded]);
+    let references: Vec<GenerateOutput> = requests
+        .iter()
+        .map(|r| plain.generate(r, |_| {}))
+        .collect::<Result<_, _>>()?;
+    let limits = |ngram_corpus, prefix_cache| EngineLimits {
+        max_total_tokens: 512,
+        max_running: 2,
+        prefix_cache,
+        prefill_step: None,
+        ngram_corpus,
+    };
+    let lookup = lookup_engine(&target, Budget::Fixed(8), LookupConfig::DEFAULT)?;
+    // DDTree with lookup in its trees keeps one by default; fixed budgets never merge.
+    let merged = Generator::new(&target, None, GeneratorOptions::default()).with_speculation(
+        SpeculationSettings {
+            algorithm: SpecAlgorithm::DDTree,
+            budget: Some(Budget::Auto),
+            max_budget: Some(8),
+            lookup_in_trees: true,
+            ..Default::default()
+        },
+        Some(&drafter),
+    )?;
+    for (label, generator, corpus, prefix_cache) in [
+        ("ngram, the default corpus", &lookup, None, false),
+        ("ngram, a small corpus", &lookup, Some(200), false),
+        ("ngram, no corpus", &lookup, Some(0), false),
+        ("ngram, a prefix cache", &lookup, None, true),
+        ("ddtree with lookup", &merged, None, false),
+    ] {
+        let mut engine = generator.engine(limits(corpus, prefix_cache))?;
+        let outputs = one_by_one(&mut engine, &requests)?;
+        let algorithm = generator.default_algorithm();
+        assert_plain(&outputs, &references, algorithm, label);
+        let accepted: Vec<usize> = outputs
+            .iter()
+            .map(|o| o.stats.accept_lengths.iter().sum::<usize>() - o.stats.rounds)
+            .collect();
+        let held = engine.corpus_tokens();
+        if corpus == Some(0) {
+            assert_eq!(held, 0, "{label}");
+            assert_eq!(accepted[1], accepted[0], "{label}: {accepted:?}");
+            continue;
+        }
+        // Four texts of 24 + 48 tokens and their ends; the small corpus keeps two. With the
+        // prefix cache, a prompt's cached start is kept once, but for the 4 tokens before
+        // the seam. 47 tokens come from rounds of at most 8 drafts: at least 6 rounds, at
+        // most 41 drafts accepted.
+        let kept = if corpus == Some(200) { 2 } else { 4 };
+        let cached: usize = outputs
+            .iter()
+            .map(|o| o.stats.cached_tokens.saturating_sub(4))
+            .sum();
+        assert_eq!(cached > 0, prefix_cache, "{label}");
+        assert_eq!(held, kept * 73 - cached, "{label}");
+        for (first, again) in [(0, 1), (2, 3)] {
+            assert!(
+                accepted[again] >= 30 && accepted[again] > accepted[first],
+                "{label}: accepted drafts {accepted:?}"
+            );
+        }
+    }
     Ok(())
 }

@@ -92,6 +92,7 @@ pub(crate) fn engine_gauges(engine: &Engine<'_>) {
     gauge!("grove_kv_total_pages").set(engine.total_pages() as f64);
     gauge!("grove_preemptions").set(engine.preemptions() as f64);
     gauge!("grove_prefix_cache_pages").set(engine.cached_pages() as f64);
+    gauge!("grove_ngram_corpus_tokens").set(engine.corpus_tokens() as f64);
     if let Some(stats) = engine.prefix_stats() {
         counter!("grove_prefix_cache_lookups_total").absolute(stats.lookups);
         counter!("grove_prefix_cache_hit_tokens_total").absolute(stats.hit_tokens);

@@ -151,6 +151,12 @@ pub(crate) fn run(
         .map_err(|e| e.to_string())?;
     let _alive = Alive::set(&status);
     status.publish(&engine);
+    if engine.corpus_capacity() > 0 {
+        tracing::info!(
+            tokens = engine.corpus_capacity(),
+            "lookup drafts also draw on finished requests' texts"
+        );
+    }
     let _ = ready.send(Ready {
         kv_tokens: engine.total_pages() * settings.options.page_size.max(1),
         verify_rows: generator.max_budget() + 1,

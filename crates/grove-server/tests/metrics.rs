@@ -26,7 +26,9 @@ fn value(page: &str, name: &str, labels: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_report_one_request_value_by_value() {
-    let server = TestServer::start(golden_served(), config("golden", 8, 4096, 8, 64));
+    let mut config = config("golden", 8, 4096, 8, 64);
+    config.engine.limits.ngram_corpus = Some(1000);
+    let server = TestServer::start(golden_served(), config);
     let (status, body) = server
         .post("/v1/completions", &greedy_body(&[1, 2, 3], 24, "ddtree"))
         .await;
@@ -63,6 +65,8 @@ async fn metrics_report_one_request_value_by_value() {
         0.0,
         "{page}"
     );
+    // The lookup corpus keeps the finished text: its prompt, its output and their end.
+    assert_eq!(metric("grove_ngram_corpus_tokens", ""), 28.0, "{page}");
     assert_eq!(metric("grove_running_requests", ""), 0.0, "{page}");
     assert_eq!(metric("grove_waiting_requests", ""), 0.0, "{page}");
     // One request that ran to its length, its tokens counted once.

@@ -4,7 +4,7 @@
 //! `cargo bench -p grove-spec`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use grove_spec::{lookup_tree, top_k_candidates, DraftTree, LookupConfig};
+use grove_spec::{lookup_tree, top_k_candidates, DraftTree, LookupConfig, NgramCorpus};
 use rand::{Rng, SeedableRng};
 
 const VOCAB: usize = 151_936;
@@ -58,11 +58,45 @@ fn lookup(c: &mut Criterion) {
         let middle = history[len / 2..len / 2 + 24].to_vec();
         history.extend(middle);
         group.bench_with_input(BenchmarkId::new("tokens", len), &history, |b, history| {
-            b.iter(|| lookup_tree(history, LookupConfig::DEFAULT, 16, 16, |_, _| true))
+            b.iter(|| lookup_tree(history, None, LookupConfig::DEFAULT, 16, 16, |_, _| true))
         });
     }
     group.finish();
 }
 
-criterion_group!(benches, candidates, tree_build, lookup);
+/// The same lookup over a 1k-token text with a full default corpus (a million tokens: 2048
+/// texts of 511 tokens from 2000 ids), and what one finished request's text costs to add. The
+/// text's last 24 tokens repeat a stretch of a corpus text, so every chain is walked.
+fn corpus(c: &mut Criterion) {
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
+    let mut group = c.benchmark_group("corpus");
+    let mut corpus = NgramCorpus::new(1 << 20, LookupConfig::DEFAULT);
+    let texts: Vec<Vec<u32>> = (0..2048)
+        .map(|_| (0..511).map(|_| rng.random_range(0..2000)).collect())
+        .collect();
+    for text in &texts {
+        corpus.insert(text);
+    }
+    let mut history: Vec<u32> = (0..1000).map(|_| rng.random_range(0..2000)).collect();
+    history.extend_from_slice(&texts[100][200..224]);
+    group.bench_function("lookup_tree_1k_tokens", |b| {
+        b.iter(|| {
+            lookup_tree(
+                &history,
+                Some(&corpus),
+                LookupConfig::DEFAULT,
+                16,
+                16,
+                |_, _| true,
+            )
+        })
+    });
+    group.bench_function("insert_511_tokens", |b| {
+        let mut next = texts.iter().cycle();
+        b.iter(|| corpus.insert(next.next().unwrap()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, candidates, tree_build, lookup, corpus);
 criterion_main!(benches);

@@ -8,6 +8,7 @@
 
 mod accept;
 mod candidates;
+mod corpus;
 mod lookup;
 mod merge;
 mod plan;
@@ -19,6 +20,7 @@ pub use accept::AcceptResult;
 pub use candidates::{
     map_to_target_ids, merge_shards, top_k_candidates, DepthCandidates, ShardCandidates,
 };
+pub use corpus::{NgramCorpus, CHAIN_STEPS, MAX_CAPACITY as MAX_CORPUS_CAPACITY};
 pub use lookup::{lookup_tree, LookupConfig, MAX_OCCURRENCES};
 pub use merge::merge_trees;
 pub use plan::{SegmentPlan, VerifyPlan};

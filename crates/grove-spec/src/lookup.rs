@@ -7,9 +7,11 @@
 //! so where the text went several ways after the same words, each way is verified at once.
 //!
 //! 1. The suffix: the longest `n` in `min_match..=max_match` for which the last `n` tokens
-//!    (ending with the anchor) occurred earlier, each occurrence ending before the anchor.
+//!    (ending with the anchor) occurred earlier, each occurrence ending before the anchor, in
+//!    the text itself or in the texts of earlier requests (an [`NgramCorpus`], when given).
 //! 2. The trie: the continuations after the [`MAX_OCCURRENCES`] most recent occurrences of
-//!    that suffix, each as deep as the tree may go; a node counts the continuations through it.
+//!    that suffix (the text's own first, then the corpus's), each as deep as the tree may go;
+//!    a node counts the continuations through it.
 //! 3. The tree: the `budget` nodes of the trie most continuations pass through (fewer depths,
 //!    then the more recent occurrence, break ties), which is a tree because a child never
 //!    counts more continuations than its parent. A node's score is the log of its share of
@@ -17,6 +19,7 @@
 
 use grove_core::TokenId;
 
+use crate::corpus::{NgramCorpus, Occurrences};
 use crate::tree::DraftTree;
 
 /// Earlier occurrences of the suffix whose continuations a tree is made of, most recent
@@ -56,12 +59,14 @@ struct TrieNode {
 }
 
 /// The draft tree of at most `budget` nodes, at most `max_depth` deep, from the earlier
-/// continuations of `history`'s longest matching suffix. `history` ends with the anchor (the
-/// tree's root). `admit(parent, token)` is asked before a trie node is made, in the order the
-/// trie grows (node `i` of that order is the `i`-th admitted, the root 0); a refused token ends
-/// that continuation there.
+/// continuations of `history`'s longest matching suffix, in `history` and in `corpus` (which
+/// matches as its own config says). `history` ends with the anchor (the tree's root).
+/// `admit(parent, token)` is asked before a trie node is made, in the order the trie grows
+/// (node `i` of that order is the `i`-th admitted, the root 0); a refused token ends that
+/// continuation there.
 pub fn lookup_tree(
     history: &[TokenId],
+    corpus: Option<&NgramCorpus>,
     config: LookupConfig,
     budget: usize,
     max_depth: usize,
@@ -73,17 +78,21 @@ pub fn lookup_tree(
     if depth_cap == 0 {
         return tree;
     }
-    let starts = continuations(history, config);
+    let mut found = occurrences(history, config);
+    if let Some(corpus) = corpus {
+        found.join(corpus.occurrences(history, depth_cap));
+    }
+    let continuations = found.continuations;
     let mut trie = vec![TrieNode {
         parent: 0,
         token: root,
         depth: 0,
-        count: starts.len(),
+        count: continuations.len(),
     }];
     let mut children: Vec<Vec<usize>> = vec![Vec::new()];
-    for &start in &starts {
+    for continuation in &continuations {
         let mut at = 0;
-        for &token in history[start..].iter().take(depth_cap) {
+        for &token in continuation.iter().take(depth_cap) {
             let found = children[at]
                 .iter()
                 .copied()
@@ -115,7 +124,7 @@ pub fn lookup_tree(
             .then(trie[a].depth.cmp(&trie[b].depth))
             .then(a.cmp(&b))
     });
-    let total = starts.len() as f64;
+    let total = continuations.len() as f64;
     let mut in_tree = vec![0; trie.len()];
     for &node in order.iter().take(budget) {
         let TrieNode {
@@ -129,15 +138,15 @@ pub fn lookup_tree(
     tree
 }
 
-/// Where the continuations of `history`'s longest matching suffix start, the most recent
-/// occurrence first (at most [`MAX_OCCURRENCES`]); empty when no suffix of `min_match` tokens
-/// occurred before.
-fn continuations(history: &[TokenId], config: LookupConfig) -> Vec<usize> {
+/// The continuations of `history`'s longest matching suffix in `history` itself, the most
+/// recent occurrence first (at most [`MAX_OCCURRENCES`]); none when no suffix of `min_match`
+/// tokens occurred before.
+fn occurrences(history: &[TokenId], config: LookupConfig) -> Occurrences<'_> {
     let len = history.len();
     let min = config.min_match.max(1);
     let max = config.max_match.max(min);
     if len < min + 1 {
-        return Vec::new();
+        return Occurrences::default();
     }
     let last = len - 1;
     let mut best = 0;
@@ -163,7 +172,10 @@ fn continuations(history: &[TokenId], config: LookupConfig) -> Vec<usize> {
             starts.push(end + 1);
         }
     }
-    starts
+    Occurrences {
+        matched: best,
+        continuations: starts.into_iter().map(|start| &history[start..]).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -183,17 +195,17 @@ mod tests {
     fn one_earlier_occurrence_drafts_what_followed_it() {
         // ... 5 6 7 8 9 ... 5 6 | anchor 6: "5 6" occurred before, followed by 7 8 9.
         let history = [1, 5, 6, 7, 8, 9, 2, 5, 6];
-        let tree = lookup_tree(&history, LookupConfig::default(), 8, 8, everything);
+        let tree = lookup_tree(&history, None, LookupConfig::default(), 8, 8, everything);
         assert_eq!(tree.tokens, vec![6, 7, 8, 9, 2, 5, 6]);
         assert_eq!(tree.parents, vec![0, 0, 1, 2, 3, 4, 5]);
         assert!(tree.scores.iter().all(|&s| s == 0.0), "{:?}", tree.scores);
         // The budget and the depth cap cut the chain.
         assert_eq!(
-            lookup_tree(&history, LookupConfig::default(), 2, 8, everything).tokens,
+            lookup_tree(&history, None, LookupConfig::default(), 2, 8, everything).tokens,
             vec![6, 7, 8]
         );
         assert_eq!(
-            lookup_tree(&history, LookupConfig::default(), 8, 1, everything).tokens,
+            lookup_tree(&history, None, LookupConfig::default(), 8, 1, everything).tokens,
             vec![6, 7]
         );
     }
@@ -205,16 +217,16 @@ mod tests {
             min_match: 2,
             max_match: 3,
         };
-        assert!(lookup_tree(&history, config, 8, 8, everything).is_empty());
+        assert!(lookup_tree(&history, None, config, 8, 8, everything).is_empty());
         let single = LookupConfig {
             min_match: 1,
             max_match: 3,
         };
         assert_eq!(
-            lookup_tree(&history, single, 8, 8, everything).tokens,
+            lookup_tree(&history, None, single, 8, 8, everything).tokens,
             vec![3, 4, 3]
         );
-        assert!(lookup_tree(&[7], single, 8, 8, everything).is_empty());
+        assert!(lookup_tree(&[7], None, single, 8, 8, everything).is_empty());
     }
 
     #[test]
@@ -226,7 +238,7 @@ mod tests {
             min_match: 2,
             max_match: 3,
         };
-        let tree = lookup_tree(&history, config, 16, 2, everything);
+        let tree = lookup_tree(&history, None, config, 16, 2, everything);
         // Most recent first on a tie: 9 (then 7) before 4 (then 0).
         assert_eq!(paths(&tree), vec![vec![9], vec![4], vec![9, 7], vec![4, 0]]);
         let half = 0.5f64.ln();
@@ -235,7 +247,7 @@ mod tests {
             min_match: 2,
             max_match: 2,
         };
-        let tree = lookup_tree(&history, shorter, 3, 3, everything);
+        let tree = lookup_tree(&history, None, shorter, 3, 3, everything);
         // Four occurrences of "1 2": 3 follows two of them, 9 and 4 one each.
         // Two-way counts first, then the shallowest of the rest, the most recent first.
         assert_eq!(paths(&tree), vec![vec![3], vec![3, 8], vec![9]]);
@@ -246,10 +258,17 @@ mod tests {
     fn a_refused_token_ends_its_continuation_and_admission_sees_trie_order() {
         let history = [1, 2, 3, 4, 5, 1, 2, 3, 6, 1, 2];
         let mut asked = Vec::new();
-        let tree = lookup_tree(&history, LookupConfig::default(), 8, 8, |parent, token| {
-            asked.push((parent, token));
-            token != 4
-        });
+        let tree = lookup_tree(
+            &history,
+            None,
+            LookupConfig::default(),
+            8,
+            8,
+            |parent, token| {
+                asked.push((parent, token));
+                token != 4
+            },
+        );
         // Most recent first: 3 6 1 2 (node 1..4), then 3 4 is refused at 4.
         assert_eq!(asked, vec![(0, 3), (1, 6), (2, 1), (3, 2), (1, 4)]);
         assert_eq!(paths(&tree)[..2], [vec![3], vec![3, 6]]);
@@ -268,7 +287,7 @@ mod tests {
             depth in 0usize..10,
         ) {
             let config = LookupConfig { min_match: min, max_match: min + extra };
-            let tree = lookup_tree(&history, config, budget, depth, everything);
+            let tree = lookup_tree(&history, None, config, budget, depth, everything);
             prop_assert!(tree.len() <= budget);
             prop_assert_eq!(tree.tokens[0], *history.last().unwrap());
             let last = history.len() - 1;

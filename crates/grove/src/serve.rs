@@ -83,6 +83,12 @@ pub struct ServeArgs {
     /// its distills, QwQ, Qwen3's thinking-only releases, whose templates open the block).
     #[arg(long, value_parser = parse_reasoning_parser)]
     pub reasoning_parser: Option<grove_server::ReasoningParser>,
+    /// Tokens of finished requests' texts (prompt and output) kept for lookup drafts to draw
+    /// on, the oldest dropped first (SGLang's flag): a request that writes what an earlier one
+    /// wrote drafts it. Default: 1048576 (about 29 MB) when requests draft by lookup (`ngram`,
+    /// or DDTree with an automatic budget and lookup in its trees), else 0 (off).
+    #[arg(long)]
+    pub speculative_ngram_capacity: Option<usize>,
 }
 
 fn parse_reasoning_parser(name: &str) -> Result<grove_server::ReasoningParser, String> {
@@ -137,6 +143,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     prefix_cache: !args.disable_radix_cache,
                     prefill_step: (args.prefill_step_ms > 0)
                         .then(|| std::time::Duration::from_millis(args.prefill_step_ms)),
+                    ngram_corpus: args.speculative_ngram_capacity,
                 },
                 max_queued: args.max_queued_requests,
                 threads,

@@ -296,3 +296,50 @@ fn two_replicas_serve_behind_sglang_router_and_fail_over() {
     phase(&["failover", &router_url]);
     drop((router, first));
 }
+
+/// The lookup corpus (`--speculative-ngram-capacity`): kept by default where requests draft by
+/// lookup, not on a plain server, off with 0, and a capacity past its limit is refused by name.
+#[test]
+fn the_lookup_corpus_follows_its_flag() {
+    let body = r#"{"model": "grove-default", "prompt": "def fib(n):", "max_tokens": 12}"#;
+    for (args, kept) in [
+        (&["--speculative-algorithm", "ngram"][..], true),
+        (
+            &[
+                "--speculative-algorithm",
+                "ngram",
+                "--speculative-ngram-capacity",
+                "0",
+            ][..],
+            false,
+        ),
+        (&["--speculative-ngram-capacity", "100"][..], true),
+        (&[][..], false),
+    ] {
+        let (_server, url) = start(args);
+        let response = http(&url, "/v1/completions", None, Some(body));
+        assert!(response.starts_with("HTTP/1.0 200"), "{args:?}: {response}");
+        // The gauges are written after the step that finished the request.
+        let mut tokens = 0.0;
+        for _ in 0..200 {
+            let page = http(&url, "/metrics", None, None);
+            tokens = page
+                .lines()
+                .find_map(|l| l.strip_prefix("grove_ngram_corpus_tokens "))
+                .map_or(0.0, |v| v.trim().parse().unwrap());
+            if tokens > 0.0 || !kept {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(tokens > 0.0, kept, "{args:?}: {tokens} tokens kept");
+    }
+    let refused = Command::new(env!("CARGO_BIN_EXE_grove"))
+        .args(["serve", "--port", "0", "--speculative-algorithm", "ngram"])
+        .args(["--speculative-ngram-capacity", "4294967296"])
+        .output()
+        .expect("running grove serve");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("speculative_ngram_capacity"), "{stderr}");
+}

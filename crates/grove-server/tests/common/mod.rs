@@ -90,6 +90,7 @@ pub fn config(
                 max_running,
                 prefix_cache: true,
                 prefill_step: None,
+                ngram_corpus: None,
             },
             max_queued,
             threads: 1,

@@ -109,6 +109,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     // Every method is sent the same prompts: a cache would prefill them for the
                     // first method only.
                     prefix_cache: false,
+                    // Nor may a method draft from the answers an earlier one wrote.
+                    ngram_corpus: Some(0),
                     prefill_step: None,
                 },
                 max_queued: 4 * max_concurrency,
