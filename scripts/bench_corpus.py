@@ -66,6 +66,30 @@ def ask(url, prompt):
     return answer["text"], speed, usage["speculative"]["mean_accept_length"]
 
 
+def sitting(model, methods, extra, repetitions, tasks):
+    """Per repetition, a fresh server per method (`methods`: name -> flags) for
+    `tasks(url)`, which yields (task, text, tokens/s, tau) per measured chat. Returns
+    `results[(task, method)]`, a list of (tokens/s, tau); exits if a text differs from plain
+    decoding's (method `none`)."""
+    results = {}
+    texts = {}
+    for _ in range(repetitions):
+        for method, flags in methods.items():
+            server, url = start_server(model, flags, extra)
+            try:
+                for task, text, speed, tau in tasks(url):
+                    texts.setdefault(task, {})[method] = text
+                    results.setdefault((task, method), []).append((speed, tau))
+            finally:
+                server.terminate()
+                server.wait()
+        for task, by_method in texts.items():
+            for method, text in by_method.items():
+                if text != by_method["none"]:
+                    sys.exit(f"{task}: {method}'s text differs from plain decoding's")
+    return results
+
+
 def main():
     model, repetitions, drafter, extra = parse_args(sys.argv[1:])
     ngram = ["--speculative-algorithm", "ngram"]
@@ -78,25 +102,13 @@ def main():
         ddtree = ["--speculative-algorithm", "ddtree", "--speculative-draft-model-path", drafter]
         methods["ddtree"] = [*ddtree, "--speculative-ngram-capacity", "0"]
         methods["ddtree+corpus"] = ddtree
-    results = {}
-    texts = {}
-    for _ in range(repetitions):
-        for method, flags in methods.items():
-            server, url = start_server(model, flags, extra)
-            try:
-                for task, (first, measured) in TASKS.items():
-                    ask(url, first)
-                    text, speed, tau = ask(url, measured)
-                    texts.setdefault(task, {})[method] = text
-                    results.setdefault((task, method), []).append((speed, tau))
-            finally:
-                server.terminate()
-                server.wait()
-        for task, by_method in texts.items():
-            for method, text in by_method.items():
-                if text != by_method["none"]:
-                    sys.exit(f"{task}: {method}'s text differs from plain decoding's")
-    report(results, TASKS, methods)
+
+    def pairs(url):
+        for task, (first, measured) in TASKS.items():
+            ask(url, first)
+            yield (task, *ask(url, measured))
+
+    report(sitting(model, methods, extra, repetitions, pairs), TASKS, methods)
 
 
 if __name__ == "__main__":

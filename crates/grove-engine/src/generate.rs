@@ -167,6 +167,7 @@ impl<'a> Generator<'a> {
             prefix_cache: false,
             prefill_step: None,
             ngram_corpus: Some(0),
+            external_corpus: None,
         };
         let mut engine = self.engine(limits)?;
         for request in requests {

@@ -29,7 +29,7 @@ pub use budget::{AutoBudgetReport, BudgetTracePoint, CostCell};
 pub use detokenizer::Detokenizer;
 pub use drafter::{DraftBlock, Drafter};
 pub use generate::Generator;
-pub use grove_spec::LookupConfig;
+pub use grove_spec::{LookupConfig, NgramCorpus};
 pub use logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 pub use penalties::{LogitAdjustments, MAX_LOGIT_BIAS, MAX_PENALTY};
 pub use request::{

@@ -206,6 +206,7 @@ impl<'a> RoundRunner<'a> {
             pool,
             draft_pool,
             corpus: None,
+            external_corpus: None,
         })
     }
 
@@ -437,12 +438,12 @@ impl<'a> RoundRunner<'a> {
 
         let start = Instant::now();
         let lookup = self.lookup_config();
-        let corpus = pools.corpus.as_ref();
+        let corpora = pools.corpora();
         let mut trees: Vec<DraftTree> = batch
             .iter()
             .zip(&candidates)
             .map(|(sequence, candidates)| match sequence.method {
-                Method::Lookup { budget } => sequence.lookup_tree(lookup, budget, corpus),
+                Method::Lookup { budget } => sequence.lookup_tree(lookup, budget, &corpora),
                 _ => sequence.draft_tree(candidates),
             })
             .collect();
@@ -452,7 +453,7 @@ impl<'a> RoundRunner<'a> {
             .iter()
             .map(|s| {
                 self.merges_lookup(s.method, s.auto)
-                    .then(|| s.lookup_tree(lookup, s.method.budget(), corpus))
+                    .then(|| s.lookup_tree(lookup, s.method.budget(), &corpora))
             })
             .collect();
         let (gains, sources) =

@@ -70,6 +70,10 @@ pub struct EngineLimits {
     /// `--speculative-ngram-capacity`; 0: lookups read only the request's own text). `None`:
     /// [`DEFAULT_NGRAM_CORPUS`] when requests that do not choose draft by lookup, else 0.
     pub ngram_corpus: Option<usize>,
+    /// Texts the server was given to draft from (SGLang's
+    /// `--speculative-ngram-external-corpus-path`), never dropped; it must match as the
+    /// engine's lookups do.
+    pub external_corpus: Option<Arc<NgramCorpus>>,
 }
 
 /// The corpus a server keeps when it drafts by lookup and its flags do not say: a million
@@ -113,10 +117,22 @@ impl<'a> Engine<'a> {
             }
             .into());
         }
+        let lookup = runner.lookup_config();
+        if let Some(external) = &limits.external_corpus {
+            if external.config() != lookup {
+                return Err(ValidationError::OutOfRange {
+                    field: "speculative_ngram_external_corpus_path",
+                    limit: "a corpus indexed for the engine's ngram match lengths",
+                    value: format!("{:?} against {lookup:?}", external.config()),
+                }
+                .into());
+            }
+        }
         let mut pools = runner.pools(pages, limits.max_running.max(1), limits.prefix_cache)?;
         if corpus > 0 {
-            pools.corpus = Some(NgramCorpus::new(corpus, runner.lookup_config()));
+            pools.corpus = Some(NgramCorpus::new(corpus, lookup));
         }
+        pools.external_corpus = limits.external_corpus.clone();
         Ok(Self {
             runner,
             limits,

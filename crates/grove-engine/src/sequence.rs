@@ -33,9 +33,19 @@ pub(crate) struct Pools {
     pub prefix: Option<PrefixCache>,
     /// Finished requests' texts, for lookup drafts (`None`: lookups read their own text).
     pub corpus: Option<NgramCorpus>,
+    /// Texts the server was given to draft from.
+    pub external_corpus: Option<Arc<NgramCorpus>>,
 }
 
 impl Pools {
+    /// Where lookups look besides the text itself: earlier requests' texts, then the given.
+    pub fn corpora(&self) -> Vec<&NgramCorpus> {
+        self.corpus
+            .iter()
+            .chain(self.external_corpus.as_deref())
+            .collect()
+    }
+
     /// Whether a sequence running `method` keeps the drafter's context: when it drafts, and
     /// in a speculative engine with a prefix cache even when it does not, so that its cached
     /// prompt serves later requests that draft.
@@ -249,14 +259,14 @@ impl<'r> Sequence<'r> {
     }
 
     /// The round's lookup draft: a tree of at most `budget` nodes from what followed earlier
-    /// occurrences of the text's last tokens (in its prompt and output, and in `corpus`), no
+    /// occurrences of the text's last tokens (in its prompt and output, and in `corpora`), no
     /// deeper than the tokens it may still emit, and under a schema only of drafts the schema
     /// allows (as `draft_tree`).
     pub fn lookup_tree(
         &self,
         config: LookupConfig,
         budget: usize,
-        corpus: Option<&NgramCorpus>,
+        corpora: &[&NgramCorpus],
     ) -> DraftTree {
         let mut history = self.committed_tokens();
         history.push(self.anchor);
@@ -264,9 +274,9 @@ impl<'r> Sequence<'r> {
         match (&self.request.grammar, &self.grammar_state) {
             (Some(grammar), Some(state)) => {
                 let admit = grammar.admission(state, &self.request.stop.stop_token_ids);
-                lookup_tree(&history, corpus, config, budget, depth, admit)
+                lookup_tree(&history, corpora, config, budget, depth, admit)
             }
-            _ => lookup_tree(&history, corpus, config, budget, depth, |_, _| true),
+            _ => lookup_tree(&history, corpora, config, budget, depth, |_, _| true),
         }
     }
 

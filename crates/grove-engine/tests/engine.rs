@@ -114,6 +114,7 @@ fn late_arrivals_and_a_small_pool_with_preemption_change_no_output() -> Result<(
                     prefix_cache,
                     prefill_step,
                     ngram_corpus: None,
+                    external_corpus: None,
                 })?;
                 let outputs = drive(&mut engine, &requests, &arrivals)?;
                 let label = format!(
@@ -177,6 +178,7 @@ fn a_long_prompt_prefills_between_the_rounds_of_a_running_request() -> Result<()
             prefix_cache: false,
             prefill_step,
             ngram_corpus: None,
+            external_corpus: None,
         })?;
         let short = engine.submit(requests[0].clone())?;
         engine.step()?;
@@ -239,6 +241,7 @@ fn cancelling_returns_pages_and_the_others_finish_exactly() -> Result<()> {
         prefix_cache: true,
         prefill_step: None,
         ngram_corpus: None,
+        external_corpus: None,
     })?;
     let ids: Vec<u64> = requests
         .iter()
@@ -283,6 +286,7 @@ fn a_request_larger_than_the_pool_is_refused_naming_the_limit() -> Result<()> {
         prefix_cache: true,
         prefill_step: None,
         ngram_corpus: None,
+        external_corpus: None,
     })?;
     let error = engine
         .submit(greedy(&[1, 2, 3], 100))

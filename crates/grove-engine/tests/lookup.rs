@@ -5,12 +5,15 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use anyhow::Result;
 use common::*;
 use grove_core::{SamplingParams, TokenId};
 use grove_engine::{
     Budget, Engine, EngineEvent, EngineLimits, GenerateOutput, GenerateRequest, Generator,
-    GeneratorOptions, LookupConfig, SpecAlgorithm, SpeculationOverride, SpeculationSettings,
+    GeneratorOptions, LookupConfig, NgramCorpus, SpecAlgorithm, SpeculationOverride,
+    SpeculationSettings,
 };
 use grove_model::Decoder;
 use rand::{Rng, SeedableRng};
@@ -315,6 +318,7 @@ fn a_request_drafts_what_an_earlier_one_wrote() -> Result<()> {
         prefix_cache,
         prefill_step: None,
         ngram_corpus,
+        external_corpus: None,
     };
     let lookup = lookup_engine(&target, Budget::Fixed(8), LookupConfig::DEFAULT)?;
     // DDTree with lookup in its trees keeps one by default; fixed budgets never merge.
@@ -367,5 +371,65 @@ fn a_request_drafts_what_an_earlier_one_wrote() -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Texts an engine is given (`external_corpus`) are drafted from like earlier requests':
+/// a request that writes one of them accepts nearly every draft, its output still plain
+/// decoding's; a corpus indexed for other match lengths is refused by name.
+#[test]
+fn a_request_drafts_from_the_texts_the_engine_was_given() -> Result<()> {
+    let (target, _) = golden_pair()?;
+    let plain = Generator::new(&target, None, GeneratorOptions::default());
+    let prompt: Vec<TokenId> = (0..24).map(|i| 29 + 41 * i).collect();
+    let request = greedy(&prompt, 48);
+    let reference = plain.generate(&request, |_| {})?;
+    let mut text = prompt.clone();
+    text.extend(&reference.token_ids);
+    let limits = |external_corpus| EngineLimits {
+        max_total_tokens: 512,
+        max_running: 2,
+        prefix_cache: false,
+        prefill_step: None,
+        ngram_corpus: Some(0),
+        external_corpus,
+    };
+    let lookup = lookup_engine(&target, Budget::Fixed(8), LookupConfig::DEFAULT)?;
+    let mut accepted = Vec::new();
+    for external in [
+        None,
+        Some(NgramCorpus::of_texts(
+            &[text.clone()],
+            LookupConfig::DEFAULT,
+        )),
+    ] {
+        let mut engine = lookup.engine(limits(external.map(Arc::new)))?;
+        let outputs = one_by_one(&mut engine, std::slice::from_ref(&request))?;
+        accepted.push(assert_plain(
+            &outputs,
+            std::slice::from_ref(&reference),
+            SpecAlgorithm::Ngram,
+            "given",
+        ));
+    }
+    assert!(
+        accepted[1] >= 30 && accepted[1] > accepted[0],
+        "{accepted:?}"
+    );
+    let other = LookupConfig {
+        min_match: 1,
+        max_match: 3,
+    };
+    let mismatched = Arc::new(NgramCorpus::of_texts(&[text], other));
+    let error = lookup
+        .engine(limits(Some(mismatched)))
+        .err()
+        .expect("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("speculative_ngram_external_corpus_path"),
+        "{error}"
+    );
     Ok(())
 }

@@ -90,6 +90,7 @@ fn cached_run<'a>(
         prefix_cache: true,
         prefill_step: None,
         ngram_corpus: None,
+        external_corpus: None,
     })?;
     let outputs = drive(&mut engine, requests, arrivals, &vec![None; requests.len()])?;
     Ok((engine, outputs))
@@ -160,6 +161,7 @@ fn a_follow_up_turn_reuses_the_answer_it_contains() -> Result<()> {
                 prefix_cache: true,
                 prefill_step: None,
                 ngram_corpus: None,
+                external_corpus: None,
             })?;
             let first = greedy(&(1..30).collect::<Vec<TokenId>>(), 24);
             let answer = drive(&mut engine, std::slice::from_ref(&first), &[0], &[None])?
@@ -249,7 +251,7 @@ proptest! {
         let mut outputs = Vec::new();
         for prefix_cache in [false, true] {
             let mut engine = generator
-                .engine(EngineLimits { max_total_tokens: pool, max_running: 3, prefix_cache, prefill_step: None, ngram_corpus: None })
+                .engine(EngineLimits { max_total_tokens: pool, max_running: 3, prefix_cache, prefill_step: None, ngram_corpus: None, external_corpus: None })
                 .unwrap();
             outputs.push(drive(&mut engine, &requests, &arrivals, &cancels).unwrap());
             assert_pages_return(&mut engine, name);

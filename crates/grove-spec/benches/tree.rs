@@ -58,7 +58,7 @@ fn lookup(c: &mut Criterion) {
         let middle = history[len / 2..len / 2 + 24].to_vec();
         history.extend(middle);
         group.bench_with_input(BenchmarkId::new("tokens", len), &history, |b, history| {
-            b.iter(|| lookup_tree(history, None, LookupConfig::DEFAULT, 16, 16, |_, _| true))
+            b.iter(|| lookup_tree(history, &[], LookupConfig::DEFAULT, 16, 16, |_, _| true))
         });
     }
     group.finish();
@@ -83,7 +83,7 @@ fn corpus(c: &mut Criterion) {
         b.iter(|| {
             lookup_tree(
                 &history,
-                Some(&corpus),
+                &[&corpus],
                 LookupConfig::DEFAULT,
                 16,
                 16,

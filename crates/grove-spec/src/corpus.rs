@@ -2,7 +2,9 @@
 //! earlier one wrote (the same question asked again, a regenerated answer, a file an agent
 //! rewrites every turn, the boilerplate of a code base), and its own text cannot predict that.
 //! SGLang's `NGRAM` speculation keeps such a corpus across requests
-//! (`--speculative-ngram-capacity`); this one is kept per engine, bounded in tokens.
+//! (`--speculative-ngram-capacity`); this one is kept per engine, bounded in tokens. A server
+//! may also be given texts to draft from ([`NgramCorpus::of_texts`]: SGLang's external
+//! corpus), a second corpus that keeps them all.
 //!
 //! Finished requests' texts (prompt and output) are appended to one buffer, each ended by a
 //! token no vocabulary has, and the oldest texts leave when it would pass its capacity. The
@@ -29,7 +31,7 @@ pub const CHAIN_STEPS: usize = 256;
 pub const MAX_CAPACITY: usize = 1 << 31;
 
 /// Earlier requests' texts, indexed by their `n`-grams (see the module's comment).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NgramCorpus {
     capacity: usize,
     config: LookupConfig,
@@ -74,7 +76,30 @@ impl<'a> Occurrences<'a> {
     }
 }
 
+impl std::fmt::Debug for NgramCorpus {
+    /// Its size, not its millions of tokens.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NgramCorpus")
+            .field("tokens", &self.tokens.len())
+            .field("texts", &self.ends.len())
+            .field("capacity", &self.capacity)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
 impl NgramCorpus {
+    /// A corpus of exactly `texts` (none is dropped), matching as `config` says: text a
+    /// server is given to draft from (its code base, its documents).
+    pub fn of_texts(texts: &[Vec<TokenId>], config: LookupConfig) -> Self {
+        let capacity: usize = texts.iter().map(|text| text.len() + 1).sum();
+        let mut corpus = Self::new(capacity.max(3), config);
+        for text in texts {
+            corpus.insert(text);
+        }
+        corpus
+    }
+
     /// An empty corpus of at most `capacity` tokens (texts and their ends), matching as
     /// `config` says.
     pub fn new(capacity: usize, config: LookupConfig) -> Self {
@@ -308,18 +333,38 @@ mod tests {
         let everything = |_: usize, _: TokenId| true;
         // The text's own "2 3" matched too, but the corpus's "1 2 3" is longer.
         let history = [2, 3, 9, 1, 2, 3];
-        let tree = lookup_tree(&history, Some(&corpus), DEFAULT, 8, 8, everything);
+        let tree = lookup_tree(&history, &[&corpus], DEFAULT, 8, 8, everything);
         assert_eq!(tree.tokens, vec![3, 4, 5]);
-        let own = lookup_tree(&history, None, DEFAULT, 8, 8, everything);
+        let own = lookup_tree(&history, &[], DEFAULT, 8, 8, everything);
         assert_eq!(own.tokens, vec![3, 9, 1, 2, 3]);
         // A tie: the text's continuation, then the corpus's, share the trie.
         let history = [7, 3, 6, 0, 7, 3];
         let mut corpus = NgramCorpus::new(1000, DEFAULT);
         corpus.insert(&[7, 3, 6, 5]);
         corpus.insert(&[7, 3, 8]);
-        let tree = lookup_tree(&history, Some(&corpus), DEFAULT, 8, 1, everything);
+        let tree = lookup_tree(&history, &[&corpus], DEFAULT, 8, 1, everything);
         assert_eq!(tree.tokens, vec![3, 6, 8]);
         assert_eq!(tree.scores[1], (2.0f64 / 3.0).ln());
+    }
+
+    #[test]
+    fn a_corpus_of_given_texts_keeps_them_all_and_lookups_join_every_corpus() {
+        let texts = vec![vec![1, 2, 3], vec![4, 5, 6, 7], vec![8]];
+        let given = NgramCorpus::of_texts(&texts, DEFAULT);
+        // Nothing dropped; the one-token text continues nothing and is not kept.
+        assert_eq!((given.len(), given.texts(), given.capacity()), (9, 2, 11));
+        // Debug prints its size, not its tokens.
+        assert!(format!("{given:?}").contains("tokens: 9"), "{given:?}");
+        let mut earlier = NgramCorpus::new(100, DEFAULT);
+        earlier.insert(&[4, 5, 9]);
+        let everything = |_: usize, _: TokenId| true;
+        let history = [0, 4, 5];
+        // Both corpora matched "4 5": the first given corpus's continuation comes first.
+        let both = lookup_tree(&history, &[&earlier, &given], DEFAULT, 8, 8, everything);
+        assert_eq!(both.tokens, vec![5, 9, 6, 7]);
+        assert_eq!(both.parents, vec![0, 0, 0, 2]);
+        let given_only = lookup_tree(&history, &[&given], DEFAULT, 8, 8, everything);
+        assert_eq!(given_only.tokens, vec![5, 6, 7]);
     }
 
     /// What a lookup finds, by brute force over the texts the corpus still holds.

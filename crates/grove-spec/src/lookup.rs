@@ -8,7 +8,8 @@
 //!
 //! 1. The suffix: the longest `n` in `min_match..=max_match` for which the last `n` tokens
 //!    (ending with the anchor) occurred earlier, each occurrence ending before the anchor, in
-//!    the text itself or in the texts of earlier requests (an [`NgramCorpus`], when given).
+//!    the text itself or in other texts (each [`NgramCorpus`] given: earlier requests', a
+//!    server's documents).
 //! 2. The trie: the continuations after the [`MAX_OCCURRENCES`] most recent occurrences of
 //!    that suffix (the text's own first, then the corpus's), each as deep as the tree may go;
 //!    a node counts the continuations through it.
@@ -59,14 +60,15 @@ struct TrieNode {
 }
 
 /// The draft tree of at most `budget` nodes, at most `max_depth` deep, from the earlier
-/// continuations of `history`'s longest matching suffix, in `history` and in `corpus` (which
-/// matches as its own config says). `history` ends with the anchor (the tree's root).
+/// continuations of `history`'s longest matching suffix, in `history` and in each of
+/// `corpora` in turn (each matches as its own config says). `history` ends with the anchor
+/// (the tree's root).
 /// `admit(parent, token)` is asked before a trie node is made, in the order the trie grows
 /// (node `i` of that order is the `i`-th admitted, the root 0); a refused token ends that
 /// continuation there.
 pub fn lookup_tree(
     history: &[TokenId],
-    corpus: Option<&NgramCorpus>,
+    corpora: &[&NgramCorpus],
     config: LookupConfig,
     budget: usize,
     max_depth: usize,
@@ -79,7 +81,7 @@ pub fn lookup_tree(
         return tree;
     }
     let mut found = occurrences(history, config);
-    if let Some(corpus) = corpus {
+    for corpus in corpora {
         found.join(corpus.occurrences(history, depth_cap));
     }
     let continuations = found.continuations;
@@ -195,17 +197,17 @@ mod tests {
     fn one_earlier_occurrence_drafts_what_followed_it() {
         // ... 5 6 7 8 9 ... 5 6 | anchor 6: "5 6" occurred before, followed by 7 8 9.
         let history = [1, 5, 6, 7, 8, 9, 2, 5, 6];
-        let tree = lookup_tree(&history, None, LookupConfig::default(), 8, 8, everything);
+        let tree = lookup_tree(&history, &[], LookupConfig::default(), 8, 8, everything);
         assert_eq!(tree.tokens, vec![6, 7, 8, 9, 2, 5, 6]);
         assert_eq!(tree.parents, vec![0, 0, 1, 2, 3, 4, 5]);
         assert!(tree.scores.iter().all(|&s| s == 0.0), "{:?}", tree.scores);
         // The budget and the depth cap cut the chain.
         assert_eq!(
-            lookup_tree(&history, None, LookupConfig::default(), 2, 8, everything).tokens,
+            lookup_tree(&history, &[], LookupConfig::default(), 2, 8, everything).tokens,
             vec![6, 7, 8]
         );
         assert_eq!(
-            lookup_tree(&history, None, LookupConfig::default(), 8, 1, everything).tokens,
+            lookup_tree(&history, &[], LookupConfig::default(), 8, 1, everything).tokens,
             vec![6, 7]
         );
     }
@@ -217,16 +219,16 @@ mod tests {
             min_match: 2,
             max_match: 3,
         };
-        assert!(lookup_tree(&history, None, config, 8, 8, everything).is_empty());
+        assert!(lookup_tree(&history, &[], config, 8, 8, everything).is_empty());
         let single = LookupConfig {
             min_match: 1,
             max_match: 3,
         };
         assert_eq!(
-            lookup_tree(&history, None, single, 8, 8, everything).tokens,
+            lookup_tree(&history, &[], single, 8, 8, everything).tokens,
             vec![3, 4, 3]
         );
-        assert!(lookup_tree(&[7], None, single, 8, 8, everything).is_empty());
+        assert!(lookup_tree(&[7], &[], single, 8, 8, everything).is_empty());
     }
 
     #[test]
@@ -238,7 +240,7 @@ mod tests {
             min_match: 2,
             max_match: 3,
         };
-        let tree = lookup_tree(&history, None, config, 16, 2, everything);
+        let tree = lookup_tree(&history, &[], config, 16, 2, everything);
         // Most recent first on a tie: 9 (then 7) before 4 (then 0).
         assert_eq!(paths(&tree), vec![vec![9], vec![4], vec![9, 7], vec![4, 0]]);
         let half = 0.5f64.ln();
@@ -247,7 +249,7 @@ mod tests {
             min_match: 2,
             max_match: 2,
         };
-        let tree = lookup_tree(&history, None, shorter, 3, 3, everything);
+        let tree = lookup_tree(&history, &[], shorter, 3, 3, everything);
         // Four occurrences of "1 2": 3 follows two of them, 9 and 4 one each.
         // Two-way counts first, then the shallowest of the rest, the most recent first.
         assert_eq!(paths(&tree), vec![vec![3], vec![3, 8], vec![9]]);
@@ -260,7 +262,7 @@ mod tests {
         let mut asked = Vec::new();
         let tree = lookup_tree(
             &history,
-            None,
+            &[],
             LookupConfig::default(),
             8,
             8,
@@ -287,7 +289,7 @@ mod tests {
             depth in 0usize..10,
         ) {
             let config = LookupConfig { min_match: min, max_match: min + extra };
-            let tree = lookup_tree(&history, None, config, budget, depth, everything);
+            let tree = lookup_tree(&history, &[], config, budget, depth, everything);
             prop_assert!(tree.len() <= budget);
             prop_assert_eq!(tree.tokens[0], *history.last().unwrap());
             let last = history.len() - 1;

@@ -166,7 +166,7 @@ mod tests {
                 })
                 .collect();
             let a = DraftTree::build(root, &candidates, budget);
-            let b = lookup_tree(&history, None, LookupConfig { min_match: 1, max_match: 3 }, budget, 6, |_, _| true);
+            let b = lookup_tree(&history, &[], LookupConfig { min_match: 1, max_match: 3 }, budget, 6, |_, _| true);
             let (gains_a, gains_b) = (gains(&a, &mut rng), gains(&b, &mut rng));
             let (merged, gains) = merge_trees(&a, &gains_a, &b, &gains_b);
             let mut expected: Vec<(Vec<TokenId>, f64)> = Vec::new();

@@ -7,6 +7,7 @@
 
 mod amx;
 mod bench;
+mod corpus;
 mod generate;
 mod loading;
 mod serve;

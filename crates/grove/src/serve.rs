@@ -89,6 +89,14 @@ pub struct ServeArgs {
     /// or DDTree with an automatic budget and lookup in its trees), else 0 (off).
     #[arg(long)]
     pub speculative_ngram_capacity: Option<usize>,
+    /// Texts lookup drafts also draw on, kept whole (SGLang's flag): a JSON Lines file whose
+    /// every line is a JSON string or an object with a `text` string (a code base's files,
+    /// documents answers quote). Tokenized once, at start.
+    #[arg(long)]
+    pub speculative_ngram_external_corpus_path: Option<std::path::PathBuf>,
+    /// The most tokens the external corpus may hold; a larger file is refused at start.
+    #[arg(long, default_value_t = crate::corpus::DEFAULT_MAX_TOKENS)]
+    pub speculative_ngram_external_corpus_max_tokens: usize,
 }
 
 fn parse_reasoning_parser(name: &str) -> Result<grove_server::ReasoningParser, String> {
@@ -101,6 +109,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let drafter_path = args.spec.drafter_path(&loaded)?;
     let drafter = match &drafter_path {
         Some(path) => Some(args.spec.load_drafter_from(&loaded, path)?),
+        None => None,
+    };
+    let external_corpus = match &args.speculative_ngram_external_corpus_path {
+        Some(path) => {
+            let corpus = crate::corpus::load(
+                path,
+                args.speculative_ngram_external_corpus_max_tokens,
+                loaded.tokenizer.as_ref(),
+                args.spec.settings().lookup,
+            )?;
+            eprintln!(
+                "grove serve: ngram corpus {}: {} texts, {} tokens",
+                path.display(),
+                corpus.texts(),
+                corpus.len() - corpus.texts()
+            );
+            Some(std::sync::Arc::new(corpus))
+        }
         None => None,
     };
     let stop_token_ids = loaded.stop_token_ids()?;
@@ -144,6 +170,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     prefill_step: (args.prefill_step_ms > 0)
                         .then(|| std::time::Duration::from_millis(args.prefill_step_ms)),
                     ngram_corpus: args.speculative_ngram_capacity,
+                    external_corpus,
                 },
                 max_queued: args.max_queued_requests,
                 threads,

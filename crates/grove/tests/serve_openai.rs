@@ -343,3 +343,69 @@ fn the_lookup_corpus_follows_its_flag() {
     assert!(!refused.status.success());
     assert!(stderr.contains("speculative_ngram_capacity"), "{stderr}");
 }
+
+/// `--speculative-ngram-external-corpus-path`: a completion that the file's text holds drafts
+/// from it (same text, more tokens a round); a line that is not a text, and a file past
+/// `--speculative-ngram-external-corpus-max-tokens`, are refused at start by name.
+#[test]
+fn an_external_corpus_is_drafted_from_and_checked_at_start() {
+    let prompt = "def fib(n):";
+    let body = format!(
+        r#"{{"model": "grove-default", "prompt": "{prompt}", "max_tokens": 48, "temperature": 0}}"#
+    );
+    let ngram = [
+        "--speculative-algorithm",
+        "ngram",
+        "--speculative-ngram-capacity",
+        "0",
+    ];
+    let complete = |args: &[&str]| {
+        let (_server, url) = start(args);
+        let response = http(&url, "/v1/completions", None, Some(&body));
+        let json: serde_json::Value =
+            serde_json::from_str(response.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        let text = json["choices"][0]["text"].as_str().unwrap().to_owned();
+        let tau = json["usage"]["speculative"]["mean_accept_length"]
+            .as_f64()
+            .unwrap();
+        (text, tau)
+    };
+    let (text, tau) = complete(&ngram);
+    let dir = std::env::temp_dir().join(format!("grove-corpus-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("corpus.jsonl");
+    let line = serde_json::to_string(&format!("{prompt}{text}")).unwrap();
+    std::fs::write(&path, format!("{line}\n{{\"text\": \"x = 1\"}}\n")).unwrap();
+    let path_arg = path.to_str().unwrap();
+    let corpus = ["--speculative-ngram-external-corpus-path", path_arg];
+    let (again, tau_again) = complete(&[&ngram[..], &corpus[..]].concat());
+    assert_eq!(again, text);
+    assert!(
+        tau_again > tau + 1.0,
+        "tau {tau} without the corpus, {tau_again} with"
+    );
+    let refused = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_grove"))
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .output()
+            .expect("running grove serve");
+        assert!(!output.status.success());
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let stderr = refused(
+        &[
+            &corpus[..],
+            &["--speculative-ngram-external-corpus-max-tokens", "3"],
+        ]
+        .concat(),
+    );
+    assert!(
+        stderr.contains("--speculative-ngram-external-corpus-max-tokens (3)"),
+        "{stderr}"
+    );
+    std::fs::write(&path, "\"fine\"\n[1, 2]\n").unwrap();
+    let stderr = refused(&corpus);
+    assert!(stderr.contains("line 2"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

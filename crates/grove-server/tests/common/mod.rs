@@ -91,6 +91,7 @@ pub fn config(
                 prefix_cache: true,
                 prefill_step: None,
                 ngram_corpus: None,
+                external_corpus: None,
             },
             max_queued,
             threads: 1,

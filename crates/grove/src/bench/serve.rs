@@ -111,6 +111,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     prefix_cache: false,
                     // Nor may a method draft from the answers an earlier one wrote.
                     ngram_corpus: Some(0),
+                    external_corpus: None,
                     prefill_step: None,
                 },
                 max_queued: 4 * max_concurrency,
