@@ -121,6 +121,7 @@ pub fn start(served: ServedModel, config: ServerConfig) -> Result<Server, String
         page_size: config.engine.options.page_size,
         chunked_prefill_size: config.engine.options.prefill_chunk,
         prefix_cache: config.engine.limits.prefix_cache,
+        ngram_capacity: engine.corpus_capacity,
     };
     let state = Arc::new(routes::Shared {
         worker,

@@ -38,6 +38,8 @@ pub(crate) struct WorkerFacts {
     pub page_size: usize,
     pub chunked_prefill_size: usize,
     pub prefix_cache: bool,
+    /// Tokens of finished requests' texts kept for lookup drafts (0: none).
+    pub ngram_capacity: usize,
 }
 
 /// What every handler shares.
@@ -422,6 +424,7 @@ async fn server_info(State(state): State<AppState>, headers: HeaderMap) -> Respo
         "page_size": worker.page_size,
         "chunked_prefill_size": worker.chunked_prefill_size,
         "disable_radix_cache": !worker.prefix_cache,
+        "speculative_ngram_capacity": worker.ngram_capacity,
         "speculative_algorithm": state.default_algorithm,
         "speculative_draft_model_path": worker.drafter_path,
         // The default budget: chosen each round, or the ceiling (draft nodes per round).

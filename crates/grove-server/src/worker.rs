@@ -128,6 +128,8 @@ pub(crate) struct Ready {
     pub default_algorithm: SpecAlgorithm,
     /// Requests that do not choose get a budget chosen each round.
     pub auto_budget: bool,
+    /// Tokens the lookup corpus of finished requests' texts may hold (0: none).
+    pub corpus_capacity: usize,
 }
 
 /// Builds the generator and engine over `served`, reports `Ready`, and runs the step loop
@@ -162,6 +164,7 @@ pub(crate) fn run(
         verify_rows: generator.max_budget() + 1,
         default_algorithm: generator.default_algorithm(),
         auto_budget: generator.auto_budget(),
+        corpus_capacity: engine.corpus_capacity(),
     });
     drop(ready);
     let mut clients: HashMap<RequestId, Client> = HashMap::new();

@@ -295,6 +295,10 @@ async fn worker_metadata_answers_what_the_gateway_asks() {
         assert_eq!(info["max_total_tokens"], 2048);
         assert_eq!(info["speculative_algorithm"], "ddtree");
         assert_eq!(info["speculative_budget"], 4, "a fixed budget: the ceiling");
+        assert_eq!(
+            info["speculative_ngram_capacity"], 0,
+            "fixed DDTree: no corpus"
+        );
         assert!(info["version"].as_str().unwrap().starts_with("grove "));
     }
     for path in ["/model_info", "/get_model_info"] {

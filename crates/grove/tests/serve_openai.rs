@@ -302,8 +302,8 @@ fn two_replicas_serve_behind_sglang_router_and_fail_over() {
 #[test]
 fn the_lookup_corpus_follows_its_flag() {
     let body = r#"{"model": "grove-default", "prompt": "def fib(n):", "max_tokens": 12}"#;
-    for (args, kept) in [
-        (&["--speculative-algorithm", "ngram"][..], true),
+    for (args, capacity) in [
+        (&["--speculative-algorithm", "ngram"][..], 1 << 20),
         (
             &[
                 "--speculative-algorithm",
@@ -311,12 +311,18 @@ fn the_lookup_corpus_follows_its_flag() {
                 "--speculative-ngram-capacity",
                 "0",
             ][..],
-            false,
+            0,
         ),
-        (&["--speculative-ngram-capacity", "100"][..], true),
-        (&[][..], false),
+        (&["--speculative-ngram-capacity", "100"][..], 100),
+        (&[][..], 0),
     ] {
+        let kept = capacity > 0;
         let (_server, url) = start(args);
+        let info = http(&url, "/server_info", None, None);
+        assert!(
+            info.contains(&format!("\"speculative_ngram_capacity\":{capacity}")),
+            "{args:?}: {info}"
+        );
         let response = http(&url, "/v1/completions", None, Some(body));
         assert!(response.starts_with("HTTP/1.0 200"), "{args:?}: {response}");
         // The gauges are written after the step that finished the request.
