@@ -240,10 +240,13 @@ impl NgramCorpus {
                 let rest = &self.tokens[local + 1..];
                 let stop = rest.iter().take(depth).position(|&t| t == END);
                 let continuation = &rest[..stop.unwrap_or(depth.min(rest.len()))];
-                found.join(Occurrences {
-                    matched,
-                    continuations: vec![continuation],
-                });
+                if matched > found.matched {
+                    found.matched = matched;
+                    found.continuations.clear();
+                }
+                if found.continuations.len() < MAX_OCCURRENCES {
+                    found.continuations.push(continuation);
+                }
                 if found.matched == self.config.max_match
                     && found.continuations.len() == MAX_OCCURRENCES
                 {

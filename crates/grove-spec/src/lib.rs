@@ -20,7 +20,7 @@ pub use accept::AcceptResult;
 pub use candidates::{
     map_to_target_ids, merge_shards, top_k_candidates, DepthCandidates, ShardCandidates,
 };
-pub use corpus::{NgramCorpus, CHAIN_STEPS, MAX_CAPACITY as MAX_CORPUS_CAPACITY};
+pub use corpus::{NgramCorpus, MAX_CAPACITY as MAX_CORPUS_CAPACITY};
 pub use lookup::{lookup_tree, LookupConfig, MAX_OCCURRENCES};
 pub use merge::merge_trees;
 pub use plan::{SegmentPlan, VerifyPlan};
