@@ -10,7 +10,10 @@
 //! stored and scaled in 16 lanes exactly as the AVX-512 VNNI kernel scales its own
 //! (`simd_columns.rs`: the same integer sums, the same float operations in the same order), so
 //! both kernels give the same bits and a row's outputs do not depend on which kernel, or
-//! which tile, it went through. Two blocks are in flight at a time (tiles 0, 2, 4 and 1, 3, 5).
+//! which tile, it went through. A step is two blocks (tiles 0, 2, 4 and 1, 3, 5), and the
+//! steps are pipelined: the tiles multiply a step ahead of the lanes that scale its sums, and
+//! the weights are spread a step ahead of the tiles, because the tiles wait for the lanes'
+//! stores to reach the cache before loading them and the lanes for the tiles' stores.
 //!
 //! The arithmetic is written once, over [`Tiles`]: on the CPU's tiles and on a model of them
 //! that tests run on any AVX-512 machine. What the tiles leave, the lanes finish in AVX-512
@@ -28,6 +31,7 @@ use std::arch::x86_64::*;
 
 use super::amx_tiles::{Config, Hardware, Tiles, ROWS, ROW_BYTES};
 use super::columns::{self, at, STRIP, VECTOR};
+use super::simd::Stream;
 use super::simd_columns::{
     byte_scales, dpwssd_broadcast, halves, nibble_groups, paired_bytes, six_bit_groups, Acts, Share,
 };
@@ -53,7 +57,9 @@ impl Block {
     }
 }
 
-/// Two blocks' weights spread to bytes: `B` tiles' rows.
+/// One step's weights spread to bytes: two blocks' `B` tiles' rows (Q6_K: two 16-weight
+/// sub-blocks, the halves of one 8-row buffer).
+#[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Spread([[u8; 8 * VECTOR]; 2]);
 
@@ -67,27 +73,57 @@ impl Spread {
     }
 }
 
-/// One format's unit of a strip against a tile of `R` activation rows, added into the rows'
-/// 16 outputs.
+/// One format's part of a strip against a tile of `R` activation rows. A unit of the strip
+/// is [`Format::STEPS`] steps; a step is two tile products (two blocks' integer sums), which
+/// the lanes then scale into the rows' outputs.
 trait Format {
     const FORMAT: QuantFormat;
     /// Group vectors per scaled block (a `B` tile's rows): 8, Q6_K's 16-weight blocks 4.
     const GROUPS: usize = 8;
-    unsafe fn unit<T: Tiles, const R: usize>(
-        tiles: &mut T,
+    /// Steps per unit.
+    const STEPS: usize;
+    /// Step `step` of `unit`'s weights spread to bytes, where the format needs it.
+    #[inline(always)]
+    unsafe fn spread(_unit: *const u8, _step: usize, _out: &mut Spread) {}
+    /// The two `B` tiles of step `step` of `unit`, rows of 64 bytes (`spread` holds what
+    /// [`Format::spread`] left for this step).
+    unsafe fn weights(unit: *const u8, step: usize, spread: &Spread) -> [*const u8; 2];
+    /// Where the two blocks' activation values start in each row, for unit `i`: a 32-weight
+    /// format's two blocks.
+    fn offsets(i: usize, _step: usize) -> [usize; 2] {
+        [64 * i, 64 * i + 32]
+    }
+    /// The step's sums scaled into `block` (a K-quant's super-block, before its activation
+    /// scale) or straight into `acc` (a 32-weight format's two blocks).
+    #[inline(always)]
+    unsafe fn scale<const R: usize>(
         x: &Tile<R>,
-        work: &mut Work,
-        unit: *const u8,
-        i: usize,
+        sums: &[Block; 2],
+        (unit, i, _): (*const u8, usize, usize),
+        _block: &mut [__m512; R],
         acc: &mut [__m512; R],
-    );
+    ) {
+        two_blocks(x, sums, unit, i, acc);
+    }
+    /// After a unit's last step: `block` into `acc`.
+    #[inline(always)]
+    unsafe fn end_unit<const R: usize>(
+        _x: &Tile<R>,
+        _unit: *const u8,
+        _i: usize,
+        _block: &[__m512; R],
+        _acc: &mut [__m512; R],
+    ) {
+    }
 }
 
-/// A tile product's buffers: two blocks' integer sums as the tiles store them, two blocks'
-/// weights spread to bytes.
+/// A tile product's buffers, two steps of each: the sums the tiles stored for the step the
+/// lanes scale and for the next; the weights spread for the next step and the one after.
+/// The tiles neither forward what they store to the lanes' loads nor load what the lanes
+/// just stored without waiting for it to reach the cache, so each waits a step behind.
 struct Work {
-    sums: [Block; 2],
-    spread: Spread,
+    sums: [[Block; 2]; 2],
+    spread: [Spread; 2],
 }
 
 /// The `R` activation rows of one tile product.
@@ -142,21 +178,18 @@ unsafe fn scale_block<const R: usize>(
     }
 }
 
-/// A 32-weight format's unit `i` (two blocks, their weights `B` tiles at `weights`) into the
-/// outputs.
+/// A 32-weight format's two blocks of unit `i` into the outputs.
 #[inline(always)]
-unsafe fn two_blocks<T: Tiles, const R: usize>(
-    tiles: &mut T,
+unsafe fn two_blocks<const R: usize>(
     x: &Tile<R>,
-    work: &mut Work,
-    (unit, i): (*const u8, usize),
-    weights: [*const u8; 2],
+    sums: &[Block; 2],
+    unit: *const u8,
+    i: usize,
     acc: &mut [__m512; R],
 ) {
-    sums(tiles, x, weights, [64 * i, 64 * i + 32], &mut work.sums);
     for b in 0..2 {
         let scales = unit.add(at::block_scales(b));
-        scale_block(x, acc, &work.sums[b], scales, 2 * i + b);
+        scale_block(x, acc, &sums[b], scales, 2 * i + b);
     }
 }
 
@@ -167,33 +200,20 @@ struct Q6K;
 
 impl Format for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
+    const STEPS: usize = 1;
 
     #[inline(always)]
-    unsafe fn unit<T: Tiles, const R: usize>(
-        tiles: &mut T,
-        x: &Tile<R>,
-        work: &mut Work,
-        unit: *const u8,
-        i: usize,
-        acc: &mut [__m512; R],
-    ) {
-        let weights = [0, 1].map(|b| unit.add(at::q8_block(b)));
-        two_blocks(tiles, x, work, (unit, i), weights, acc);
+    unsafe fn weights(unit: *const u8, _: usize, _: &Spread) -> [*const u8; 2] {
+        [0, 1].map(|b| unit.add(at::q8_block(b)))
     }
 }
 
 impl Format for Q5_0 {
     const FORMAT: QuantFormat = QuantFormat::Q5_0;
+    const STEPS: usize = 1;
 
     #[inline(always)]
-    unsafe fn unit<T: Tiles, const R: usize>(
-        tiles: &mut T,
-        x: &Tile<R>,
-        work: &mut Work,
-        unit: *const u8,
-        i: usize,
-        acc: &mut [__m512; R],
-    ) {
+    unsafe fn spread(unit: *const u8, _: usize, out: &mut Spread) {
         let sixteen = _mm512_set1_epi8(16);
         for b in 0..2 {
             let quants = unit.add(at::q5_block(b));
@@ -201,56 +221,80 @@ impl Format for Q5_0 {
             let bits = quants.add(at::Q5_BITS).cast::<u64>();
             // The fifth bit of every byte is one bit of a mask register, as the VNNI kernel
             // reads it.
-            work.spread.put(
-                b,
-                std::array::from_fn(|g| {
-                    let fifth: __mmask64 = bits.add(g).read_unaligned();
-                    _mm512_mask_add_epi8(low[g], fifth, low[g], sixteen)
-                }),
-            );
+            let mut groups = low;
+            for g in 0..8 {
+                let fifth: __mmask64 = bits.add(g).read_unaligned();
+                groups[g] = _mm512_mask_add_epi8(low[g], fifth, low[g], sixteen);
+            }
+            out.put(b, groups);
         }
-        let weights = [0, 1].map(|b| work.spread.0[b].as_ptr());
-        two_blocks(tiles, x, work, (unit, i), weights, acc);
+    }
+
+    #[inline(always)]
+    unsafe fn weights(_: *const u8, _: usize, spread: &Spread) -> [*const u8; 2] {
+        [0, 1].map(|b| spread.0[b].as_ptr())
+    }
+}
+
+/// A K-quant super-block's sub-block sums scaled by the 16 rows' sub-block `scales`.
+#[inline(always)]
+unsafe fn scale_sub_block<const R: usize>(
+    block: &mut [__m512; R],
+    sums: &Block,
+    scales: __m512,
+    zero: &[i32; R],
+) {
+    for m in 0..R {
+        let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_set1_epi32(zero[m]), sums.row(m)));
+        block[m] = _mm512_fmadd_ps(sum, scales, block[m]);
     }
 }
 
 impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
+    /// Pairs of 32-weight sub-blocks.
+    const STEPS: usize = 4;
 
     #[inline(always)]
-    unsafe fn unit<T: Tiles, const R: usize>(
-        tiles: &mut T,
-        x: &Tile<R>,
-        work: &mut Work,
-        unit: *const u8,
-        i: usize,
-        acc: &mut [__m512; R],
+    unsafe fn spread(unit: *const u8, pair: usize, out: &mut Spread) {
+        for h in 0..2 {
+            out.put(h, nibble_groups(unit.add(at::q4k_quants(2 * pair + h))));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn weights(_: *const u8, _: usize, spread: &Spread) -> [*const u8; 2] {
+        [0, 1].map(|h| spread.0[h].as_ptr())
+    }
+
+    fn offsets(i: usize, pair: usize) -> [usize; 2] {
+        [0, 1].map(|h| 256 * i + 32 * (2 * pair + h))
+    }
+
+    #[inline(always)]
+    unsafe fn scale<const R: usize>(
+        _: &Tile<R>,
+        sums: &[Block; 2],
+        (unit, _, pair): (*const u8, usize, usize),
+        block: &mut [__m512; R],
+        _: &mut [__m512; R],
     ) {
         let d = halves(unit.add(at::D));
-        // The super-block's scaled sums, before its activation scale.
-        let mut block = [_mm512_setzero_ps(); R];
-        for pair in 0..4 {
-            let j = [2 * pair, 2 * pair + 1];
-            for h in 0..2 {
-                work.spread
-                    .put(h, nibble_groups(unit.add(at::q4k_quants(j[h]))));
-            }
-            let weights = [0, 1].map(|h| work.spread.0[h].as_ptr());
-            sums(
-                tiles,
-                x,
-                weights,
-                j.map(|j| 256 * i + 32 * j),
-                &mut work.sums,
-            );
-            for h in 0..2 {
-                let scales = byte_scales::<false>(unit.add(at::q4k_scales(j[h])), d);
-                for m in 0..R {
-                    let sum = _mm512_cvtepi32_ps(work.sums[h].row(m));
-                    block[m] = _mm512_fmadd_ps(sum, scales, block[m]);
-                }
-            }
+        for h in 0..2 {
+            let scales = byte_scales::<false>(unit.add(at::q4k_scales(2 * pair + h)), d);
+            scale_sub_block(block, &sums[h], scales, &[0; R]);
         }
+    }
+
+    #[inline(always)]
+    unsafe fn end_unit<const R: usize>(
+        x: &Tile<R>,
+        unit: *const u8,
+        i: usize,
+        block: &[__m512; R],
+        acc: &mut [__m512; R],
+    ) {
+        let mut block = *block;
         subtract_mins(x, &mut block, unit, i);
         finish_super_block(x, acc, &block, i);
     }
@@ -296,45 +340,123 @@ unsafe fn finish_super_block<const R: usize>(
 impl Format for Q6K {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     const GROUPS: usize = 4;
+    /// Pairs of 16-weight sub-blocks.
+    const STEPS: usize = 8;
 
     #[inline(always)]
-    unsafe fn unit<T: Tiles, const R: usize>(
-        tiles: &mut T,
+    unsafe fn spread(unit: *const u8, j: usize, out: &mut Spread) {
+        out.put(0, six_bit_groups(unit.add(at::q6k_quants(j))));
+    }
+
+    #[inline(always)]
+    unsafe fn weights(_: *const u8, _: usize, spread: &Spread) -> [*const u8; 2] {
+        // Sub-blocks 2j and 2j + 1 (16 weights): groups 0-3 and 4-7.
+        let out = spread.0[0].as_ptr();
+        [out, out.add(4 * VECTOR)]
+    }
+
+    fn offsets(i: usize, j: usize) -> [usize; 2] {
+        [0, 1].map(|h| 256 * i + 16 * (2 * j + h))
+    }
+
+    #[inline(always)]
+    unsafe fn scale<const R: usize>(
         x: &Tile<R>,
-        work: &mut Work,
-        unit: *const u8,
-        i: usize,
-        acc: &mut [__m512; R],
+        sums: &[Block; 2],
+        (unit, i, j): (*const u8, usize, usize),
+        block: &mut [__m512; R],
+        _: &mut [__m512; R],
     ) {
         let d = halves(unit.add(at::D));
-        let mut block = [_mm512_setzero_ps(); R];
-        for j in 0..8 {
-            work.spread
-                .put(0, six_bit_groups(unit.add(at::q6k_quants(j))));
-            // Sub-blocks 2j and 2j + 1 (16 weights): groups 0-3 and 4-7.
-            let out = work.spread.0[0].as_ptr();
-            let weights = [out, out.add(4 * VECTOR)];
-            let subs = [2 * j, 2 * j + 1];
-            sums(
-                tiles,
-                x,
-                weights,
-                subs.map(|sub| 256 * i + 16 * sub),
-                &mut work.sums,
-            );
-            for h in 0..2 {
-                let scales = byte_scales::<true>(unit.add(at::q6k_scales(subs[h])), d);
-                for m in 0..R {
-                    // The zero point (32) times the sub-block's activation sum, in integers
-                    // as the VNNI kernel starts its sums.
-                    let zero = _mm512_set1_epi32(*x.x.zero[m].add(16 * i + subs[h]));
-                    let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(zero, work.sums[h].row(m)));
-                    block[m] = _mm512_fmadd_ps(sum, scales, block[m]);
-                }
-            }
+        for h in 0..2 {
+            let sub = 2 * j + h;
+            let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub)), d);
+            // The zero point (32) times the sub-block's activation sum, in integers as the
+            // VNNI kernel starts its sums.
+            let zero: [i32; R] = std::array::from_fn(|m| *x.x.zero[m].add(16 * i + sub));
+            scale_sub_block(block, &sums[h], scales, &zero);
         }
-        finish_super_block(x, acc, &block, i);
     }
+
+    #[inline(always)]
+    unsafe fn end_unit<const R: usize>(
+        x: &Tile<R>,
+        _: *const u8,
+        i: usize,
+        block: &[__m512; R],
+        acc: &mut [__m512; R],
+    ) {
+        finish_super_block(x, acc, block, i);
+    }
+}
+
+/// Step `t` of a strip: its unit, the unit's index and the step within the unit.
+#[inline(always)]
+unsafe fn at_step<F: Format>(strip: *const u8, t: usize) -> (*const u8, usize, usize) {
+    let unit_bytes = columns::unit_bytes(F::FORMAT);
+    (
+        strip.add(t / F::STEPS * unit_bytes),
+        t / F::STEPS,
+        t % F::STEPS,
+    )
+}
+
+/// Step `t`'s tile products, from the weights its [`Format::spread`] left.
+#[inline(always)]
+unsafe fn issue<F: Format, T: Tiles, const R: usize>(
+    tiles: &mut T,
+    x: &Tile<R>,
+    work: &mut Work,
+    strip: *const u8,
+    t: usize,
+) {
+    let (unit, i, s) = at_step::<F>(strip, t);
+    let weights = F::weights(unit, s, &work.spread[t % 2]);
+    sums(tiles, x, weights, F::offsets(i, s), &mut work.sums[t % 2]);
+}
+
+/// Step `t`'s weights spread.
+#[inline(always)]
+unsafe fn spread<F: Format>(work: &mut Work, strip: *const u8, t: usize) {
+    let (unit, _, s) = at_step::<F>(strip, t);
+    F::spread(unit, s, &mut work.spread[t % 2]);
+}
+
+/// One strip against a tile's rows, its steps pipelined: while the lanes scale step `t`'s
+/// sums, the tiles have already multiplied step `t + 1` and its weights for step `t + 2` are
+/// spread, so neither the tiles' stores nor the lanes' stores are waited for.
+#[inline(always)]
+unsafe fn strip<F: Format, T: Tiles, const R: usize>(
+    tiles: &mut T,
+    x: &Tile<R>,
+    work: &mut Work,
+    (strip, units): (*const u8, usize),
+    stream: &mut Stream,
+) -> [__m512; R] {
+    let steps = units * F::STEPS;
+    spread::<F>(work, strip, 0);
+    issue::<F, T, R>(tiles, x, work, strip, 0);
+    if steps > 1 {
+        spread::<F>(work, strip, 1);
+    }
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut block = [_mm512_setzero_ps(); R];
+    for t in 0..steps {
+        stream.advance();
+        if t + 1 < steps {
+            issue::<F, T, R>(tiles, x, work, strip, t + 1);
+        }
+        if t + 2 < steps {
+            spread::<F>(work, strip, t + 2);
+        }
+        let (unit, i, s) = at_step::<F>(strip, t);
+        F::scale(x, &work.sums[t % 2], (unit, i, s), &mut block, &mut acc);
+        if s + 1 == F::STEPS {
+            F::end_unit(x, unit, i, &block, &mut acc);
+            block = [_mm512_setzero_ps(); R];
+        }
+    }
+    acc
 }
 
 /// The share's strips against activation rows `start..start + R`: one tile product.
@@ -343,7 +465,7 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
     tiles: &mut T,
     share: &Share<'_>,
     work: &mut Work,
-    start: usize,
+    (start, stream): (usize, &mut Stream),
 ) {
     let bytes = 4 * F::GROUPS;
     let config = Config::new()
@@ -364,11 +486,8 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
     let unit_bytes = columns::unit_bytes(F::FORMAT);
     let out = share.out.add(start * share.stride);
     for s in 0..share.count {
-        let strip = share.strips.add(s * units * unit_bytes);
-        let mut acc = [_mm512_setzero_ps(); R];
-        for i in 0..units {
-            F::unit(tiles, &x, work, strip.add(i * unit_bytes), i, &mut acc);
-        }
+        let at = (share.strips.add(s * units * unit_bytes), units);
+        let acc = strip::<F, T, R>(tiles, &x, work, at, stream);
         let width = if s + 1 == share.count {
             share.last
         } else {
@@ -400,23 +519,38 @@ fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
 
 /// The share's strips against its activation rows, in tiles of 16 rows, then one of 8, 4, 2
 /// and 1 for what is left: each tile's row count a constant, so its rows' sums stay in
-/// registers. (Unlike the VNNI kernel's, no requests for the weights ahead: with the tiles
-/// modelled away they cost the lanes a third to a half of their speed in cache, and what
-/// they would gain from memory is unmeasured.)
+/// registers. The weights ahead are asked for at a step's pace, as the VNNI kernel asks
+/// ([`Stream`]): on an AMX CPU, reading from memory, that made a 16-row product 1.3-1.4x
+/// faster (docs/benchmarks.md, session 46).
 #[inline(always)]
 unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize) {
     let mut work = Work {
-        sums: [Block([[0; STRIP]; ROWS]); 2],
-        spread: Spread([[0; 8 * VECTOR]; 2]),
+        sums: [[Block([[0; STRIP]; ROWS]); 2]; 2],
+        spread: [Spread([[0; 8 * VECTOR]; 2]); 2],
     };
+    let units = share.acts.k / columns::unit_weights(F::FORMAT);
+    let len = share.count * units * columns::unit_bytes(F::FORMAT);
+    let steps = share.count * units * F::STEPS;
+    let tiles_of = tile_sizes(rows).count();
     let mut start = 0;
-    for size in tile_sizes(rows) {
+    for (n, size) in tile_sizes(rows).enumerate() {
+        // The first tile reads the share's weights from memory, a step's bytes ahead at a
+        // step; the others find them in cache and ask for the next share's into L2, as the
+        // VNNI kernel's blocks of rows do.
+        let mut stream = if n == 0 {
+            Stream::new(share.strips, len, len.div_ceil(steps))
+        } else {
+            let part = len.div_ceil(tiles_of - 1);
+            let from = share.strips.wrapping_add(len + (n - 1) * part);
+            Stream::into_l2(from, part, part.div_ceil(steps))
+        };
+        let at = (start, &mut stream);
         match size {
-            16 => tile::<F, T, 16>(tiles, share, &mut work, start),
-            8 => tile::<F, T, 8>(tiles, share, &mut work, start),
-            4 => tile::<F, T, 4>(tiles, share, &mut work, start),
-            2 => tile::<F, T, 2>(tiles, share, &mut work, start),
-            _ => tile::<F, T, 1>(tiles, share, &mut work, start),
+            16 => tile::<F, T, 16>(tiles, share, &mut work, at),
+            8 => tile::<F, T, 8>(tiles, share, &mut work, at),
+            4 => tile::<F, T, 4>(tiles, share, &mut work, at),
+            2 => tile::<F, T, 2>(tiles, share, &mut work, at),
+            _ => tile::<F, T, 1>(tiles, share, &mut work, at),
         }
         start += size;
     }

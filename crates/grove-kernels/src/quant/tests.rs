@@ -588,19 +588,21 @@ fn amx_lanes_alone() {
             );
             let strips = matrix.strips(0, columns::strips(n));
             let mut line = format!("{place:6} {:5}", format.name());
-            for rows in [4, 8, 16] {
+            for rows in [4, 8, 16, 32, 64] {
                 let x = random_input(rows, k, 2);
                 let kernel = Kernel::Amx.activations();
                 let acts = QuantizedRows::portable_for(kernel, &x, rows, k, &[format]);
                 let mut out = vec![0f32; rows * n];
-                let mut time = |lanes_alone: bool| {
+                let mut time = |which: usize| {
                     let mut product = || {
                         let lent = crate::threads::OutRows::block(&mut out, rows);
-                        if lanes_alone {
-                            let share = Share::new(kernel, format, strips, n, &acts, 0, lent);
-                            super::amx_columns::on_tiles(&mut Absent, format, &share, rows);
-                        } else {
-                            super::simd_columns::dot_strips(format, strips, n, &acts, 0, lent);
+                        match which {
+                            0 => super::simd_columns::dot_strips(format, strips, n, &acts, 0, lent),
+                            1 => {
+                                let share = Share::new(kernel, format, strips, n, &acts, 0, lent);
+                                super::amx_columns::on_tiles(&mut Absent, format, &share, rows);
+                            }
+                            _ => super::amx_columns::dot_strips(format, strips, n, &acts, 0, lent),
                         }
                     };
                     let seconds = if reps == 1 {
@@ -612,12 +614,17 @@ fn amx_lanes_alone() {
                     };
                     (n * k * rows * reps) as f64 / seconds / 1e9
                 };
-                let (mut vnni, mut lanes) = (0f64, 0f64);
+                let (mut vnni, mut lanes, mut tiles) = (0f64, 0f64, 0f64);
                 for _ in 0..5 {
-                    vnni = vnni.max(time(false));
-                    lanes = lanes.max(time(true));
+                    vnni = vnni.max(time(0));
+                    lanes = lanes.max(time(1));
+                    if Kernel::Amx.runs_here() {
+                        tiles = tiles.max(time(2));
+                    }
                 }
-                line += &format!("  r{rows}: VNNI {vnni:6.1} G, AMX lanes alone {lanes:6.1} G");
+                line += &format!(
+                    "  r{rows}: VNNI {vnni:6.1} G, lanes {lanes:6.1} G, tiles {tiles:6.1} G"
+                );
             }
             println!("{line}");
         }
