@@ -10,7 +10,10 @@
 //! stored and scaled in 16 lanes exactly as the AVX-512 VNNI kernel scales its own
 //! (`simd_columns.rs`: the same integer sums, the same float operations in the same order), so
 //! both kernels give the same bits and a row's outputs do not depend on which kernel, or
-//! which tile, it went through. A step is two blocks (tiles 0, 2, 4 and 1, 3, 5), and the
+//! which tile, it went through. Q4_K instead spreads its sub-block scales into its weights
+//! (two planes of bytes), so that a super-block's sums stay in two `C` tiles over four
+//! full-width products and are stored once (`impl Format for Q4K`): a tile's stores and the
+//! lanes' scaling cost more than its products. A step is two blocks (tiles 0, 2, 4 and 1, 3, 5), and the
 //! steps are pipelined: the tiles multiply a step ahead of the lanes that scale its sums, and
 //! the weights are spread a step ahead of the tiles, because the tiles wait for the lanes'
 //! stores to reach the cache before loading them and the lanes for the tiles' stores.
@@ -57,18 +60,19 @@ impl Block {
     }
 }
 
-/// One step's weights spread to bytes: two blocks' `B` tiles' rows (Q6_K: two 16-weight
-/// sub-blocks, the halves of one 8-row buffer).
+/// One step's weights spread to bytes: two `B` tiles' rows (Q6_K: two 16-weight sub-blocks,
+/// the halves of one 8-row buffer; Q4_K: two planes of 16 rows).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Spread([[u8; 8 * VECTOR]; 2]);
+struct Spread([[u8; ROWS * VECTOR]; 2]);
 
 impl Spread {
-    /// Block `b`'s 8 group vectors.
+    /// Tile `b`'s 8 group vectors from row `first`.
     #[inline(always)]
-    unsafe fn put(&mut self, b: usize, groups: [__m512i; 8]) {
+    unsafe fn put(&mut self, b: usize, first: usize, groups: [__m512i; 8]) {
         for (g, vector) in groups.into_iter().enumerate() {
-            _mm512_store_si512(self.0[b].as_mut_ptr().add(VECTOR * g).cast(), vector);
+            let row = self.0[b].as_mut_ptr().add(VECTOR * (first + g));
+            _mm512_store_si512(row.cast(), vector);
         }
     }
 }
@@ -82,6 +86,8 @@ trait Format {
     const GROUPS: usize = 8;
     /// Steps per unit.
     const STEPS: usize;
+    /// Bytes of a row of an `A` tile: the activations one tile product takes (a block's).
+    const K_BYTES: usize = 4 * Self::GROUPS;
     /// Step `step` of `unit`'s weights spread to bytes, where the format needs it.
     #[inline(always)]
     unsafe fn spread(_unit: *const u8, _step: usize, _out: &mut Spread) {}
@@ -92,6 +98,19 @@ trait Format {
     /// format's two blocks.
     fn offsets(i: usize, _step: usize) -> [usize; 2] {
         [64 * i, 64 * i + 32]
+    }
+    /// Step `step`'s tile products into `out`: by default two blocks' sums, each product from
+    /// zero and stored.
+    #[inline(always)]
+    unsafe fn products<T: Tiles, const R: usize>(
+        tiles: &mut T,
+        x: &Tile<R>,
+        weights: [*const u8; 2],
+        offsets: [usize; 2],
+        _step: usize,
+        out: &mut [Block; 2],
+    ) {
+        two_sums(tiles, x, weights, offsets, out);
     }
     /// The step's sums scaled into `block` (a K-quant's super-block, before its activation
     /// scale) or straight into `acc` (a 32-weight format's two blocks).
@@ -139,7 +158,7 @@ struct Tile<const R: usize> {
 /// weights are `B` tiles at `weights` (rows of 64 bytes) and whose activation values start at
 /// `offsets` in each row.
 #[inline(always)]
-unsafe fn sums<T: Tiles, const R: usize>(
+unsafe fn two_sums<T: Tiles, const R: usize>(
     tiles: &mut T,
     x: &Tile<R>,
     weights: [*const u8; 2],
@@ -226,7 +245,7 @@ impl Format for Q5_0 {
                 let fifth: __mmask64 = bits.add(g).read_unaligned();
                 groups[g] = _mm512_mask_add_epi8(low[g], fifth, low[g], sixteen);
             }
-            out.put(b, groups);
+            out.put(b, 0, groups);
         }
     }
 
@@ -250,25 +269,69 @@ unsafe fn scale_sub_block<const R: usize>(
     }
 }
 
+/// Q4_K's sub-block scales go into its weights, so that a super-block's sums stay in the
+/// tiles: a 6-bit scale is `16 h + l` (`h < 4`, `l < 16`), and a step's two sub-blocks (64
+/// weights, one full-width product) are spread as two planes of bytes, `q * l` and `q * h`
+/// (at most 225: unsigned bytes), whose products add up over the super-block's four steps in
+/// two `C` tiles. Stored once, `16 C_h + C_l` is the super-block's integer sum of each
+/// sub-block's sum times its scale, converted once and multiplied by `d`: the VNNI kernel's
+/// bits (`with_mins`), with a quarter of the stores and scaling of a tile product a
+/// sub-block.
 impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
     /// Pairs of 32-weight sub-blocks.
     const STEPS: usize = 4;
+    const K_BYTES: usize = ROW_BYTES;
 
     #[inline(always)]
     unsafe fn spread(unit: *const u8, pair: usize, out: &mut Spread) {
         for h in 0..2 {
-            out.put(h, nibble_groups(unit.add(at::q4k_quants(2 * pair + h))));
+            let j = 2 * pair + h;
+            let scales = _mm512_cvtepu8_epi32(_mm_loadu_si128(unit.add(at::q4k_scales(j)).cast()));
+            // Lane `p` (row `p`'s four weights) is two 16-bit words: each gets the row's
+            // factor, and a word's two bytes' products (at most 225) stay in their bytes.
+            let words = |factor: __m512i| _mm512_or_si512(factor, _mm512_slli_epi32::<16>(factor));
+            let low = words(_mm512_and_si512(scales, _mm512_set1_epi32(15)));
+            let high = words(_mm512_srli_epi32::<4>(scales));
+            let groups = nibble_groups(unit.add(at::q4k_quants(j)));
+            out.put(0, 8 * h, groups.map(|g| _mm512_mullo_epi16(g, low)));
+            out.put(1, 8 * h, groups.map(|g| _mm512_mullo_epi16(g, high)));
         }
     }
 
     #[inline(always)]
     unsafe fn weights(_: *const u8, _: usize, spread: &Spread) -> [*const u8; 2] {
-        [0, 1].map(|h| spread.0[h].as_ptr())
+        [0, 1].map(|plane| spread.0[plane].as_ptr())
     }
 
     fn offsets(i: usize, pair: usize) -> [usize; 2] {
-        [0, 1].map(|h| 256 * i + 32 * (2 * pair + h))
+        [256 * i + 64 * pair; 2]
+    }
+
+    /// Both planes against the step's 64 activations, into sums that start at the
+    /// super-block's first step and are stored after its last.
+    #[inline(always)]
+    unsafe fn products<T: Tiles, const R: usize>(
+        tiles: &mut T,
+        x: &Tile<R>,
+        weights: [*const u8; 2],
+        offsets: [usize; 2],
+        pair: usize,
+        out: &mut [Block; 2],
+    ) {
+        if pair == 0 {
+            tiles.zero::<0>();
+            tiles.zero::<1>();
+        }
+        tiles.load::<2>(x.q.add(offsets[0]), x.k);
+        tiles.load::<4>(weights[0], VECTOR);
+        tiles.load::<5>(weights[1], VECTOR);
+        tiles.dot::<0, 2, 4>();
+        tiles.dot::<1, 2, 5>();
+        if pair + 1 == Self::STEPS {
+            tiles.store::<0>(out[0].0.as_mut_ptr().cast(), ROW_BYTES);
+            tiles.store::<1>(out[1].0.as_mut_ptr().cast(), ROW_BYTES);
+        }
     }
 
     #[inline(always)]
@@ -279,10 +342,13 @@ impl Format for Q4K {
         block: &mut [__m512; R],
         _: &mut [__m512; R],
     ) {
-        let d = halves(unit.add(at::D));
-        for h in 0..2 {
-            let scales = byte_scales::<false>(unit.add(at::q4k_scales(2 * pair + h)), d);
-            scale_sub_block(block, &sums[h], scales, &[0; R]);
+        if pair + 1 == Self::STEPS {
+            let d = halves(unit.add(at::D));
+            for m in 0..R {
+                let high = _mm512_slli_epi32::<4>(sums[1].row(m));
+                let sum = _mm512_add_epi32(sums[0].row(m), high);
+                block[m] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), d);
+            }
         }
     }
 
@@ -345,7 +411,7 @@ impl Format for Q6K {
 
     #[inline(always)]
     unsafe fn spread(unit: *const u8, j: usize, out: &mut Spread) {
-        out.put(0, six_bit_groups(unit.add(at::q6k_quants(j))));
+        out.put(0, 0, six_bit_groups(unit.add(at::q6k_quants(j))));
     }
 
     #[inline(always)]
@@ -412,7 +478,14 @@ unsafe fn issue<F: Format, T: Tiles, const R: usize>(
 ) {
     let (unit, i, s) = at_step::<F>(strip, t);
     let weights = F::weights(unit, s, &work.spread[t % 2]);
-    sums(tiles, x, weights, F::offsets(i, s), &mut work.sums[t % 2]);
+    F::products(
+        tiles,
+        x,
+        weights,
+        F::offsets(i, s),
+        s,
+        &mut work.sums[t % 2],
+    );
 }
 
 /// Step `t`'s weights spread.
@@ -467,14 +540,14 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
     work: &mut Work,
     (start, stream): (usize, &mut Stream),
 ) {
-    let bytes = 4 * F::GROUPS;
+    let bytes = F::K_BYTES;
     let config = Config::new()
         .shape(0, R, ROW_BYTES)
         .shape(1, R, ROW_BYTES)
         .shape(2, R, bytes)
         .shape(3, R, bytes)
-        .shape(4, F::GROUPS, ROW_BYTES)
-        .shape(5, F::GROUPS, ROW_BYTES);
+        .shape(4, bytes / 4, ROW_BYTES)
+        .shape(5, bytes / 4, ROW_BYTES);
     tiles.configure(&config);
     let acts = share.acts;
     let x = Tile::<R> {
@@ -526,7 +599,7 @@ fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
 unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize) {
     let mut work = Work {
         sums: [[Block([[0; STRIP]; ROWS]); 2]; 2],
-        spread: [Spread([[0; 8 * VECTOR]; 2]); 2],
+        spread: [Spread([[0; ROWS * VECTOR]; 2]); 2],
     };
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let len = share.count * units * columns::unit_bytes(F::FORMAT);

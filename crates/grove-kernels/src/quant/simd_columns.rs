@@ -458,7 +458,7 @@ impl Format for Q4K {
         acc: &mut [__m512; R],
         stream: &mut Stream,
     ) {
-        with_mins(unit, i, x, acc, stream, |j| {
+        with_mins::<R, true>(unit, i, x, acc, stream, |j| {
             nibble_groups(unit.add(at::q4k_quants(j)))
         });
     }
@@ -477,7 +477,7 @@ impl Format for Q5K {
         acc: &mut [__m512; R],
         stream: &mut Stream,
     ) {
-        with_mins(unit, i, x, acc, stream, |j| {
+        with_mins::<R, false>(unit, i, x, acc, stream, |j| {
             five_bit_groups(unit.add(at::q5k_quants(j)))
         });
     }
@@ -488,9 +488,16 @@ impl Format for Q5K {
 /// word) against the 16 rows' 6-bit mins, four `vpdpwssd`s (at most 8 * 63 * 32 * 127 < 2^24:
 /// exact as f32), then one conversion and one multiply-add by `dmin`, before the activation
 /// scale.
+///
+/// Where `EXACT` (Q4_K), the sub-blocks' 6-bit scales are applied without `d`, in f32 but
+/// exactly: each sub-block's sum times its scale is below 32 * 15 * 128 * 63 < 2^22, so each
+/// half super-block's four add up exactly (below 2^24), and the two halves' sum is the
+/// super-block's integer sum rounded once, as a conversion would round it. Then one multiply
+/// by `d`. So the AMX kernel, which adds the sub-blocks' scaled sums in its tiles' integers
+/// and converts once (`amx_columns.rs`), gives the same bits.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn with_mins<const R: usize>(
+unsafe fn with_mins<const R: usize, const EXACT: bool>(
     unit: *const u8,
     i: usize,
     x: &Acts<R>,
@@ -499,16 +506,29 @@ unsafe fn with_mins<const R: usize>(
     groups: impl Fn(usize) -> [__m512i; 8],
 ) {
     let d = halves(unit.add(at::D));
-    // The super-block's scaled sums, before its activation scale.
-    let mut block = [_mm512_setzero_ps(); R];
+    // The super-block's scaled sums, before its activation scale: where `EXACT`, each half's.
+    let mut halves_of = [[_mm512_setzero_ps(); R]; 2];
     for j in 0..8 {
         stream.advance();
-        let scales = byte_scales::<false>(unit.add(at::q4k_scales(j)), d);
+        let scales = if EXACT {
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                unit.add(at::q4k_scales(j)).cast(),
+            )))
+        } else {
+            byte_scales::<false>(unit.add(at::q4k_scales(j)), d)
+        };
         let u = groups(j);
         let zero = [_mm512_setzero_si512(); R];
         let sums = dots::<R, 8>(zero, x, 256 * i + 32 * j, |g| u[g]);
+        let half = &mut halves_of[if EXACT { j / 4 } else { 0 }];
         for r in 0..R {
-            block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
+            half[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, half[r]);
+        }
+    }
+    let mut block = halves_of[0];
+    if EXACT {
+        for r in 0..R {
+            block[r] = _mm512_mul_ps(_mm512_add_ps(halves_of[0][r], halves_of[1][r]), d);
         }
     }
     let mins: [__m512i; 4] = std::array::from_fn(|t| paired_bytes(unit.add(at::q4k_mins(2 * t))));

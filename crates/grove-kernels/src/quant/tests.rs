@@ -566,6 +566,62 @@ fn amx_rows_are_the_same_in_any_tile() {
     }
 }
 
+/// Q4_K at its largest sums: every weight 15, every 6-bit scale and min 63, activations at
+/// the quantizer's bound. A super-block's integer sum (8 * 32 * 15 * 127 * 63) is past 2^24,
+/// so its conversion rounds; the VNNI kernel's two exact halves must round to the same bits
+/// as the tiles' one conversion (`simd_columns::with_mins`), on the model and the CPU's tiles.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q4k_largest_sums_round_alike_on_tiles_and_lanes() {
+    if !runs_amx_lanes("q4k_largest_sums_round_alike_on_tiles_and_lanes") {
+        return;
+    }
+    let (n, k) = (21, 512);
+    let mut bytes = vec![0xFFu8; n * k / 256 * 144];
+    for block in bytes.chunks_exact_mut(144) {
+        for (at, value) in [(0, 0.0123f32), (2, 0.0071)] {
+            let half = half::f16::from_f32_const(value).to_bits().to_le_bytes();
+            block[at..at + 2].copy_from_slice(&half);
+        }
+    }
+    let gguf = QMatrix::new(QuantFormat::Q4K, n, k, Bytes::Owned(Arc::new(bytes))).unwrap();
+    let matrix = in_layout(&gguf, Layout::for_kernel(Kernel::Amx));
+    let rows = 17;
+    // Rows of one sign near the row's largest value (sums near their largest and not all
+    // multiples of what f32 can hold there), then random signs at full size.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let x: Vec<f32> = (0..rows * k)
+        .map(|i| match i / k {
+            0..=5 => rng.random_range(0.9..=1.0),
+            6..=9 => -rng.random_range(2.2..=2.5),
+            _ if rng.random() => 1.0,
+            _ => -1.0,
+        })
+        .collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let lanes = bits(&matrix.matmul_with(Kernel::Avx512Vnni, &x, rows));
+    assert_eq!(
+        bits(&emulated_amx(&matrix, &x, rows)),
+        lanes,
+        "modelled tiles"
+    );
+    if Kernel::Amx.runs_here() {
+        assert_eq!(
+            bits(&matrix.matmul_with(Kernel::Amx, &x, rows)),
+            lanes,
+            "tiles"
+        );
+    }
+    let reference = matrix.matmul_with(Kernel::Scalar, &x, rows);
+    let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (a, b) in reference
+        .iter()
+        .zip(&matrix.matmul_with(Kernel::Avx512Vnni, &x, rows))
+    {
+        assert!((a - b).abs() <= 1e-5 * largest, "reference {a}, VNNI {b}");
+    }
+}
+
 /// The AMX kernel's work outside its tiles (spreading weights to bytes, scaling the tiles'
 /// sums), timed on tiles that do nothing, beside the VNNI kernel's whole product: on a CPU
 /// without AMX, whether the lanes alone would keep the tiles from paying. On one thread, a
