@@ -4,7 +4,7 @@
 //! The layout was made for this: a strip's group vector (the same four weights of 16 rows in
 //! 64 bytes) is one row of an AMX `B` tile, so a block's 8 group vectors are a `B` tile of 8
 //! rows as they lie in memory (Q8_0), or once their nibbles are spread to bytes (Q5_0, Q4_K,
-//! Q6_K, into a 512-byte buffer). Up to 16 activation rows' bytes of the same block, read at the
+//! Q6_K, into a buffer). Up to 16 activation rows' bytes of the same block, read at the
 //! activations' row stride, are the `A` tile, and one `tdpbsud` (signed activations, unsigned
 //! weights) leaves the block's 16 x 16 integer sums in a `C` tile. Each block's sums are
 //! stored and scaled in 16 lanes exactly as the AVX-512 VNNI kernel scales its own
@@ -13,10 +13,11 @@
 //! which tile, it went through. Q4_K instead spreads its sub-block scales into its weights
 //! (two planes of bytes), so that a super-block's sums stay in two `C` tiles over four
 //! full-width products and are stored once (`impl Format for Q4K`): a tile's stores and the
-//! lanes' scaling cost more than its products. A step is two blocks (tiles 0, 2, 4 and 1, 3, 5), and the
-//! steps are pipelined: the tiles multiply a step ahead of the lanes that scale its sums, and
-//! the weights are spread a step ahead of the tiles, because the tiles wait for the lanes'
-//! stores to reach the cache before loading them and the lanes for the tiles' stores.
+//! lanes' scaling cost more than its products. A step is two blocks (tiles 0, 2, 4 and 1, 3,
+//! 5), and the steps are pipelined: the tiles multiply a step ahead of the lanes that scale
+//! its sums, and the weights are spread a step ahead of the tiles, because the tiles wait for
+//! the lanes' stores to reach the cache before loading them and the lanes for the tiles'
+//! stores.
 //!
 //! The arithmetic is written once, over [`Tiles`]: on the CPU's tiles and on a model of them
 //! that tests run on any AVX-512 machine. What the tiles leave, the lanes finish in AVX-512
