@@ -37,7 +37,8 @@ use super::amx_tiles::{Config, Hardware, Tiles, ROWS, ROW_BYTES};
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::simd_columns::{
-    byte_scales, dpwssd_broadcast, halves, nibble_groups, paired_bytes, six_bit_groups, Acts, Share,
+    byte_ints, byte_scales, dpwssd_broadcast, halves, nibble_groups, paired_bytes, six_bit_groups,
+    Acts, Share,
 };
 use super::{Kernel, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
@@ -288,7 +289,7 @@ impl Format for Q4K {
     unsafe fn spread(unit: *const u8, pair: usize, out: &mut Spread) {
         for h in 0..2 {
             let j = 2 * pair + h;
-            let scales = _mm512_cvtepu8_epi32(_mm_loadu_si128(unit.add(at::q4k_scales(j)).cast()));
+            let scales = byte_ints::<false>(unit.add(at::q4k_scales(j)));
             // Lane `p` (row `p`'s four weights) is two 16-bit words: each gets the row's
             // factor, and a word's two bytes' products (at most 225) stay in their bytes.
             let words = |factor: __m512i| _mm512_or_si512(factor, _mm512_slli_epi32::<16>(factor));

@@ -126,17 +126,24 @@ pub(super) unsafe fn halves(p: *const u8) -> __m512 {
     _mm512_loadu_ps(values.as_ptr())
 }
 
-/// 16 bytes at `p` (unsigned, or signed where `SIGNED`) as f32 times `d`.
+/// 16 bytes at `p` (unsigned, or signed where `SIGNED`) as 32-bit integers: the 16 rows'
+/// scales of a sub-block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-pub(super) unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: __m512) -> __m512 {
+pub(super) unsafe fn byte_ints<const SIGNED: bool>(p: *const u8) -> __m512i {
     let bytes = _mm_loadu_si128(p.cast());
-    let ints = if SIGNED {
+    if SIGNED {
         _mm512_cvtepi8_epi32(bytes)
     } else {
         _mm512_cvtepu8_epi32(bytes)
-    };
-    _mm512_mul_ps(_mm512_cvtepi32_ps(ints), d)
+    }
+}
+
+/// [`byte_ints`] as f32 times `d`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: __m512) -> __m512 {
+    _mm512_mul_ps(_mm512_cvtepi32_ps(byte_ints::<SIGNED>(p)), d)
 }
 
 /// The 8 groups of 32 weights in 4 nibble vectors at `p` (low nibbles groups 0-3, high 4-7).
@@ -511,9 +518,7 @@ unsafe fn with_mins<const R: usize, const EXACT: bool>(
     for j in 0..8 {
         stream.advance();
         let scales = if EXACT {
-            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                unit.add(at::q4k_scales(j)).cast(),
-            )))
+            _mm512_cvtepi32_ps(byte_ints::<false>(unit.add(at::q4k_scales(j))))
         } else {
             byte_scales::<false>(unit.add(at::q4k_scales(j)), d)
         };
