@@ -3,21 +3,21 @@
 //!
 //! The layout was made for this: a strip's group vector (the same four weights of 16 rows in
 //! 64 bytes) is one row of an AMX `B` tile, so a block's 8 group vectors are a `B` tile of 8
-//! rows as they lie in memory (Q8_0), or once their nibbles are spread to bytes (Q5_0, Q4_K,
-//! Q6_K, into a buffer). Up to 16 activation rows' bytes of the same block, read at the
+//! rows as they lie in memory (Q8_0), or once their nibbles are spread to bytes (Q5_0, into a
+//! buffer). Up to 16 activation rows' bytes of the same block, read at the
 //! activations' row stride, are the `A` tile, and one `tdpbsud` (signed activations, unsigned
 //! weights) leaves the block's 16 x 16 integer sums in a `C` tile. Each block's sums are
 //! stored and scaled in 16 lanes exactly as the AVX-512 VNNI kernel scales its own
 //! (`simd_columns.rs`: the same integer sums, the same float operations in the same order), so
 //! both kernels give the same bits and a row's outputs do not depend on which kernel, or
-//! which tile, it went through. Q4_K instead spreads its sub-block scales into its weights
-//! (two planes of bytes), so that a super-block's sums stay in two `C` tiles over four
-//! full-width products and are stored once (`impl Format for Q4K`): a tile's stores and the
-//! lanes' scaling cost more than its products. A step is two blocks (tiles 0, 2, 4 and 1, 3,
-//! 5), and the steps are pipelined: the tiles multiply a step ahead of the lanes that scale
-//! its sums, and the weights are spread a step ahead of the tiles, because the tiles wait for
-//! the lanes' stores to reach the cache before loading them and the lanes for the tiles'
-//! stores.
+//! which tile, it went through. The K-quants instead spread their sub-block scales into
+//! their weights (two planes of bytes each), so that a super-block's sums stay in two `C`
+//! tiles over four full-width products and are stored once
+//! (`amx_kquants.rs`): a tile's stores and the lanes' scaling cost more than its products. A
+//! step is two blocks (tiles 0, 2, 4 and 1, 3, 5) or a K-quant's 64 weights, and the steps
+//! are pipelined: the tiles multiply a step ahead of the lanes that scale its sums, and the
+//! weights are spread a step ahead of the tiles, because the tiles wait for the lanes' stores
+//! to reach the cache before loading them and the lanes for the tiles' stores.
 //!
 //! The arithmetic is written once, over [`Tiles`]: on the CPU's tiles and on a model of them
 //! that tests run on any AVX-512 machine. What the tiles leave, the lanes finish in AVX-512
@@ -33,13 +33,11 @@
 
 use std::arch::x86_64::*;
 
+use super::amx_kquants::{Planes, Q4K, Q6K};
 use super::amx_tiles::{Config, Hardware, Tiles, ROWS, ROW_BYTES};
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
-use super::simd_columns::{
-    byte_ints, byte_scales, dpwssd_broadcast, halves, nibble_groups, paired_bytes, six_bit_groups,
-    Acts, Share,
-};
+use super::simd_columns::{halves, nibble_groups, Acts, Share};
 use super::{Kernel, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
 
@@ -62,64 +60,84 @@ impl Block {
     }
 }
 
-/// One step's weights spread to bytes: two `B` tiles' rows (Q6_K: two 16-weight sub-blocks,
-/// the halves of one 8-row buffer; Q4_K: two planes of 16 rows).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Spread([[u8; ROWS * VECTOR]; 2]);
+/// A tile's bytes.
+const TILE_BYTES: usize = ROWS * VECTOR;
+
+/// One step's weights spread to bytes (in [`Work`]): two `B` tiles' rows side by side (Q5_0:
+/// two blocks of 8 rows; Q4_K and Q6_K: two planes of 16 rows).
+pub(super) struct Spread(*mut u8);
 
 impl Spread {
     /// Tile `b`'s 8 group vectors from row `first`.
     #[inline(always)]
-    unsafe fn put(&mut self, b: usize, first: usize, groups: [__m512i; 8]) {
+    pub(super) unsafe fn put(&mut self, b: usize, first: usize, groups: [__m512i; 8]) {
         for (g, vector) in groups.into_iter().enumerate() {
-            let row = self.0[b].as_mut_ptr().add(VECTOR * (first + g));
-            _mm512_store_si512(row.cast(), vector);
+            self.put_row(b, first + g, vector);
         }
+    }
+
+    /// Tile `b`'s row `row`.
+    #[inline(always)]
+    pub(super) unsafe fn put_row(&mut self, b: usize, row: usize, vector: __m512i) {
+        _mm512_store_si512(self.plane(b).cast_mut().add(VECTOR * row).cast(), vector);
+    }
+
+    /// Tile `b`'s rows.
+    pub(super) fn plane(&self, b: usize) -> *const u8 {
+        self.0.wrapping_add(b * TILE_BYTES)
+    }
+}
+
+/// One step's two stored `C` tiles (in [`Work`]): two blocks' sums, or a super-block's
+/// planes'.
+pub(super) struct Sums(*mut Block);
+
+impl Sums {
+    /// Where tile `i` is stored.
+    pub(super) fn at(&self, i: usize) -> *mut u8 {
+        self.0.wrapping_add(i).cast()
+    }
+
+    /// Tile `i`'s sums of activation row `m`.
+    #[inline(always)]
+    pub(super) unsafe fn row(&self, i: usize, m: usize) -> __m512i {
+        (*self.0.add(i)).row(m)
     }
 }
 
 /// One format's part of a strip against a tile of `R` activation rows. A unit of the strip
-/// is [`Format::STEPS`] steps; a step is two tile products (two blocks' integer sums), which
-/// the lanes then scale into the rows' outputs.
-trait Format {
+/// is [`Format::STEPS`] steps; a step is two tile products (two blocks' integer sums, or a
+/// K-quant's two planes'), which the lanes then scale into the rows' outputs.
+pub(super) trait Format {
     const FORMAT: QuantFormat;
-    /// Group vectors per scaled block (a `B` tile's rows): 8, Q6_K's 16-weight blocks 4.
-    const GROUPS: usize = 8;
     /// Steps per unit.
     const STEPS: usize;
     /// Bytes of a row of an `A` tile: the activations one tile product takes (a block's).
-    const K_BYTES: usize = 4 * Self::GROUPS;
+    const K_BYTES: usize = 32;
     /// Step `step` of `unit`'s weights spread to bytes, where the format needs it.
     #[inline(always)]
     unsafe fn spread(_unit: *const u8, _step: usize, _out: &mut Spread) {}
-    /// The two `B` tiles of step `step` of `unit`, rows of 64 bytes (`spread` holds what
-    /// [`Format::spread`] left for this step).
-    unsafe fn weights(unit: *const u8, step: usize, spread: &Spread) -> [*const u8; 2];
-    /// Where the two blocks' activation values start in each row, for unit `i`: a 32-weight
+    /// Where the step's activation values start in each row, for unit `i`: a 32-weight
     /// format's two blocks.
     fn offsets(i: usize, _step: usize) -> [usize; 2] {
         [64 * i, 64 * i + 32]
     }
-    /// Step `step`'s tile products into `out`: by default two blocks' sums, each product from
-    /// zero and stored.
-    #[inline(always)]
+    /// Step `step` of `unit`'s tile products into `out`, from its weights in the unit or
+    /// where [`Format::spread`] left them (`spread`).
     unsafe fn products<T: Tiles, const R: usize>(
         tiles: &mut T,
         x: &Tile<R>,
-        weights: [*const u8; 2],
+        weights: (*const u8, &Spread),
         offsets: [usize; 2],
-        _step: usize,
-        out: &mut [Block; 2],
-    ) {
-        two_sums(tiles, x, weights, offsets, out);
-    }
+        step: usize,
+        out: &mut Sums,
+    );
     /// The step's sums scaled into `block` (a K-quant's super-block, before its activation
     /// scale) or straight into `acc` (a 32-weight format's two blocks).
     #[inline(always)]
     unsafe fn scale<const R: usize>(
         x: &Tile<R>,
-        sums: &[Block; 2],
+        sums: &Sums,
         (unit, i, _): (*const u8, usize, usize),
         _block: &mut [__m512; R],
         acc: &mut [__m512; R],
@@ -144,16 +162,35 @@ trait Format {
 /// just stored without waiting for it to reach the cache, so each waits a step behind.
 struct Work {
     sums: [[Block; 2]; 2],
-    spread: [Spread; 2],
+    spread: [[[u8; TILE_BYTES]; 2]; 2],
+}
+
+impl Work {
+    fn new() -> Self {
+        Self {
+            sums: [[Block([[0; STRIP]; ROWS]); 2]; 2],
+            spread: [[[0; TILE_BYTES]; 2]; 2],
+        }
+    }
+
+    /// Step buffer `s`'s stored tiles.
+    fn sums(&mut self, s: usize) -> Sums {
+        Sums(self.sums[s].as_mut_ptr())
+    }
+
+    /// Step buffer `s`'s spread weights.
+    fn spread(&mut self, s: usize) -> Spread {
+        Spread(self.spread[s].as_mut_ptr().cast())
+    }
 }
 
 /// The `R` activation rows of one tile product.
-struct Tile<const R: usize> {
+pub(super) struct Tile<const R: usize> {
     /// Row 0's quantized values, row `m`'s `m * k` bytes on: the `A` tiles' rows.
-    q: *const u8,
-    k: usize,
+    pub(super) q: *const u8,
+    pub(super) k: usize,
     /// The rows' scales, zero points and sums, as the VNNI kernel reads them.
-    x: Acts<R>,
+    pub(super) x: Acts<R>,
 }
 
 /// Two blocks' integer sums into `out` (each tile row's first `R` rows): blocks whose
@@ -165,7 +202,7 @@ unsafe fn two_sums<T: Tiles, const R: usize>(
     x: &Tile<R>,
     weights: [*const u8; 2],
     offsets: [usize; 2],
-    out: &mut [Block; 2],
+    out: &mut Sums,
 ) {
     tiles.zero::<0>();
     tiles.zero::<1>();
@@ -175,18 +212,18 @@ unsafe fn two_sums<T: Tiles, const R: usize>(
     tiles.load::<5>(weights[1], VECTOR);
     tiles.dot::<0, 2, 4>();
     tiles.dot::<1, 3, 5>();
-    tiles.store::<0>(out[0].0.as_mut_ptr().cast(), ROW_BYTES);
-    tiles.store::<1>(out[1].0.as_mut_ptr().cast(), ROW_BYTES);
+    tiles.store::<0>(out.at(0), ROW_BYTES);
+    tiles.store::<1>(out.at(1), ROW_BYTES);
 }
 
-/// A 32-weight block's sums (`sums`, starting at each row's zero point) scaled into the
-/// rows' outputs by the 16 rows' f16 scales at `scales` and each row's activation scale of
-/// block `block`: the VNNI kernel's `scale_block`.
+/// A 32-weight block's sums (tile `b` of `sums`, starting at each row's zero point) scaled
+/// into the rows' outputs by the 16 rows' f16 scales at `scales` and each row's activation
+/// scale of block `block`: the VNNI kernel's `scale_block`.
 #[inline(always)]
 unsafe fn scale_block<const R: usize>(
     x: &Tile<R>,
     acc: &mut [__m512; R],
-    sums: &Block,
+    (sums, b): (&Sums, usize),
     scales: *const u8,
     block: usize,
 ) {
@@ -194,7 +231,7 @@ unsafe fn scale_block<const R: usize>(
     for m in 0..R {
         let start = _mm512_set1_epi32(*x.x.zero[m].add(block));
         let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.x.scale[m].add(block)));
-        let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(start, sums.row(m)));
+        let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(start, sums.row(b, m)));
         acc[m] = _mm512_fmadd_ps(sum, scale, acc[m]);
     }
 }
@@ -203,29 +240,35 @@ unsafe fn scale_block<const R: usize>(
 #[inline(always)]
 unsafe fn two_blocks<const R: usize>(
     x: &Tile<R>,
-    sums: &[Block; 2],
+    sums: &Sums,
     unit: *const u8,
     i: usize,
     acc: &mut [__m512; R],
 ) {
     for b in 0..2 {
         let scales = unit.add(at::block_scales(b));
-        scale_block(x, acc, &sums[b], scales, 2 * i + b);
+        scale_block(x, acc, (sums, b), scales, 2 * i + b);
     }
 }
 
 struct Q8_0;
 struct Q5_0;
-struct Q4K;
-struct Q6K;
 
 impl Format for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
     const STEPS: usize = 1;
 
     #[inline(always)]
-    unsafe fn weights(unit: *const u8, _: usize, _: &Spread) -> [*const u8; 2] {
-        [0, 1].map(|b| unit.add(at::q8_block(b)))
+    unsafe fn products<T: Tiles, const R: usize>(
+        tiles: &mut T,
+        x: &Tile<R>,
+        (unit, _): (*const u8, &Spread),
+        offsets: [usize; 2],
+        _: usize,
+        out: &mut Sums,
+    ) {
+        let weights = [0, 1].map(|b| unit.add(at::q8_block(b)));
+        two_sums(tiles, x, weights, offsets, out);
     }
 }
 
@@ -252,209 +295,16 @@ impl Format for Q5_0 {
     }
 
     #[inline(always)]
-    unsafe fn weights(_: *const u8, _: usize, spread: &Spread) -> [*const u8; 2] {
-        [0, 1].map(|b| spread.0[b].as_ptr())
-    }
-}
-
-/// A K-quant super-block's sub-block sums scaled by the 16 rows' sub-block `scales`.
-#[inline(always)]
-unsafe fn scale_sub_block<const R: usize>(
-    block: &mut [__m512; R],
-    sums: &Block,
-    scales: __m512,
-    zero: &[i32; R],
-) {
-    for m in 0..R {
-        let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_set1_epi32(zero[m]), sums.row(m)));
-        block[m] = _mm512_fmadd_ps(sum, scales, block[m]);
-    }
-}
-
-/// Q4_K's sub-block scales go into its weights, so that a super-block's sums stay in the
-/// tiles: a 6-bit scale is `16 h + l` (`h < 4`, `l < 16`), and a step's two sub-blocks (64
-/// weights, one full-width product) are spread as two planes of bytes, `q * l` and `q * h`
-/// (at most 225: unsigned bytes), whose products add up over the super-block's four steps in
-/// two `C` tiles. Stored once, `16 C_h + C_l` is the super-block's integer sum of each
-/// sub-block's sum times its scale, converted once and multiplied by `d`: the VNNI kernel's
-/// bits (`with_mins`), with a quarter of the stores and scaling of a tile product a
-/// sub-block.
-impl Format for Q4K {
-    const FORMAT: QuantFormat = QuantFormat::Q4K;
-    /// Pairs of 32-weight sub-blocks.
-    const STEPS: usize = 4;
-    const K_BYTES: usize = ROW_BYTES;
-
-    #[inline(always)]
-    unsafe fn spread(unit: *const u8, pair: usize, out: &mut Spread) {
-        for h in 0..2 {
-            let j = 2 * pair + h;
-            let scales = byte_ints::<false>(unit.add(at::q4k_scales(j)));
-            // Lane `p` (row `p`'s four weights) is two 16-bit words: each gets the row's
-            // factor, and a word's two bytes' products (at most 225) stay in their bytes.
-            let words = |factor: __m512i| _mm512_or_si512(factor, _mm512_slli_epi32::<16>(factor));
-            let low = words(_mm512_and_si512(scales, _mm512_set1_epi32(15)));
-            let high = words(_mm512_srli_epi32::<4>(scales));
-            let groups = nibble_groups(unit.add(at::q4k_quants(j)));
-            out.put(0, 8 * h, groups.map(|g| _mm512_mullo_epi16(g, low)));
-            out.put(1, 8 * h, groups.map(|g| _mm512_mullo_epi16(g, high)));
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn weights(_: *const u8, _: usize, spread: &Spread) -> [*const u8; 2] {
-        [0, 1].map(|plane| spread.0[plane].as_ptr())
-    }
-
-    fn offsets(i: usize, pair: usize) -> [usize; 2] {
-        [256 * i + 64 * pair; 2]
-    }
-
-    /// Both planes against the step's 64 activations, into sums that start at the
-    /// super-block's first step and are stored after its last.
-    #[inline(always)]
     unsafe fn products<T: Tiles, const R: usize>(
         tiles: &mut T,
         x: &Tile<R>,
-        weights: [*const u8; 2],
+        (_, spread): (*const u8, &Spread),
         offsets: [usize; 2],
-        pair: usize,
-        out: &mut [Block; 2],
+        _: usize,
+        out: &mut Sums,
     ) {
-        if pair == 0 {
-            tiles.zero::<0>();
-            tiles.zero::<1>();
-        }
-        tiles.load::<2>(x.q.add(offsets[0]), x.k);
-        tiles.load::<4>(weights[0], VECTOR);
-        tiles.load::<5>(weights[1], VECTOR);
-        tiles.dot::<0, 2, 4>();
-        tiles.dot::<1, 2, 5>();
-        if pair + 1 == Self::STEPS {
-            tiles.store::<0>(out[0].0.as_mut_ptr().cast(), ROW_BYTES);
-            tiles.store::<1>(out[1].0.as_mut_ptr().cast(), ROW_BYTES);
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn scale<const R: usize>(
-        _: &Tile<R>,
-        sums: &[Block; 2],
-        (unit, _, pair): (*const u8, usize, usize),
-        block: &mut [__m512; R],
-        _: &mut [__m512; R],
-    ) {
-        if pair + 1 == Self::STEPS {
-            let d = halves(unit.add(at::D));
-            for m in 0..R {
-                let high = _mm512_slli_epi32::<4>(sums[1].row(m));
-                let sum = _mm512_add_epi32(sums[0].row(m), high);
-                block[m] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), d);
-            }
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn end_unit<const R: usize>(
-        x: &Tile<R>,
-        unit: *const u8,
-        i: usize,
-        block: &[__m512; R],
-        acc: &mut [__m512; R],
-    ) {
-        let mut block = *block;
-        subtract_mins(x, &mut block, unit, i);
-        finish_super_block(x, acc, &block, i);
-    }
-}
-
-/// A Q4_K super-block's mins' term taken from `block`, in integers once per super-block as
-/// the VNNI kernel's (`with_mins`): per activation row, its 8 sub-blocks' sums (16 bits, two
-/// to a broadcast word) against the 16 rows' 6-bit mins in four `vpdpwssd`s, then one
-/// conversion and one multiply-add by `dmin`.
-#[inline(always)]
-unsafe fn subtract_mins<const R: usize>(
-    x: &Tile<R>,
-    block: &mut [__m512; R],
-    unit: *const u8,
-    i: usize,
-) {
-    let mins: [__m512i; 4] = std::array::from_fn(|t| paired_bytes(unit.add(at::q4k_mins(2 * t))));
-    let dmin = halves(unit.add(at::DMIN));
-    for m in 0..R {
-        let mut sums = _mm512_setzero_si512();
-        for t in 0..4 {
-            sums = dpwssd_broadcast(sums, mins[t], x.x.sums[m].add(8 * i + 2 * t));
-        }
-        block[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sums), dmin, block[m]);
-    }
-}
-
-/// A K-quant super-block's scaled sums into the outputs, times each row's activation scale
-/// of super-block `i`.
-#[inline(always)]
-unsafe fn finish_super_block<const R: usize>(
-    x: &Tile<R>,
-    acc: &mut [__m512; R],
-    block: &[__m512; R],
-    i: usize,
-) {
-    for m in 0..R {
-        let scale = _mm512_set1_ps(*x.x.scale[m].add(i));
-        acc[m] = _mm512_fmadd_ps(block[m], scale, acc[m]);
-    }
-}
-
-impl Format for Q6K {
-    const FORMAT: QuantFormat = QuantFormat::Q6K;
-    const GROUPS: usize = 4;
-    /// Pairs of 16-weight sub-blocks.
-    const STEPS: usize = 8;
-
-    #[inline(always)]
-    unsafe fn spread(unit: *const u8, j: usize, out: &mut Spread) {
-        out.put(0, 0, six_bit_groups(unit.add(at::q6k_quants(j))));
-    }
-
-    #[inline(always)]
-    unsafe fn weights(_: *const u8, _: usize, spread: &Spread) -> [*const u8; 2] {
-        // Sub-blocks 2j and 2j + 1 (16 weights): groups 0-3 and 4-7.
-        let out = spread.0[0].as_ptr();
-        [out, out.add(4 * VECTOR)]
-    }
-
-    fn offsets(i: usize, j: usize) -> [usize; 2] {
-        [0, 1].map(|h| 256 * i + 16 * (2 * j + h))
-    }
-
-    #[inline(always)]
-    unsafe fn scale<const R: usize>(
-        x: &Tile<R>,
-        sums: &[Block; 2],
-        (unit, i, j): (*const u8, usize, usize),
-        block: &mut [__m512; R],
-        _: &mut [__m512; R],
-    ) {
-        let d = halves(unit.add(at::D));
-        for h in 0..2 {
-            let sub = 2 * j + h;
-            let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub)), d);
-            // The zero point (32) times the sub-block's activation sum, in integers as the
-            // VNNI kernel starts its sums.
-            let zero: [i32; R] = std::array::from_fn(|m| *x.x.zero[m].add(16 * i + sub));
-            scale_sub_block(block, &sums[h], scales, &zero);
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn end_unit<const R: usize>(
-        x: &Tile<R>,
-        _: *const u8,
-        i: usize,
-        block: &[__m512; R],
-        acc: &mut [__m512; R],
-    ) {
-        finish_super_block(x, acc, block, i);
+        let weights = [0, 1].map(|b| spread.plane(b));
+        two_sums(tiles, x, weights, offsets, out);
     }
 }
 
@@ -479,14 +329,14 @@ unsafe fn issue<F: Format, T: Tiles, const R: usize>(
     t: usize,
 ) {
     let (unit, i, s) = at_step::<F>(strip, t);
-    let weights = F::weights(unit, s, &work.spread[t % 2]);
+    let weights = (unit, &work.spread(t % 2));
     F::products(
         tiles,
         x,
         weights,
         F::offsets(i, s),
         s,
-        &mut work.sums[t % 2],
+        &mut work.sums(t % 2),
     );
 }
 
@@ -494,7 +344,7 @@ unsafe fn issue<F: Format, T: Tiles, const R: usize>(
 #[inline(always)]
 unsafe fn spread<F: Format>(work: &mut Work, strip: *const u8, t: usize) {
     let (unit, _, s) = at_step::<F>(strip, t);
-    F::spread(unit, s, &mut work.spread[t % 2]);
+    F::spread(unit, s, &mut work.spread(t % 2));
 }
 
 /// One strip against a tile's rows, its steps pipelined: while the lanes scale step `t`'s
@@ -525,7 +375,7 @@ unsafe fn strip<F: Format, T: Tiles, const R: usize>(
             spread::<F>(work, strip, t + 2);
         }
         let (unit, i, s) = at_step::<F>(strip, t);
-        F::scale(x, &work.sums[t % 2], (unit, i, s), &mut block, &mut acc);
+        F::scale(x, &work.sums(t % 2), (unit, i, s), &mut block, &mut acc);
         if s + 1 == F::STEPS {
             F::end_unit(x, unit, i, &block, &mut acc);
             block = [_mm512_setzero_ps(); R];
@@ -599,10 +449,7 @@ fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
 /// faster (docs/benchmarks.md, session 46).
 #[inline(always)]
 unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize) {
-    let mut work = Work {
-        sums: [[Block([[0; STRIP]; ROWS]); 2]; 2],
-        spread: [Spread([[0; ROWS * VECTOR]; 2]); 2],
-    };
+    let mut work = Work::new();
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let len = share.count * units * columns::unit_bytes(F::FORMAT);
     let steps = share.count * units * F::STEPS;
@@ -638,8 +485,8 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
     match format {
         QuantFormat::Q8_0 => run::<Q8_0, T>(tiles, share, rows),
         QuantFormat::Q5_0 => run::<Q5_0, T>(tiles, share, rows),
-        QuantFormat::Q4K => run::<Q4K, T>(tiles, share, rows),
-        QuantFormat::Q6K => run::<Q6K, T>(tiles, share, rows),
+        QuantFormat::Q4K => run::<Planes<Q4K>, T>(tiles, share, rows),
+        QuantFormat::Q6K => run::<Planes<Q6K>, T>(tiles, share, rows),
         QuantFormat::Q5_1 | QuantFormat::Q4_0 | QuantFormat::Q5K => {
             unreachable!(
                 "{} goes to the AVX-512 VNNI kernel (Kernel::for_format)",

@@ -9,7 +9,8 @@
 //! rows); `tileloadd` reads a tile's rows from `base + row * stride`; `tdpbsud c, a, b` adds to
 //! each 32-bit element `c[m][n]` the sum over `k` of four products of a signed byte
 //! `a[m][4k + j]` and an unsigned byte `b[k][4n + j]`, wrapping; `tilestored` writes a tile's
-//! rows; rows and bytes past a tile's shape read as zero.
+//! rows; `tdpbssd` is `tdpbsud` with signed bytes in `b` too; rows and bytes past a tile's
+//! shape read as zero.
 //!
 //! Linux hands a process the tiles' 8 KiB of state only once asked
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); [`available`] asks, once.
@@ -75,6 +76,8 @@ pub trait Tiles {
     unsafe fn load<const T: u8>(&mut self, base: *const u8, stride: usize);
     /// `tdpbsud`: `C += A (signed bytes) . B (unsigned bytes)`.
     unsafe fn dot<const C: u8, const A: u8, const B: u8>(&mut self);
+    /// `tdpbssd`: `C += A (signed bytes) . B (signed bytes)`.
+    unsafe fn dot_signed<const C: u8, const A: u8, const B: u8>(&mut self);
     /// `tilestored`: tile `T`'s rows to `base + row * stride`.
     unsafe fn store<const T: u8>(&mut self, base: *mut u8, stride: usize);
     /// `tilerelease`: the tiles back to their initial (unused) state.
@@ -118,6 +121,17 @@ impl Tiles for Hardware {
     }
 
     #[inline(always)]
+    unsafe fn dot_signed<const C: u8, const A: u8, const B: u8>(&mut self) {
+        asm!(
+            "tdpbssd tmm{c}, tmm{a}, tmm{b}",
+            c = const C,
+            a = const A,
+            b = const B,
+            options(nostack, nomem)
+        );
+    }
+
+    #[inline(always)]
     unsafe fn store<const T: u8>(&mut self, base: *mut u8, stride: usize) {
         asm!(
             "tilestored [{base} + {stride} * 1], tmm{t}",
@@ -147,6 +161,7 @@ impl Tiles for Absent {
         std::hint::black_box(base);
     }
     unsafe fn dot<const C: u8, const A: u8, const B: u8>(&mut self) {}
+    unsafe fn dot_signed<const C: u8, const A: u8, const B: u8>(&mut self) {}
     unsafe fn store<const T: u8>(&mut self, base: *mut u8, _: usize) {
         std::hint::black_box(base);
     }
@@ -172,6 +187,37 @@ impl Emulated {
     fn element(&self, t: usize, row: usize, n: usize) -> i32 {
         let bytes = &self.tiles[t][row][4 * n..4 * n + 4];
         i32::from_le_bytes(bytes.try_into().expect("4 bytes"))
+    }
+
+    /// `tdpbsud` (or where `signed_b`, `tdpbssd`) of tiles `c`, `a` and `b`.
+    fn product(&mut self, c: usize, a: usize, b: usize, signed_b: bool) {
+        let (m_rows, n_cols) = (self.config.rows(c), self.config.bytes(c) / 4);
+        let k_groups = self.config.bytes(a) / 4;
+        assert_eq!(self.config.rows(a), m_rows, "A's rows are C's");
+        assert_eq!(self.config.rows(b), k_groups, "B's rows are A's groups");
+        assert_eq!(
+            self.config.bytes(b),
+            self.config.bytes(c),
+            "B's width is C's"
+        );
+        for m in 0..m_rows {
+            for n in 0..n_cols {
+                let mut sum = self.element(c, m, n);
+                for k in 0..k_groups {
+                    for j in 0..4 {
+                        let x = i32::from(self.tiles[a][m][4 * k + j] as i8);
+                        let byte = self.tiles[b][k][4 * n + j];
+                        let w = if signed_b {
+                            i32::from(byte as i8)
+                        } else {
+                            i32::from(byte)
+                        };
+                        sum = sum.wrapping_add(x * w);
+                    }
+                }
+                self.tiles[c][m][4 * n..4 * n + 4].copy_from_slice(&sum.to_le_bytes());
+            }
+        }
     }
 }
 
@@ -204,29 +250,11 @@ impl Tiles for Emulated {
     }
 
     unsafe fn dot<const C: u8, const A: u8, const B: u8>(&mut self) {
-        let (c, a, b) = (usize::from(C), usize::from(A), usize::from(B));
-        let (m_rows, n_cols) = (self.config.rows(c), self.config.bytes(c) / 4);
-        let k_groups = self.config.bytes(a) / 4;
-        assert_eq!(self.config.rows(a), m_rows, "A's rows are C's");
-        assert_eq!(self.config.rows(b), k_groups, "B's rows are A's groups");
-        assert_eq!(
-            self.config.bytes(b),
-            self.config.bytes(c),
-            "B's width is C's"
-        );
-        for m in 0..m_rows {
-            for n in 0..n_cols {
-                let mut sum = self.element(c, m, n);
-                for k in 0..k_groups {
-                    for j in 0..4 {
-                        let x = i32::from(self.tiles[a][m][4 * k + j] as i8);
-                        let w = i32::from(self.tiles[b][k][4 * n + j]);
-                        sum = sum.wrapping_add(x * w);
-                    }
-                }
-                self.tiles[c][m][4 * n..4 * n + 4].copy_from_slice(&sum.to_le_bytes());
-            }
-        }
+        self.product(usize::from(C), usize::from(A), usize::from(B), false);
+    }
+
+    unsafe fn dot_signed<const C: u8, const A: u8, const B: u8>(&mut self) {
+        self.product(usize::from(C), usize::from(A), usize::from(B), true);
     }
 
     unsafe fn store<const T: u8>(&mut self, base: *mut u8, stride: usize) {
@@ -284,9 +312,10 @@ mod tests {
     use super::*;
 
     /// The model's `tdpbsud` against the definition, written out for one small case: a
-    /// signed byte of A times an unsigned byte of B (255 is 255, -1 is -1).
+    /// signed byte of A times an unsigned byte of B (255 is 255, -1 is -1); then its
+    /// `tdpbssd`, where B's bytes are signed too.
     #[test]
-    fn emulated_dot_product_is_signed_times_unsigned() {
+    fn emulated_dot_products_take_signed_or_unsigned_weights() {
         let config = Config::new().shape(0, 2, 8).shape(1, 2, 8).shape(2, 2, 8);
         let mut tiles = Emulated::new();
         // A: 2 rows x 8 bytes (two groups of four); B: 2 rows (groups) x 2 columns of 4.
@@ -317,6 +346,12 @@ mod tests {
             ]
         );
         assert_eq!(c[0], 7 + 255 - 1 + 3 * 2 - 128);
+        // `tdpbssd` on the same tiles: B's 255 is -1 now.
+        unsafe {
+            tiles.dot_signed::<0, 1, 2>();
+            tiles.store::<0>(c.as_mut_ptr().cast(), 8);
+        }
+        assert_eq!(c[0], 7 + 2 * (255 - 1 + 3 * 2 - 128) - 256);
     }
 
     #[test]

@@ -17,6 +17,8 @@
 #[cfg(target_arch = "x86_64")]
 mod amx_columns;
 #[cfg(target_arch = "x86_64")]
+mod amx_kquants;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod amx_tiles;
 #[cfg(target_arch = "x86_64")]
 pub mod amx_trial;

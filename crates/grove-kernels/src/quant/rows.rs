@@ -28,9 +28,10 @@ pub struct QuantizedRows {
     /// The same for Q5_0 (zero point 16) and Q4_0 (8).
     pub(super) zero_q5: Vec<i32>,
     pub(super) zero_q4: Vec<i32>,
-    /// `[rows, k / 16]` for Q6_K on AVX-512 CPUs (and AMX, which reads their rows): where a
-    /// 16-weight sub-block's integer sums start, minus the zero point (32) times its values'
-    /// sum, so the zero point costs a broadcast load per sub-block and row.
+    /// `[rows, k / 16]` for Q6_K on AVX-512 CPUs (the VNNI kernel's: AMX's tiles centre the
+    /// weights instead): where a 16-weight sub-block's integer sums start, minus the zero
+    /// point (32) times its values' sum, so the zero point costs a broadcast load per
+    /// sub-block and row.
     pub(super) zero_q6: Vec<i32>,
     /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
     /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.

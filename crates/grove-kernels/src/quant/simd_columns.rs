@@ -139,11 +139,11 @@ pub(super) unsafe fn byte_ints<const SIGNED: bool>(p: *const u8) -> __m512i {
     }
 }
 
-/// [`byte_ints`] as f32 times `d`.
+/// Unsigned [`byte_ints`] as f32 times `d`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-pub(super) unsafe fn byte_scales<const SIGNED: bool>(p: *const u8, d: __m512) -> __m512 {
-    _mm512_mul_ps(_mm512_cvtepi32_ps(byte_ints::<SIGNED>(p)), d)
+unsafe fn byte_scales(p: *const u8, d: __m512) -> __m512 {
+    _mm512_mul_ps(_mm512_cvtepi32_ps(byte_ints::<false>(p)), d)
 }
 
 /// The 8 groups of 32 weights in 4 nibble vectors at `p` (low nibbles groups 0-3, high 4-7).
@@ -501,7 +501,7 @@ impl Format for Q5K {
 /// half super-block's four add up exactly (below 2^24), and the two halves' sum is the
 /// super-block's integer sum rounded once, as a conversion would round it. Then one multiply
 /// by `d`. So the AMX kernel, which adds the sub-blocks' scaled sums in its tiles' integers
-/// and converts once (`amx_columns.rs`), gives the same bits.
+/// and converts once (`amx_kquants.rs`), gives the same bits.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn with_mins<const R: usize, const EXACT: bool>(
@@ -520,7 +520,7 @@ unsafe fn with_mins<const R: usize, const EXACT: bool>(
         let scales = if EXACT {
             _mm512_cvtepi32_ps(byte_ints::<false>(unit.add(at::q4k_scales(j))))
         } else {
-            byte_scales::<false>(unit.add(at::q4k_scales(j)), d)
+            byte_scales(unit.add(at::q4k_scales(j)), d)
         };
         let u = groups(j);
         let zero = [_mm512_setzero_si512(); R];
@@ -549,9 +549,14 @@ impl Format for Q6K {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     const PACES: usize = 8;
 
-    /// The weights' zero point (32) where each 16-weight sub-block's sums start
-    /// ([`zero_start`]): a broadcast load per sub-block and row, no multiply (the sums stay
-    /// within 16 * 32 * 127 < 2^24: exact as f32).
+    /// Each 16-weight sub-block's sums start at the weights' zero point (32) times the
+    /// activations' sum ([`zero_start`]), so they are the centred weights' (`q - 32`) sums.
+    /// Times the sub-block's signed scale (below 16 * 32 * 127 * 128 < 2^23) they add up in
+    /// integers over the super-block, converted once and multiplied by `d`: the AMX kernel's
+    /// bits, whose tiles leave the same integer (`amx_kquants`, `impl KQuant for Q6K`), and
+    /// llama.cpp's order. A pair of sub-blocks is scaled and added in f32, exactly (below
+    /// 2^24), and converted back: fewer operations on the port of `vpdpbusd` than an integer
+    /// multiply a sub-block.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize>(
@@ -561,24 +566,29 @@ impl Format for Q6K {
         acc: &mut [__m512; R],
         stream: &mut Stream,
     ) {
-        let d = halves(unit.add(at::D));
-        let mut block = [_mm512_setzero_ps(); R];
+        let mut ints = [_mm512_setzero_si512(); R];
         for j in 0..8 {
             stream.advance();
             let u = six_bit_groups(unit.add(at::q6k_quants(j)));
+            let mut pair = [_mm512_setzero_ps(); R];
             for half in 0..2 {
                 // Sub-block 2j + half: 16 weights.
                 let sub = 2 * j + half;
-                let scales = byte_scales::<true>(unit.add(at::q6k_scales(sub)), d);
+                let scales = _mm512_cvtepi32_ps(byte_ints::<true>(unit.add(at::q6k_scales(sub))));
                 let start = zero_start::<R>(x, 16 * i + sub);
                 let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u[4 * half + g]);
                 for r in 0..R {
-                    block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
+                    pair[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, pair[r]);
                 }
             }
+            for r in 0..R {
+                ints[r] = _mm512_add_epi32(ints[r], _mm512_cvtps_epi32(pair[r]));
+            }
         }
+        let d = halves(unit.add(at::D));
         for r in 0..R {
-            acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+            let block = _mm512_mul_ps(_mm512_cvtepi32_ps(ints[r]), d);
+            acc[r] = _mm512_fmadd_ps(block, _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
         }
     }
 }

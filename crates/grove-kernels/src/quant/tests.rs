@@ -566,25 +566,41 @@ fn amx_rows_are_the_same_in_any_tile() {
     }
 }
 
-/// Q4_K at its largest sums: every weight 15, every 6-bit scale and min 63, activations at
-/// the quantizer's bound. A super-block's integer sum (8 * 32 * 15 * 127 * 63) is past 2^24,
-/// so its conversion rounds; the VNNI kernel's two exact halves must round to the same bits
-/// as the tiles' one conversion (`simd_columns::with_mins`), on the model and the CPU's tiles.
+/// K-quants at their largest sums, past 2^24, where conversions round: the VNNI kernel's
+/// exact partial sums in f32 must round to the same bits as the tiles' one conversion of the
+/// integer sum (`simd_columns::with_mins`, `amx_kquants`), on the model and the CPU's
+/// tiles. Q4_K: every weight 15, every 6-bit scale and min 63 (8 * 32 * 15 * 127 * 63). Q6_K:
+/// every weight -31 (`q = 1`), every scale -127 (16 * 16 * 31 * 127 * 127), each pair of
+/// sub-blocks just below 2^24: odd factors, or the sums would be multiples of a power of two
+/// that f32 holds exactly.
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn q4k_largest_sums_round_alike_on_tiles_and_lanes() {
-    if !runs_amx_lanes("q4k_largest_sums_round_alike_on_tiles_and_lanes") {
+fn k_quant_largest_sums_round_alike_on_tiles_and_lanes() {
+    if !runs_amx_lanes("k_quant_largest_sums_round_alike_on_tiles_and_lanes") {
         return;
     }
+    let f16 = |value: f32| half::f16::from_f32_const(value).to_bits().to_le_bytes();
+    let q4k = |block: &mut [u8]| {
+        block.fill(0xFF);
+        block[0..2].copy_from_slice(&f16(0.0123));
+        block[2..4].copy_from_slice(&f16(0.0071));
+    };
+    let q6k = |block: &mut [u8]| {
+        block[..128].fill(0x11);
+        block[128..192].fill(0);
+        block[192..208].fill(-127i8 as u8);
+        block[208..210].copy_from_slice(&f16(0.0123));
+    };
+    largest_sums_round_alike(QuantFormat::Q4K, q4k);
+    largest_sums_round_alike(QuantFormat::Q6K, q6k);
+}
+
+fn largest_sums_round_alike(format: QuantFormat, block: impl Fn(&mut [u8])) {
     let (n, k) = (21, 512);
-    let mut bytes = vec![0xFFu8; n * k / 256 * 144];
-    for block in bytes.chunks_exact_mut(144) {
-        for (at, value) in [(0, 0.0123f32), (2, 0.0071)] {
-            let half = half::f16::from_f32_const(value).to_bits().to_le_bytes();
-            block[at..at + 2].copy_from_slice(&half);
-        }
-    }
-    let gguf = QMatrix::new(QuantFormat::Q4K, n, k, Bytes::Owned(Arc::new(bytes))).unwrap();
+    let block_bytes = format.row_bytes(256).expect("a super-block");
+    let mut bytes = vec![0u8; n * k / 256 * block_bytes];
+    bytes.chunks_exact_mut(block_bytes).for_each(block);
+    let gguf = QMatrix::new(format, n, k, Bytes::Owned(Arc::new(bytes))).unwrap();
     let matrix = in_layout(&gguf, Layout::for_kernel(Kernel::Amx));
     let rows = 17;
     // Rows of one sign near the row's largest value (sums near their largest and not all
@@ -598,19 +614,14 @@ fn q4k_largest_sums_round_alike_on_tiles_and_lanes() {
             _ => -1.0,
         })
         .collect();
+    let name = format.name();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let lanes = bits(&matrix.matmul_with(Kernel::Avx512Vnni, &x, rows));
-    assert_eq!(
-        bits(&emulated_amx(&matrix, &x, rows)),
-        lanes,
-        "modelled tiles"
-    );
+    let modelled = bits(&emulated_amx(&matrix, &x, rows));
+    assert_eq!(modelled, lanes, "{name}: modelled tiles");
     if Kernel::Amx.runs_here() {
-        assert_eq!(
-            bits(&matrix.matmul_with(Kernel::Amx, &x, rows)),
-            lanes,
-            "tiles"
-        );
+        let tiles = bits(&matrix.matmul_with(Kernel::Amx, &x, rows));
+        assert_eq!(tiles, lanes, "{name}: tiles");
     }
     let reference = matrix.matmul_with(Kernel::Scalar, &x, rows);
     let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -618,7 +629,10 @@ fn q4k_largest_sums_round_alike_on_tiles_and_lanes() {
         .iter()
         .zip(&matrix.matmul_with(Kernel::Avx512Vnni, &x, rows))
     {
-        assert!((a - b).abs() <= 1e-5 * largest, "reference {a}, VNNI {b}");
+        assert!(
+            (a - b).abs() <= 1e-5 * largest,
+            "{name}: reference {a}, VNNI {b}"
+        );
     }
 }
 
