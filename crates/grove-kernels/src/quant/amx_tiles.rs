@@ -149,7 +149,7 @@ impl Tiles for Hardware {
 }
 
 /// Tiles that do nothing: the kernel's work outside them, timed alone (the AMX kernel's
-/// lanes measured on a CPU without tiles, `quant::tests::amx_lanes_alone`).
+/// lanes measured on a CPU without tiles, `quant::amx_tests::amx_lanes_alone`).
 #[cfg(test)]
 pub struct Absent;
 

@@ -171,7 +171,8 @@ fn product(matrix: &QMatrix, acts: &QuantizedRows, tiles: bool, out: OutRows<'_>
     if tiles {
         amx_columns::dot_strips(matrix.format, strips, n, acts, 0, out);
     } else {
-        simd_columns::dot_strips(matrix.format, strips, n, acts, 0, out);
+        // With the tiles' rounding: their bits are compared.
+        simd_columns::dot_strips(matrix.format, strips, n, acts, 0, out, true);
     }
 }
 

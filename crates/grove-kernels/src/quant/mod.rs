@@ -531,7 +531,10 @@ impl QMatrix {
                 return;
             }
             if kernel != Kernel::Avx2 {
-                simd_columns::dot_strips(self.format, strips, w, acts, 0, out);
+                // Where the tiles multiply this format's many-row products, its few-row ones
+                // round as theirs.
+                let exact = kernel == Kernel::Amx && amx_trial::tiles_from(self.format).is_some();
+                simd_columns::dot_strips(self.format, strips, w, acts, 0, out, exact);
                 return;
             }
             // AVX2 reads Q5_0's fifth bits only as planes (no kernel hands it a matrix).
@@ -618,5 +621,7 @@ struct DecodedChunk {
     offset: [f32; LANES],
 }
 
+#[cfg(all(test, target_arch = "x86_64"))]
+mod amx_tests;
 #[cfg(test)]
 mod tests;

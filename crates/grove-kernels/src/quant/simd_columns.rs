@@ -228,9 +228,11 @@ struct Q8_0;
 struct Q5_0;
 struct Q5_1;
 struct Q4_0;
-struct Q4K;
+/// Q4_K; where `EXACT`, with the AMX tiles' rounding ([`with_mins`]).
+struct Q4K<const EXACT: bool>;
 struct Q5K;
-struct Q6K;
+/// Q6_K; where `EXACT`, with the AMX tiles' rounding (`impl Format for Q6K`).
+struct Q6K<const EXACT: bool>;
 
 /// A 32-weight block's sums scaled into `acc`: by the 16 rows' scales at `scales` and each
 /// row's activation scale of block `b`.
@@ -452,7 +454,7 @@ pub(super) unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i
     _mm512_add_epi32(sums, _mm512_madd_epi16(pairs, both))
 }
 
-impl Format for Q4K {
+impl<const EXACT: bool> Format for Q4K<EXACT> {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
     const PACES: usize = 8;
 
@@ -465,7 +467,7 @@ impl Format for Q4K {
         acc: &mut [__m512; R],
         stream: &mut Stream,
     ) {
-        with_mins::<R, true>(unit, i, x, acc, stream, |j| {
+        with_mins::<R, EXACT>(unit, i, x, acc, stream, |j| {
             nibble_groups(unit.add(at::q4k_quants(j)))
         });
     }
@@ -496,7 +498,8 @@ impl Format for Q5K {
 /// exact as f32), then one conversion and one multiply-add by `dmin`, before the activation
 /// scale.
 ///
-/// Where `EXACT` (Q4_K), the sub-blocks' 6-bit scales are applied without `d`, in f32 but
+/// Where `EXACT` (Q4_K in a process whose AMX tiles multiply Q4_K), the sub-blocks' 6-bit
+/// scales are applied without `d`, in f32 but
 /// exactly: each sub-block's sum times its scale is below 32 * 15 * 128 * 63 < 2^22, so each
 /// half super-block's four add up exactly (below 2^24), and the two halves' sum is the
 /// super-block's integer sum rounded once, as a conversion would round it. Then one multiply
@@ -545,18 +548,21 @@ unsafe fn with_mins<const R: usize, const EXACT: bool>(
     }
 }
 
-impl Format for Q6K {
+impl<const EXACT: bool> Format for Q6K<EXACT> {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     const PACES: usize = 8;
 
     /// Each 16-weight sub-block's sums start at the weights' zero point (32) times the
-    /// activations' sum ([`zero_start`]), so they are the centred weights' (`q - 32`) sums.
-    /// Times the sub-block's signed scale (below 16 * 32 * 127 * 128 < 2^23) they add up in
-    /// integers over the super-block, converted once and multiplied by `d`: the AMX kernel's
-    /// bits, whose tiles leave the same integer (`amx_kquants`, `impl KQuant for Q6K`), and
+    /// activations' sum ([`zero_start`]), so they are the centred weights' (`q - 32`) sums
+    /// (below 16 * 32 * 127 < 2^24: exact as f32). Each is converted and multiplied by its
+    /// scale times `d` into the super-block's f32 sum.
+    ///
+    /// Where `EXACT` (a process whose AMX tiles multiply Q6_K), the sums times their signed
+    /// scales (below 2^23) add up in integers over the super-block, converted once and
+    /// multiplied by `d`: the tiles' bits (`amx_kquants`, `impl KQuant for Q6K`), and
     /// llama.cpp's order. A pair of sub-blocks is scaled and added in f32, exactly (below
-    /// 2^24), and converted back: fewer operations on the port of `vpdpbusd` than an integer
-    /// multiply a sub-block.
+    /// 2^24), then converted back: fewer operations than an integer multiply a sub-block,
+    /// yet a tenth slower than the plain arithmetic (docs/benchmarks.md, session 48).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize>(
@@ -566,7 +572,9 @@ impl Format for Q6K {
         acc: &mut [__m512; R],
         stream: &mut Stream,
     ) {
+        let d = halves(unit.add(at::D));
         let mut ints = [_mm512_setzero_si512(); R];
+        let mut block = [_mm512_setzero_ps(); R];
         for j in 0..8 {
             stream.advance();
             let u = six_bit_groups(unit.add(at::q6k_quants(j)));
@@ -575,20 +583,31 @@ impl Format for Q6K {
                 // Sub-block 2j + half: 16 weights.
                 let sub = 2 * j + half;
                 let scales = _mm512_cvtepi32_ps(byte_ints::<true>(unit.add(at::q6k_scales(sub))));
+                let scales = if EXACT {
+                    scales
+                } else {
+                    _mm512_mul_ps(scales, d)
+                };
                 let start = zero_start::<R>(x, 16 * i + sub);
                 let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u[4 * half + g]);
+                let into = if EXACT { &mut pair } else { &mut block };
                 for r in 0..R {
-                    pair[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, pair[r]);
+                    into[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, into[r]);
                 }
             }
-            for r in 0..R {
-                ints[r] = _mm512_add_epi32(ints[r], _mm512_cvtps_epi32(pair[r]));
+            if EXACT {
+                for r in 0..R {
+                    ints[r] = _mm512_add_epi32(ints[r], _mm512_cvtps_epi32(pair[r]));
+                }
             }
         }
-        let d = halves(unit.add(at::D));
+        if EXACT {
+            for r in 0..R {
+                block[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(ints[r]), d);
+            }
+        }
         for r in 0..R {
-            let block = _mm512_mul_ps(_mm512_cvtepi32_ps(ints[r]), d);
-            acc[r] = _mm512_fmadd_ps(block, _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+            acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
         }
     }
 }
@@ -716,7 +735,9 @@ impl<'a> Share<'a> {
 }
 
 /// Row `r` of `out` = weight rows `j < outputs` of the strips in `bytes` dotted with
-/// activation row `first + r`, for every row `out` lends.
+/// activation row `first + r`, for every row `out` lends. Where `exact`, Q4_K's and Q6_K's
+/// sums round as the AMX tiles' do, for a process whose tiles multiply them (their rows'
+/// outputs are then the same bits on either kernel); otherwise in the fastest arithmetic.
 pub(super) fn dot_strips(
     format: QuantFormat,
     bytes: &[u8],
@@ -724,6 +745,7 @@ pub(super) fn dot_strips(
     acts: &QuantizedRows,
     first: usize,
     out: OutRows<'_>,
+    exact: bool,
 ) {
     let rows = out.rows();
     let share = Share::new(Kernel::Avx512Vnni, format, bytes, outputs, acts, first, out);
@@ -737,9 +759,11 @@ pub(super) fn dot_strips(
             QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
             QuantFormat::Q5_1 => tiles::<Q5_1>(&share, rows),
             QuantFormat::Q4_0 => tiles::<Q4_0>(&share, rows),
-            QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
+            QuantFormat::Q4K if exact => tiles::<Q4K<true>>(&share, rows),
+            QuantFormat::Q4K => tiles::<Q4K<false>>(&share, rows),
             QuantFormat::Q5K => tiles::<Q5K>(&share, rows),
-            QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
+            QuantFormat::Q6K if exact => tiles::<Q6K<true>>(&share, rows),
+            QuantFormat::Q6K => tiles::<Q6K<false>>(&share, rows),
         }
     }
 }
