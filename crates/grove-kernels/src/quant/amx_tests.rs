@@ -67,7 +67,9 @@ fn amx_kernel_on_modelled_tiles_agrees_with_the_reference() {
     let shapes = (1..=18)
         .chain([31, 32, 33, 47, 67])
         .map(|rows| (37, 512, rows))
-        .chain([(48, 1024, 20)]);
+        // Chunks of tiles (`run_chunks`), a strip's last block short of `BLOCK_STEPS`: one
+        // chunk with tiles left over, and two chunks.
+        .chain([(48, 1024, 20), (37, 768, 67), (21, 1280, 96)]);
     for (format, (n, k, rows)) in amx_formats().flat_map(|f| shapes.clone().map(move |s| (f, s))) {
         let matrix = in_layout(
             &QMatrix::random(format, n, k, 5),
