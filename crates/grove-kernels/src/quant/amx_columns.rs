@@ -593,6 +593,17 @@ unsafe fn run_chunks<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, full
     }
 }
 
+/// How many of `rows` rows [`run_chunks`] takes: chunks of three or four tiles of 16 (with
+/// two, the saving of one spread did not pay for the passes' order: docs/benchmarks.md).
+pub(super) fn chunked_rows(rows: usize) -> usize {
+    let tiles = rows / ROWS;
+    let tiles_per_chunk = CHUNK_ROWS / ROWS;
+    match tiles % tiles_per_chunk {
+        left if left + 1 >= tiles_per_chunk => tiles * ROWS,
+        left => (tiles - left) * ROWS,
+    }
+}
+
 /// The row counts of the tiles `rows` rows pass in: 16 at a time, then 8, 4, 2 and 1.
 fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
     let mut left = rows;
@@ -617,12 +628,7 @@ fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
 /// faster (docs/benchmarks.md, session 46).
 #[inline(always)]
 unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize) {
-    // Two tiles of 16 rows or more: those in chunks, what is left a tile at a time.
-    let full = if F::CHUNKS && rows >= 2 * ROWS {
-        rows / ROWS * ROWS
-    } else {
-        0
-    };
+    let full = if F::CHUNKS { chunked_rows(rows) } else { 0 };
     if full > 0 {
         run_chunks::<F, T>(tiles, share, full);
     }
