@@ -17,10 +17,7 @@
 //! step is two blocks (tiles 0, 2, 4 and 1, 3, 5) or a K-quant's 64 weights, and the steps
 //! are pipelined: the tiles multiply a step ahead of the lanes that scale its sums, and the
 //! weights are spread a step ahead of the tiles, because the tiles wait for the lanes' stores
-//! to reach the cache before loading them and the lanes for the tiles' stores. Spreading is
-//! stores (2 KB a K-quant step), and on the AMX Xeon those and the tiles' work add up rather
-//! than overlap; so where a format's spreading costs the most (Q6_K), products of 32 rows or
-//! more spread a block of a strip's steps once for four tiles of rows ([`run_chunks`]).
+//! to reach the cache before loading them and the lanes for the tiles' stores.
 //!
 //! The arithmetic is written once, over [`Tiles`]: on the CPU's tiles and on a model of them
 //! that tests run on any AVX-512 machine. What the tiles leave, the lanes finish in AVX-512
@@ -115,10 +112,6 @@ pub(super) trait Format {
     const FORMAT: QuantFormat;
     /// Steps per unit.
     const STEPS: usize;
-    /// Whether products of two tiles of rows or more take a strip's weights in blocks,
-    /// spread once for a chunk's tiles ([`run_chunks`]) rather than once a tile: where
-    /// spreading costs more than the order of passes saves (Q6_K; docs/benchmarks.md).
-    const CHUNKS: bool = false;
     /// Bytes of a row of an `A` tile: the activations one tile product takes (a block's).
     const K_BYTES: usize = 32;
     /// Step `step` of `unit`'s weights spread to bytes, where the format needs it.
@@ -335,21 +328,16 @@ unsafe fn issue<F: Format, T: Tiles, const R: usize>(
     strip: *const u8,
     t: usize,
 ) {
-    let spread = work.spread(t % 2);
-    issue_from::<F, T, R>(tiles, x, (&spread, &mut work.sums(t % 2)), strip, t);
-}
-
-/// Step `t`'s tile products, from weights spread at `spread`, stored into `sums`.
-#[inline(always)]
-unsafe fn issue_from<F: Format, T: Tiles, const R: usize>(
-    tiles: &mut T,
-    x: &Tile<R>,
-    (spread, sums): (&Spread, &mut Sums),
-    strip: *const u8,
-    t: usize,
-) {
     let (unit, i, s) = at_step::<F>(strip, t);
-    F::products(tiles, x, (unit, spread), F::offsets(i, s), s, sums);
+    let weights = (unit, &work.spread(t % 2));
+    F::products(
+        tiles,
+        x,
+        weights,
+        F::offsets(i, s),
+        s,
+        &mut work.sums(t % 2),
+    );
 }
 
 /// Step `t`'s weights spread.
@@ -386,70 +374,14 @@ unsafe fn strip<F: Format, T: Tiles, const R: usize>(
         if t + 2 < steps {
             spread::<F>(work, strip, t + 2);
         }
-        lanes_step::<F, R>(x, &work.sums(t % 2), (strip, t), &mut block, &mut acc);
+        let (unit, i, s) = at_step::<F>(strip, t);
+        F::scale(x, &work.sums(t % 2), (unit, i, s), &mut block, &mut acc);
+        if s + 1 == F::STEPS {
+            F::end_unit(x, unit, i, &block, &mut acc);
+            block = [_mm512_setzero_ps(); R];
+        }
     }
     acc
-}
-
-/// Step `t`'s sums (stored in `sums`) scaled by the lanes into `block` and `acc`.
-#[inline(always)]
-unsafe fn lanes_step<F: Format, const R: usize>(
-    x: &Tile<R>,
-    sums: &Sums,
-    (strip, t): (*const u8, usize),
-    block: &mut [__m512; R],
-    acc: &mut [__m512; R],
-) {
-    let (unit, i, s) = at_step::<F>(strip, t);
-    F::scale(x, sums, (unit, i, s), block, acc);
-    if s + 1 == F::STEPS {
-        F::end_unit(x, unit, i, block, acc);
-        *block = [_mm512_setzero_ps(); R];
-    }
-}
-
-/// The tiles' shapes for products of `R` activation rows.
-#[inline(always)]
-unsafe fn configure<F: Format, T: Tiles, const R: usize>(tiles: &mut T) {
-    let bytes = F::K_BYTES;
-    let config = Config::new()
-        .shape(0, R, ROW_BYTES)
-        .shape(1, R, ROW_BYTES)
-        .shape(2, R, bytes)
-        .shape(3, R, bytes)
-        .shape(4, bytes / 4, ROW_BYTES)
-        .shape(5, bytes / 4, ROW_BYTES);
-    tiles.configure(&config);
-}
-
-/// Activation rows `start..start + R` of the share as its tile products read them.
-#[inline(always)]
-unsafe fn tile_rows<F: Format, const R: usize>(share: &Share<'_>, start: usize) -> Tile<R> {
-    let acts = share.acts;
-    Tile::<R> {
-        q: acts.q.as_ptr().add((share.first + start) * acts.k).cast(),
-        k: acts.k,
-        x: Acts::new(acts, F::FORMAT, share.first + start),
-    }
-}
-
-/// Strip `s`'s outputs of rows `start..start + R`, masked to the strip's weight rows.
-#[inline(always)]
-unsafe fn store_outputs<const R: usize>(
-    share: &Share<'_>,
-    (start, s): (usize, usize),
-    acc: &[__m512; R],
-) {
-    let width = if s + 1 == share.count {
-        share.last
-    } else {
-        STRIP
-    };
-    let mask = ((1u32 << width) - 1) as __mmask16;
-    let out = share.out.add(start * share.stride);
-    for m in 0..R {
-        _mm512_mask_storeu_ps(out.add(m * share.stride + STRIP * s), mask, acc[m]);
-    }
 }
 
 /// The share's strips against activation rows `start..start + R`: one tile product.
@@ -460,147 +392,36 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
     work: &mut Work,
     (start, stream): (usize, &mut Stream),
 ) {
-    configure::<F, T, R>(tiles);
-    let x = tile_rows::<F, R>(share, start);
-    let units = share.acts.k / columns::unit_weights(F::FORMAT);
+    let bytes = F::K_BYTES;
+    let config = Config::new()
+        .shape(0, R, ROW_BYTES)
+        .shape(1, R, ROW_BYTES)
+        .shape(2, R, bytes)
+        .shape(3, R, bytes)
+        .shape(4, bytes / 4, ROW_BYTES)
+        .shape(5, bytes / 4, ROW_BYTES);
+    tiles.configure(&config);
+    let acts = share.acts;
+    let x = Tile::<R> {
+        q: acts.q.as_ptr().add((share.first + start) * acts.k).cast(),
+        k: acts.k,
+        x: Acts::new(acts, F::FORMAT, share.first + start),
+    };
+    let units = acts.k / columns::unit_weights(F::FORMAT);
     let unit_bytes = columns::unit_bytes(F::FORMAT);
+    let out = share.out.add(start * share.stride);
     for s in 0..share.count {
         let at = (share.strips.add(s * units * unit_bytes), units);
         let acc = strip::<F, T, R>(tiles, &x, work, at, stream);
-        store_outputs(share, (start, s), &acc);
-    }
-}
-
-/// Steps of a strip spread at once for a chunk's tiles ([`run_chunks`]): two K-quant
-/// super-blocks, whose 16 KB of spread weights stay in L1 while the tiles multiply them.
-const BLOCK_STEPS: usize = 8;
-/// Rows of a chunk: four tiles of 16 that share each block of spread weights.
-const CHUNK_ROWS: usize = 64;
-
-/// A tile's bytes, aligned for the lanes' stores.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct TileBytes([u8; TILE_BYTES]);
-
-/// A chunk's buffers: a block of a strip's steps' spread weights (step `t` at `t %
-/// BLOCK_STEPS`), and each of its tiles' sums of the strip so far.
-struct Blocks {
-    spread: [[TileBytes; 2]; BLOCK_STEPS],
-    acc: [__m512; CHUNK_ROWS],
-}
-
-impl Blocks {
-    /// Step `t`'s spread weights.
-    fn spread(&mut self, t: usize) -> Spread {
-        Spread(self.spread[t % BLOCK_STEPS].as_mut_ptr().cast())
-    }
-}
-
-/// Steps `steps` (whole units) of one strip against a tile's rows, added into `acc`, from
-/// weights already spread in `blocks`: pipelined as [`strip`], the tiles a step ahead.
-#[inline(always)]
-unsafe fn block_steps<F: Format, T: Tiles, const R: usize>(
-    tiles: &mut T,
-    x: &Tile<R>,
-    (work, blocks): (&mut Work, &mut Blocks),
-    (strip, steps): (*const u8, std::ops::Range<usize>),
-    acc: &mut [__m512; R],
-    stream: &mut Stream,
-) {
-    let end = steps.end;
-    let spread = blocks.spread(steps.start);
-    let sums = &mut work.sums(steps.start % 2);
-    issue_from::<F, T, R>(tiles, x, (&spread, sums), strip, steps.start);
-    let mut block = [_mm512_setzero_ps(); R];
-    for t in steps {
-        stream.advance();
-        if t + 1 < end {
-            let spread = blocks.spread(t + 1);
-            let sums = &mut work.sums((t + 1) % 2);
-            issue_from::<F, T, R>(tiles, x, (&spread, sums), strip, t + 1);
+        let width = if s + 1 == share.count {
+            share.last
+        } else {
+            STRIP
+        };
+        let mask = ((1u32 << width) - 1) as __mmask16;
+        for m in 0..R {
+            _mm512_mask_storeu_ps(out.add(m * share.stride + STRIP * s), mask, acc[m]);
         }
-        lanes_step::<F, R>(x, &work.sums(t % 2), (strip, t), &mut block, acc);
-    }
-}
-
-/// Rows `first..first + 16` (the chunk's tile from row `kept`) against the block `steps` of
-/// strip `s`, whose weights `blocks` holds: their sums so far kept in `blocks`, or after
-/// the strip's last block stored in the outputs.
-#[inline(always)]
-#[allow(clippy::manual_memcpy)]
-unsafe fn chunk_tile<F: Format, T: Tiles>(
-    tiles: &mut T,
-    share: &Share<'_>,
-    (work, blocks): (&mut Work, &mut Blocks),
-    (first, kept, s, steps): (usize, usize, usize, std::ops::Range<usize>),
-    stream: &mut Stream,
-) {
-    let x = tile_rows::<F, ROWS>(share, first);
-    let units = share.acts.k / columns::unit_weights(F::FORMAT);
-    let strip = share.strips.add(s * units * columns::unit_bytes(F::FORMAT));
-    let mut acc = [_mm512_setzero_ps(); ROWS];
-    // (Loops, not `array::from_fn` or `copy_from_slice`: a closure would not be compiled for
-    // AVX-512, and a slice's address would keep the sums out of registers.)
-    if steps.start > 0 {
-        for m in 0..ROWS {
-            acc[m] = blocks.acc[kept + m];
-        }
-    }
-    let last = steps.end == units * F::STEPS;
-    block_steps::<F, T, ROWS>(tiles, &x, (work, blocks), (strip, steps), &mut acc, stream);
-    if !last {
-        for m in 0..ROWS {
-            blocks.acc[kept + m] = acc[m];
-        }
-        return;
-    }
-    store_outputs(share, (first, s), &acc);
-}
-
-/// The share's strips against its first `full` activation rows (tiles of 16): in chunks of
-/// up to [`CHUNK_ROWS`] rows, a strip at a time and in it [`BLOCK_STEPS`] steps at a time,
-/// whose weights are spread once for all the chunk's tiles rather than once a tile. A block
-/// at a time, because a whole strip's spread weights (2 KB a step) and a chunk's
-/// activations outgrow L1, and the tiles' loads from L2 then cost what the spreading saved.
-#[inline(always)]
-unsafe fn run_chunks<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, full: usize) {
-    configure::<F, T, ROWS>(tiles);
-    let mut work = Work::new();
-    // SAFETY: plain integers and floats, for which zero bytes are zeros.
-    let mut blocks: Blocks = std::mem::zeroed();
-    let units = share.acts.k / columns::unit_weights(F::FORMAT);
-    let strip_bytes = units * columns::unit_bytes(F::FORMAT);
-    let steps = units * F::STEPS;
-    for chunk in (0..full).step_by(CHUNK_ROWS) {
-        let chunk_rows = CHUNK_ROWS.min(full - chunk);
-        let len = share.count * strip_bytes;
-        let advances = share.count * steps * (chunk_rows / ROWS);
-        let mut stream = Stream::new(share.strips, len, len.div_ceil(advances));
-        for s in 0..share.count {
-            let strip = share.strips.add(s * strip_bytes);
-            for first in (0..steps).step_by(BLOCK_STEPS) {
-                let block = first..steps.min(first + BLOCK_STEPS);
-                for t in block.clone() {
-                    let (unit, _, step) = at_step::<F>(strip, t);
-                    F::spread(unit, step, &mut blocks.spread(t));
-                }
-                for kept in (0..chunk_rows).step_by(ROWS) {
-                    let at = (chunk + kept, kept, s, block.clone());
-                    chunk_tile::<F, T>(tiles, share, (&mut work, &mut blocks), at, &mut stream);
-                }
-            }
-        }
-    }
-}
-
-/// How many of `rows` rows [`run_chunks`] takes: chunks of three or four tiles of 16 (with
-/// two, the saving of one spread did not pay for the passes' order: docs/benchmarks.md).
-pub(super) fn chunked_rows(rows: usize) -> usize {
-    let tiles = rows / ROWS;
-    let tiles_per_chunk = CHUNK_ROWS / ROWS;
-    match tiles % tiles_per_chunk {
-        left if left + 1 >= tiles_per_chunk => tiles * ROWS,
-        left => (tiles - left) * ROWS,
     }
 }
 
@@ -628,18 +449,13 @@ fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
 /// faster (docs/benchmarks.md, session 46).
 #[inline(always)]
 unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize) {
-    let full = if F::CHUNKS { chunked_rows(rows) } else { 0 };
-    if full > 0 {
-        run_chunks::<F, T>(tiles, share, full);
-    }
     let mut work = Work::new();
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let len = share.count * units * columns::unit_bytes(F::FORMAT);
     let steps = share.count * units * F::STEPS;
-    let tiles_of = tile_sizes(rows - full).count() + usize::from(full > 0);
-    let mut start = full;
-    for (n, size) in tile_sizes(rows - full).enumerate() {
-        let n = n + usize::from(full > 0);
+    let tiles_of = tile_sizes(rows).count();
+    let mut start = 0;
+    for (n, size) in tile_sizes(rows).enumerate() {
         // The first tile reads the share's weights from memory, a step's bytes ahead at a
         // step; the others find them in cache and ask for the next share's into L2, as the
         // VNNI kernel's blocks of rows do.

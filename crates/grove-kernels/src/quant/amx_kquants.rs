@@ -33,8 +33,6 @@ pub(super) trait KQuant {
     const SIGNED: bool;
     /// Whether the weights have mins (Q4_K's), whose term is taken once per super-block.
     const MINS: bool;
-    /// [`Format::CHUNKS`].
-    const CHUNKS: bool;
     unsafe fn spread(unit: *const u8, step: usize, out: &mut Spread);
 }
 
@@ -45,7 +43,6 @@ pub(super) struct Planes<K>(std::marker::PhantomData<K>);
 impl<K: KQuant> Format for Planes<K> {
     const FORMAT: QuantFormat = K::FORMAT;
     const STEPS: usize = STEPS;
-    const CHUNKS: bool = K::CHUNKS;
     const K_BYTES: usize = ROW_BYTES;
 
     #[inline(always)]
@@ -161,7 +158,6 @@ impl KQuant for Q4K {
     const SHIFT: u32 = 4;
     const SIGNED: bool = false;
     const MINS: bool = true;
-    const CHUNKS: bool = false;
 
     #[inline(always)]
     unsafe fn spread(unit: *const u8, pair: usize, out: &mut Spread) {
@@ -231,7 +227,6 @@ impl KQuant for Q6K {
     const SHIFT: u32 = 8;
     const SIGNED: bool = true;
     const MINS: bool = false;
-    const CHUNKS: bool = true;
 
     #[inline(always)]
     unsafe fn spread(unit: *const u8, quad: usize, out: &mut Spread) {
