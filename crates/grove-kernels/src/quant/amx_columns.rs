@@ -17,7 +17,9 @@
 //! step is two blocks (tiles 0, 2, 4 and 1, 3, 5) or a K-quant's 64 weights, and the steps
 //! are pipelined: the tiles multiply a step ahead of the lanes that scale its sums, and the
 //! weights are spread a step ahead of the tiles, because the tiles wait for the lanes' stores
-//! to reach the cache before loading them and the lanes for the tiles' stores.
+//! to reach the cache before loading them and the lanes for the tiles' stores. A spread is
+//! vector stores, which the tiles wait behind rather than overlap, so a product of many rows
+//! spreads each step once, in its first tile, for all its tiles (`Format::SHARED_ROWS`).
 //!
 //! The arithmetic is written once, over [`Tiles`]: on the CPU's tiles and on a model of them
 //! that tests run on any AVX-512 machine. What the tiles leave, the lanes finish in AVX-512
@@ -105,6 +107,18 @@ impl Sums {
     }
 }
 
+/// One step's two spread `B` tiles, aligned for the lanes' stores: an element of the
+/// buffer a product's tiles share ([`Format::SHARED_ROWS`]).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct StepBytes([u8; 2 * TILE_BYTES]);
+
+thread_local! {
+    /// The shared spread weights of the product this thread runs (`Work::shared`), kept
+    /// between products so that their pages are not faulted in again.
+    static SHARED: std::cell::RefCell<Vec<StepBytes>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One format's part of a strip against a tile of `R` activation rows. A unit of the strip
 /// is [`Format::STEPS`] steps; a step is two tile products (two blocks' integer sums, or a
 /// K-quant's two planes'), which the lanes then scale into the rows' outputs.
@@ -112,6 +126,13 @@ pub(super) trait Format {
     const FORMAT: QuantFormat;
     /// Steps per unit.
     const STEPS: usize;
+    /// From this many activation rows, a product's first tile spreads every step of the
+    /// share's strips into one buffer (`Work::shared`), which the other tiles read instead of
+    /// spreading them again: a spread is vector stores, which the tiles' work waits behind
+    /// rather than overlaps. The buffer lies in L2, not L1, so it pays only where spreading
+    /// costs more than loading from L2 (docs/benchmarks.md, session 50). Never for weights
+    /// the tiles load where they lie (Q8_0).
+    const SHARED_ROWS: usize = usize::MAX;
     /// Bytes of a row of an `A` tile: the activations one tile product takes (a block's).
     const K_BYTES: usize = 32;
     /// Step `step` of `unit`'s weights spread to bytes, where the format needs it.
@@ -160,9 +181,17 @@ pub(super) trait Format {
 /// lanes scale and for the next; the weights spread for the next step and the one after.
 /// The tiles neither forward what they store to the lanes' loads nor load what the lanes
 /// just stored without waiting for it to reach the cache, so each waits a step behind.
+/// From [`Format::SHARED_ROWS`] rows, every step of the share's strips has its own spread weights
+/// (`shared`), which the first tile writes and every tile reads.
 struct Work {
     sums: [[Block; 2]; 2],
     spread: [[[u8; TILE_BYTES]; 2]; 2],
+    /// The share's steps, strip after strip (null: each tile spreads into `spread`).
+    shared: *mut StepBytes,
+    /// The share's steps before the current strip's.
+    first_step: usize,
+    /// Whether the current tile spreads its weights (always, without `shared`).
+    spreading: bool,
 }
 
 impl Work {
@@ -170,17 +199,24 @@ impl Work {
         Self {
             sums: [[Block([[0; STRIP]; ROWS]); 2]; 2],
             spread: [[[0; TILE_BYTES]; 2]; 2],
+            shared: std::ptr::null_mut(),
+            first_step: 0,
+            spreading: true,
         }
     }
 
-    /// Step buffer `s`'s stored tiles.
-    fn sums(&mut self, s: usize) -> Sums {
-        Sums(self.sums[s].as_mut_ptr())
+    /// Step `t`'s buffer of stored tiles.
+    fn sums(&mut self, t: usize) -> Sums {
+        Sums(self.sums[t % 2].as_mut_ptr())
     }
 
-    /// Step buffer `s`'s spread weights.
-    fn spread(&mut self, s: usize) -> Spread {
-        Spread(self.spread[s].as_mut_ptr().cast())
+    /// Step `t`'s spread weights (of the current strip).
+    fn spread(&mut self, t: usize) -> Spread {
+        if self.shared.is_null() {
+            Spread(self.spread[t % 2].as_mut_ptr().cast())
+        } else {
+            Spread(self.shared.wrapping_add(self.first_step + t).cast())
+        }
     }
 }
 
@@ -275,6 +311,7 @@ impl Format for Q8_0 {
 impl Format for Q5_0 {
     const FORMAT: QuantFormat = QuantFormat::Q5_0;
     const STEPS: usize = 1;
+    const SHARED_ROWS: usize = 32;
 
     #[inline(always)]
     unsafe fn spread(unit: *const u8, _: usize, out: &mut Spread) {
@@ -329,22 +366,17 @@ unsafe fn issue<F: Format, T: Tiles, const R: usize>(
     t: usize,
 ) {
     let (unit, i, s) = at_step::<F>(strip, t);
-    let weights = (unit, &work.spread(t % 2));
-    F::products(
-        tiles,
-        x,
-        weights,
-        F::offsets(i, s),
-        s,
-        &mut work.sums(t % 2),
-    );
+    let weights = (unit, &work.spread(t));
+    F::products(tiles, x, weights, F::offsets(i, s), s, &mut work.sums(t));
 }
 
 /// Step `t`'s weights spread.
 #[inline(always)]
 unsafe fn spread<F: Format>(work: &mut Work, strip: *const u8, t: usize) {
     let (unit, _, s) = at_step::<F>(strip, t);
-    F::spread(unit, s, &mut work.spread(t % 2));
+    if work.spreading {
+        F::spread(unit, s, &mut work.spread(t));
+    }
 }
 
 /// One strip against a tile's rows, its steps pipelined: while the lanes scale step `t`'s
@@ -375,7 +407,7 @@ unsafe fn strip<F: Format, T: Tiles, const R: usize>(
             spread::<F>(work, strip, t + 2);
         }
         let (unit, i, s) = at_step::<F>(strip, t);
-        F::scale(x, &work.sums(t % 2), (unit, i, s), &mut block, &mut acc);
+        F::scale(x, &work.sums(t), (unit, i, s), &mut block, &mut acc);
         if s + 1 == F::STEPS {
             F::end_unit(x, unit, i, &block, &mut acc);
             block = [_mm512_setzero_ps(); R];
@@ -411,6 +443,7 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
     let unit_bytes = columns::unit_bytes(F::FORMAT);
     let out = share.out.add(start * share.stride);
     for s in 0..share.count {
+        work.first_step = s * units * F::STEPS;
         let at = (share.strips.add(s * units * unit_bytes), units);
         let acc = strip::<F, T, R>(tiles, &x, work, at, stream);
         let width = if s + 1 == share.count {
@@ -454,8 +487,12 @@ unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize
     let len = share.count * units * columns::unit_bytes(F::FORMAT);
     let steps = share.count * units * F::STEPS;
     let tiles_of = tile_sizes(rows).count();
+    if rows >= F::SHARED_ROWS {
+        work.shared = shared_steps(steps);
+    }
     let mut start = 0;
     for (n, size) in tile_sizes(rows).enumerate() {
+        work.spreading = work.shared.is_null() || n == 0;
         // The first tile reads the share's weights from memory, a step's bytes ahead at a
         // step; the others find them in cache and ask for the next share's into L2, as the
         // VNNI kernel's blocks of rows do.
@@ -477,6 +514,17 @@ unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize
         start += size;
     }
     tiles.release();
+}
+
+/// This thread's buffer of at least `steps` steps' spread weights ([`SHARED`]), valid until
+/// its next call on this thread.
+fn shared_steps(steps: usize) -> *mut StepBytes {
+    SHARED.with_borrow_mut(|buffer| {
+        if buffer.len() < steps {
+            buffer.resize(steps, StepBytes([0; 2 * TILE_BYTES]));
+        }
+        buffer.as_mut_ptr()
+    })
 }
 
 /// [`run`] for the share's format.

@@ -33,6 +33,9 @@ pub(super) trait KQuant {
     const SIGNED: bool;
     /// Whether the weights have mins (Q4_K's), whose term is taken once per super-block.
     const MINS: bool;
+    /// [`Format::SHARED_ROWS`]: Q6_K's spread (16-bit products split into bytes) costs
+    /// twice Q4_K's.
+    const SHARED_ROWS: usize;
     unsafe fn spread(unit: *const u8, step: usize, out: &mut Spread);
 }
 
@@ -44,6 +47,7 @@ impl<K: KQuant> Format for Planes<K> {
     const FORMAT: QuantFormat = K::FORMAT;
     const STEPS: usize = STEPS;
     const K_BYTES: usize = ROW_BYTES;
+    const SHARED_ROWS: usize = K::SHARED_ROWS;
 
     #[inline(always)]
     unsafe fn spread(unit: *const u8, step: usize, out: &mut Spread) {
@@ -158,6 +162,7 @@ impl KQuant for Q4K {
     const SHIFT: u32 = 4;
     const SIGNED: bool = false;
     const MINS: bool = true;
+    const SHARED_ROWS: usize = 128;
 
     #[inline(always)]
     unsafe fn spread(unit: *const u8, pair: usize, out: &mut Spread) {
@@ -227,6 +232,7 @@ impl KQuant for Q6K {
     const SHIFT: u32 = 8;
     const SIGNED: bool = true;
     const MINS: bool = false;
+    const SHARED_ROWS: usize = 32;
 
     #[inline(always)]
     unsafe fn spread(unit: *const u8, quad: usize, out: &mut Spread) {

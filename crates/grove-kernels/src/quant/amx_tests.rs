@@ -54,7 +54,8 @@ fn runs_amx_lanes(test: &str) -> bool {
 
 /// The AMX kernel, its tiles modelled, against the reference on every format: tiles of 1-16
 /// rows and the 16-row tiles' remainders, a last strip of 5 rows, K-quants of several
-/// super-blocks. Its bits are the VNNI kernel's with the tiles' rounding, and where the CPU
+/// super-blocks, and products of enough rows that their tiles share spread weights
+/// (`Format::SHARED_ROWS`: 32 rows for Q5_0 and Q6_K, 128 for Q4_K). Its bits are the VNNI kernel's with the tiles' rounding, and where the CPU
 /// has AMX, the tiles' own (and the AMX kernel's, whose few-row products are that VNNI
 /// kernel's). The VNNI kernel's own rounding differs only for Q4_K and Q6_K.
 #[test]
@@ -67,7 +68,7 @@ fn amx_kernel_on_modelled_tiles_agrees_with_the_reference() {
     let shapes = (1..=18)
         .chain([31, 32, 33, 47, 67])
         .map(|rows| (37, 512, rows))
-        .chain([(48, 1024, 20)]);
+        .chain([(48, 1024, 20), (37, 512, 130), (48, 1024, 144)]);
     for (format, (n, k, rows)) in amx_formats().flat_map(|f| shapes.clone().map(move |s| (f, s))) {
         let matrix = in_layout(
             &QMatrix::random(format, n, k, 5),
