@@ -34,6 +34,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 
 use super::amx_kquants::{Planes, Q4K, Q6K};
 use super::amx_tiles::{Config, Hardware, Tiles, ROWS, ROW_BYTES};
@@ -116,7 +117,7 @@ struct StepBytes([u8; 2 * TILE_BYTES]);
 thread_local! {
     /// The shared spread weights of the product this thread runs (`Work::shared`), kept
     /// between products so that their pages are not faulted in again.
-    static SHARED: std::cell::RefCell<Vec<StepBytes>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SHARED: RefCell<Vec<StepBytes>> = const { RefCell::new(Vec::new()) };
 }
 
 /// One format's part of a strip against a tile of `R` activation rows. A unit of the strip
@@ -181,8 +182,8 @@ pub(super) trait Format {
 /// lanes scale and for the next; the weights spread for the next step and the one after.
 /// The tiles neither forward what they store to the lanes' loads nor load what the lanes
 /// just stored without waiting for it to reach the cache, so each waits a step behind.
-/// From [`Format::SHARED_ROWS`] rows, every step of the share's strips has its own spread weights
-/// (`shared`), which the first tile writes and every tile reads.
+/// From [`Format::SHARED_ROWS`] rows, every step of the share's strips has its own spread
+/// weights (`shared`), which the first tile writes and every tile reads.
 struct Work {
     sums: [[Block; 2]; 2],
     spread: [[[u8; TILE_BYTES]; 2]; 2],
@@ -370,7 +371,7 @@ unsafe fn issue<F: Format, T: Tiles, const R: usize>(
     F::products(tiles, x, weights, F::offsets(i, s), s, &mut work.sums(t));
 }
 
-/// Step `t`'s weights spread.
+/// Step `t`'s weights spread, unless the current tile reads what the first spread.
 #[inline(always)]
 unsafe fn spread<F: Format>(work: &mut Work, strip: *const u8, t: usize) {
     let (unit, _, s) = at_step::<F>(strip, t);

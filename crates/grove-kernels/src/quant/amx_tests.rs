@@ -55,9 +55,10 @@ fn runs_amx_lanes(test: &str) -> bool {
 /// The AMX kernel, its tiles modelled, against the reference on every format: tiles of 1-16
 /// rows and the 16-row tiles' remainders, a last strip of 5 rows, K-quants of several
 /// super-blocks, and products of enough rows that their tiles share spread weights
-/// (`Format::SHARED_ROWS`: 32 rows for Q5_0 and Q6_K, 128 for Q4_K). Its bits are the VNNI kernel's with the tiles' rounding, and where the CPU
-/// has AMX, the tiles' own (and the AMX kernel's, whose few-row products are that VNNI
-/// kernel's). The VNNI kernel's own rounding differs only for Q4_K and Q6_K.
+/// (`Format::SHARED_ROWS`: 32 rows for Q5_0 and Q6_K, 128 for Q4_K). Its bits are the VNNI
+/// kernel's with the tiles' rounding, and where the CPU has AMX, the tiles' own (and the AMX
+/// kernel's, whose few-row products are that VNNI kernel's). The VNNI kernel's own rounding
+/// differs only for Q4_K and Q6_K.
 #[test]
 fn amx_kernel_on_modelled_tiles_agrees_with_the_reference() {
     if !runs_amx_lanes("amx_kernel_on_modelled_tiles_agrees_with_the_reference") {
