@@ -3,6 +3,8 @@
 //! element, a tenth of a 128-token Gemma 3 prefill here; this is the same math on 8 or 16
 //! lanes at once.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 /// Which function gates the MLP.
@@ -21,22 +23,33 @@ const VALUES_PER_TASK: usize = 1 << 13;
 /// `act(gate[i]) * up[i]` for every `i`.
 pub fn gated(activation: Activation, gate: &[f32], up: &[f32]) -> Vec<f32> {
     assert_eq!(gate.len(), up.len(), "gate and up differ in length");
-    let mut out = vec![0f32; gate.len()];
-    let task =
-        |((out, gate), up): ((&mut [f32], &[f32]), &[f32])| gated_into(activation, gate, up, out);
+    let mut out = Vec::with_capacity(gate.len());
+    let values = &mut out.spare_capacity_mut()[..gate.len()];
     if gate.len() >= PARALLEL_MIN_VALUES {
-        out.par_chunks_mut(VALUES_PER_TASK)
+        values
+            .par_chunks_mut(VALUES_PER_TASK)
             .zip(gate.par_chunks(VALUES_PER_TASK))
             .zip(up.par_chunks(VALUES_PER_TASK))
-            .for_each(task);
+            .for_each(|((out, gate), up)| gated_into(activation, gate, up, out));
     } else {
-        task(((&mut out, gate), up));
+        gated_into(activation, gate, up, values);
     }
+    // SAFETY: `gated_into` wrote each of the first `gate.len()` values, every chunk's.
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(gate.len())
+    };
     out
 }
 
-/// [`gated`] into `out` (as long as `gate`), on the calling thread.
-pub fn gated_into(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
+/// [`gated`] into `out` (as long as `gate`), on the calling thread: every value written, none
+/// read, so `out` need not be initialized (a many-row MLP's outputs were zeroed first, a pass
+/// over all of them).
+pub fn gated_into(activation: Activation, gate: &[f32], up: &[f32], out: &mut [MaybeUninit<f32>]) {
+    assert!(
+        gate.len() == out.len() && up.len() == out.len(),
+        "gate, up and out differ in length"
+    );
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::allows(crate::cpu::Level::Avx512) {
         // SAFETY: the level includes the feature `gated_avx512` is compiled for, found on
@@ -50,19 +63,24 @@ pub fn gated_into(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx512f")]
-unsafe fn gated_avx512(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
+unsafe fn gated_avx512(
+    activation: Activation,
+    gate: &[f32],
+    up: &[f32],
+    out: &mut [MaybeUninit<f32>],
+) {
     gated_portable(activation, gate, up, out)
 }
 
 /// Branch-free loops over plain slices, so each compiles to vector code for the features of
 /// the function it is inlined into.
 #[inline(always)]
-fn gated_portable(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
+fn gated_portable(activation: Activation, gate: &[f32], up: &[f32], out: &mut [MaybeUninit<f32>]) {
     let values = out.iter_mut().zip(gate.iter().zip(up));
     match activation {
         Activation::Silu => {
             for (out, (&x, &u)) in values {
-                *out = x / (1.0 + exp(-x)) * u;
+                out.write(x / (1.0 + exp(-x)) * u);
             }
         }
         Activation::GeluTanh => {
@@ -70,7 +88,7 @@ fn gated_portable(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f
             const SQRT_2_OVER_PI: f32 = 0.797_884_6;
             for (out, (&x, &u)) in values {
                 let z = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
-                *out = x / (1.0 + exp(-2.0 * z)) * u;
+                out.write(x / (1.0 + exp(-2.0 * z)) * u);
             }
         }
     }
@@ -136,8 +154,14 @@ mod tests {
         for activation in [Activation::Silu, Activation::GeluTanh] {
             let ours = gated(activation, &gate, &up);
             // The vector build of the loop is the portable one, operation for operation.
-            let mut portable = vec![0f32; n];
+            let mut portable = vec![MaybeUninit::new(f32::NAN); n];
             gated_portable(activation, &gate, &up, &mut portable);
+            // SAFETY: every value was made with `MaybeUninit::new`.
+            #[allow(unsafe_code)]
+            let portable: Vec<f32> = portable
+                .iter()
+                .map(|v| unsafe { v.assume_init() })
+                .collect();
             assert_eq!(ours, portable, "{activation:?}");
             for ((&x, &u), &y) in gate.iter().zip(&up).zip(&ours) {
                 let x64 = f64::from(x);

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use super::{Kernel, QMatrix, QuantFormat, QuantizedRows, PARALLEL_MIN_WORK, WEIGHT_ROWS_PER_TASK};
-use crate::threads::{for_each_columns_mut, scratch, zeroed, Columns, OutRows};
+use crate::threads::{for_each_columns_mut, scratch, Columns, OutRows};
 
 /// `x W^T` for each of `matrices` (all `[_, k]`), as `[rows, n]` each, on the fastest kernel
 /// this CPU has. One parallel pass over all of them: a decoding step hands work to the threads
@@ -76,7 +76,7 @@ pub fn matmul_gated(
     up_matrix: &QMatrix,
     x: &[f32],
     rows: usize,
-    gate: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+    gate: impl Fn(&[f32], &[f32], &mut [MaybeUninit<f32>]) + Sync,
 ) -> Vec<f32> {
     matmul_gated_with(Kernel::detect(), gate_matrix, up_matrix, x, rows, gate)
 }
@@ -88,7 +88,7 @@ pub fn matmul_gated_with(
     up_matrix: &QMatrix,
     x: &[f32],
     rows: usize,
-    gate: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+    gate: impl Fn(&[f32], &[f32], &mut [MaybeUninit<f32>]) + Sync,
 ) -> Vec<f32> {
     let (n, k) = gate_matrix.dims();
     assert_eq!(up_matrix.dims(), (n, k), "gate and up differ in shape");
@@ -113,8 +113,7 @@ pub fn matmul_gated_with(
                 up_matrix.task(kernel, up_acts, first, OutRows::block(ups, rows));
                 let pairs = gates.chunks_exact(w).zip(ups.chunks_exact(w));
                 for (r, (gates, ups)) in pairs.enumerate() {
-                    // Zeroed first: the gate takes floats (a row's few, in cache).
-                    gate(gates, ups, zeroed(out.row(r)));
+                    gate(gates, ups, out.row(r));
                 }
             })
         });
