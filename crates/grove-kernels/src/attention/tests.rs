@@ -128,11 +128,36 @@ fn rows_sharing_pieces_get_the_bits_they_get_alone() {
     }
 }
 
-/// Keys and values as f16, and as f32 rows holding the same (rounded) values.
-fn halves(values: &[f32]) -> (Vec<half::f16>, Vec<f32>) {
-    let halves: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
-    let widened = halves.iter().map(|h| h.to_f32()).collect();
-    (halves, widened)
+/// Keys and values of a layer (`[2 KV heads, slots, 64]`): as f32, as f16, and as f32 rows
+/// holding the f16 values.
+struct Rows {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    half_keys: Vec<half::f16>,
+    half_values: Vec<half::f16>,
+    wide_keys: Vec<f32>,
+    wide_values: Vec<f32>,
+}
+
+/// [`Rows`] of `slots` slots, sine waves of `amplitude`.
+fn rows(slots: usize, amplitude: f32) -> Rows {
+    let halves = |values: &[f32]| -> Vec<half::f16> {
+        values.iter().map(|&x| half::f16::from_f32(x)).collect()
+    };
+    let widened = |halves: &[half::f16]| halves.iter().map(|h| h.to_f32()).collect();
+    let (keys, values) = (
+        wave(slots * 128, 1.0, amplitude),
+        wave(slots * 128, 2.0, amplitude),
+    );
+    let (half_keys, half_values) = (halves(&keys), halves(&values));
+    Rows {
+        wide_keys: widened(&half_keys),
+        wide_values: widened(&half_values),
+        keys,
+        values,
+        half_keys,
+        half_values,
+    }
 }
 
 /// f16 rows are widened before any arithmetic: every kind of row (short, decode rows in
@@ -140,11 +165,16 @@ fn halves(values: &[f32]) -> (Vec<half::f16>, Vec<f32>) {
 /// rows holding the rounded values, on any number of threads.
 #[test]
 fn half_rows_give_the_bits_of_f32_rows_of_their_values() {
-    let layout = six_on_two(64);
-    let (width, kv_width) = (6 * 64, 2 * 64);
+    let (layout, width) = (six_on_two(64), 6 * 64);
     let wave = |n: usize, seed: f32| wave(n, seed, 1.7);
-    let (keys, values) = (wave(1100 * kv_width, 1.0), wave(1100 * kv_width, 2.0));
-    let ((half_keys, wide_keys), (half_values, wide_values)) = (halves(&keys), halves(&values));
+    let Rows {
+        keys,
+        values,
+        half_keys,
+        half_values,
+        wide_keys,
+        wide_values,
+    } = rows(1100, 1.7);
     let context: Vec<usize> = (0..900).map(|i| (i * 7) % 900).collect();
     let tree_paths: [&[usize]; 4] = [&[900], &[900, 901], &[900, 902], &[903]];
     let mut key_slots: Vec<Vec<usize>> = (tree_paths.iter())
@@ -185,11 +215,15 @@ fn half_rows_give_the_bits_of_f32_rows_of_their_values() {
 /// the bits each row gets alone and the bits of f32 rows holding the same values.
 #[test]
 fn a_prompts_short_rows_widened_once_get_the_bits_of_each_row_alone() {
-    let layout = six_on_two(64);
-    let (width, kv_width) = (6 * 64, 2 * 64);
+    let (layout, width) = (six_on_two(64), 6 * 64);
     let wave = |n: usize, seed: f32| wave(n, seed, 1.3);
-    let (keys, values) = (wave(120 * kv_width, 1.0), wave(120 * kv_width, 2.0));
-    let ((half_keys, wide_keys), (half_values, wide_values)) = (halves(&keys), halves(&values));
+    let Rows {
+        half_keys,
+        half_values,
+        wide_keys,
+        wide_values,
+        ..
+    } = rows(120, 1.3);
     let order: Vec<usize> = (0..100).map(|i| (i * 37) % 100 + 20).collect();
     let key_slots: Vec<Vec<usize>> = (1..=100).map(|len| order[..len].to_vec()).collect();
     let halves = (KvRows::F16(&half_keys), KvRows::F16(&half_values));
