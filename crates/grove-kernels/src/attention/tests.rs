@@ -217,16 +217,13 @@ fn half_rows_give_the_bits_of_f32_rows_of_their_values() {
 fn a_prompts_short_rows_widened_once_get_the_bits_of_each_row_alone() {
     let (layout, width) = (six_on_two(64), 6 * 64);
     let wave = |n: usize, seed: f32| wave(n, seed, 1.3);
-    let Rows {
-        half_keys,
-        half_values,
-        wide_keys,
-        wide_values,
-        ..
-    } = rows(120, 1.3);
+    let layer = rows(120, 1.3);
     let order: Vec<usize> = (0..100).map(|i| (i * 37) % 100 + 20).collect();
     let key_slots: Vec<Vec<usize>> = (1..=100).map(|len| order[..len].to_vec()).collect();
-    let halves = (KvRows::F16(&half_keys), KvRows::F16(&half_values));
+    let halves = (
+        KvRows::F16(&layer.half_keys),
+        KvRows::F16(&layer.half_values),
+    );
     assert_eq!(widened_once(&key_slots, halves, 2, 64).len(), 2);
     let queries = wave(key_slots.len() * width, 3.0);
     let scale = 0.3;
@@ -245,14 +242,8 @@ fn a_prompts_short_rows_widened_once_get_the_bits_of_each_row_alone() {
             )
         })
         .collect();
-    let of_f32 = attend(
-        &key_slots,
-        layout,
-        scale,
-        &queries,
-        &wide_keys,
-        &wide_values,
-    );
+    let wide = (&layer.wide_keys, &layer.wide_values);
+    let of_f32 = attend(&key_slots, layout, scale, &queries, wide.0, wide.1);
     assert_eq!(bits(&alone), bits(&of_f32));
     for threads in [1, 3] {
         let together = on_threads(threads, || {
