@@ -35,6 +35,7 @@
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 
 use super::amx_kquants::{Planes, Q4K, Q6K};
 use super::amx_tiles::{Config, Hardware, Tiles, ROWS, ROW_BYTES};
@@ -185,8 +186,8 @@ pub(super) trait Format {
 /// From [`Format::SHARED_ROWS`] rows, every step of the share's strips has its own spread
 /// weights (`shared`), which the first tile writes and every tile reads.
 struct Work {
-    sums: [[Block; 2]; 2],
-    spread: [[[u8; TILE_BYTES]; 2]; 2],
+    /// The task's [`Buffers`].
+    buffers: *mut Buffers,
     /// The share's steps, strip after strip (null: each tile spreads into `spread`).
     shared: *mut StepBytes,
     /// The share's steps before the current strip's.
@@ -195,11 +196,21 @@ struct Work {
     spreading: bool,
 }
 
+/// A [`Work`]'s buffers of two steps of stored tiles and spread weights, on the stack of the
+/// product's task and left uninitialized: zeroed, their 8 KB were a `memset` call for every
+/// 32 weight rows. Every byte read is written first: the tiles store the `C` rows the lanes
+/// read, and a step's weights are spread before its tiles load them.
+#[repr(C, align(64))]
+struct Buffers {
+    sums: [[Block; 2]; 2],
+    spread: [[[u8; TILE_BYTES]; 2]; 2],
+}
+
 impl Work {
-    fn new() -> Self {
+    /// Work on `buffers` (left as they are).
+    fn new(buffers: &mut MaybeUninit<Buffers>) -> Self {
         Self {
-            sums: [[Block([[0; STRIP]; ROWS]); 2]; 2],
-            spread: [[[0; TILE_BYTES]; 2]; 2],
+            buffers: buffers.as_mut_ptr(),
             shared: std::ptr::null_mut(),
             first_step: 0,
             spreading: true,
@@ -207,14 +218,15 @@ impl Work {
     }
 
     /// Step `t`'s buffer of stored tiles.
-    fn sums(&mut self, t: usize) -> Sums {
-        Sums(self.sums[t % 2].as_mut_ptr())
+    unsafe fn sums(&mut self, t: usize) -> Sums {
+        // Raw places throughout: no reference to bytes not yet written.
+        Sums((&raw mut (*self.buffers).sums[t % 2]).cast())
     }
 
     /// Step `t`'s spread weights (of the current strip).
-    fn spread(&mut self, t: usize) -> Spread {
+    unsafe fn spread(&mut self, t: usize) -> Spread {
         if self.shared.is_null() {
-            Spread(self.spread[t % 2].as_mut_ptr().cast())
+            Spread((&raw mut (*self.buffers).spread[t % 2]).cast())
         } else {
             Spread(self.shared.wrapping_add(self.first_step + t).cast())
         }
@@ -483,7 +495,8 @@ fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
 /// faster (docs/benchmarks.md, session 46).
 #[inline(always)]
 unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize) {
-    let mut work = Work::new();
+    let mut buffers = MaybeUninit::uninit();
+    let mut work = Work::new(&mut buffers);
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let len = share.count * units * columns::unit_bytes(F::FORMAT);
     let steps = share.count * units * F::STEPS;
