@@ -242,6 +242,31 @@ pub(super) struct Tile<const R: usize> {
     pub(super) x: Acts<R>,
 }
 
+/// A tile's activation values past this many bytes do not stay in L1 between steps: the
+/// weights streaming through it evict them (a down projection's 16 rows of 8960 values are
+/// 140 KB).
+const A_IN_L1: usize = 32 << 10;
+
+/// How far ahead of a step's activation values each row's are asked for.
+const A_AHEAD: usize = 2 * ROW_BYTES;
+
+impl<const R: usize> Tile<R> {
+    /// Each row's activation values two steps after `offset` asked for into L1, where the
+    /// rows are too long to stay there: the `A` tiles' loads otherwise wait for L2, a line a
+    /// row (the weights' requests run ahead; the activations' 16 rows are 16 streams, more
+    /// than the hardware follows). The K-quants' steps only: Q8_0's products of 512 rows
+    /// lost 12% with the requests (docs/benchmarks.md, session 51).
+    #[inline(always)]
+    pub(super) unsafe fn ask_ahead(&self, offset: usize) {
+        if self.k * R > A_IN_L1 {
+            for m in 0..R {
+                let line = self.q.wrapping_add(m * self.k + offset + A_AHEAD);
+                _mm_prefetch::<_MM_HINT_T0>(line.cast());
+            }
+        }
+    }
+}
+
 /// Two blocks' integer sums into `out` (each tile row's first `R` rows): blocks whose
 /// weights are `B` tiles at `weights` (rows of 64 bytes) and whose activation values start at
 /// `offsets` in each row.

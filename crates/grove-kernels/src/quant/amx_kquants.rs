@@ -117,6 +117,7 @@ unsafe fn plane_products<K: KQuant, T: Tiles, const R: usize>(
         tiles.zero::<1>();
     }
     tiles.load::<2>(x.q.add(offset), x.k);
+    x.ask_ahead(offset);
     tiles.load::<4>(spread.plane(0), VECTOR);
     tiles.load::<5>(spread.plane(1), VECTOR);
     tiles.dot::<0, 2, 4>();
