@@ -24,9 +24,10 @@ pub(super) const PREFETCH: usize = 3072;
 /// Q5_0 product from memory on two threads: 8.9-9.7 -> 6.3-6.8 ms.
 pub(super) const PREFETCH_L2: usize = 16384;
 
-/// The quantizer of `rows.rs` in AVX-512 (on the parts of some whole rows): per block the absolute maximum, then 16 values at a time
-/// scaled, rounded to nearest-even (`vcvtps2dq` under the default rounding mode, as the
-/// portable version's magic-number rounding), clamped to i8 and summed.
+/// The quantizer of `rows.rs` in AVX-512 or AVX2 (on the parts of some whole rows): per block
+/// the absolute maximum, then the values scaled, rounded to nearest-even (`vcvtps2dq` under
+/// the default rounding mode, as the portable version's magic-number rounding), clamped to i8
+/// and summed per 16 (AVX-512: 64 values at a time, `quantize_64`).
 pub(super) fn quantize(kernel: Kernel, x: &[f32], parts: Parts<'_>) {
     let n = x.len();
     assert!(parts.block.is_multiple_of(32) && n.is_multiple_of(parts.block));
