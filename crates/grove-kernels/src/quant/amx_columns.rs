@@ -14,10 +14,12 @@
 //! their weights (two planes of bytes each), so that a super-block's sums stay in two `C`
 //! tiles over four full-width products and are stored once
 //! (`amx_kquants.rs`): a tile's stores and the lanes' scaling cost more than its products. A
-//! step is two blocks (tiles 0, 2, 4 and 1, 3, 5) or a K-quant's 64 weights, and the steps
-//! are pipelined: the tiles multiply a step ahead of the lanes that scale its sums, and the
-//! weights are spread a step ahead of the tiles, because the tiles wait for the lanes' stores
-//! to reach the cache before loading them and the lanes for the tiles' stores. A spread is
+//! step is two blocks (tiles 2, 4 and 3, 5 into 0 and 1, or 6 and 7) or a K-quant's 64
+//! weights, and the steps are pipelined: the tiles multiply a step ahead of their stores,
+//! into two pairs of `C` tiles in turn, and two steps ahead of the lanes that scale the
+//! stored sums, and the weights are spread two steps ahead of the tiles, because the tiles
+//! wait for a product to finish before storing its sums and for the lanes' stores to reach
+//! the cache before loading them, and the lanes for the tiles' stores. A spread is
 //! vector stores, which the tiles wait behind rather than overlap, so a product of many rows
 //! spreads each step once, in its first tile, for all its tiles (`Format::SHARED_ROWS`).
 //!
@@ -145,16 +147,20 @@ pub(super) trait Format {
     fn offsets(i: usize, _step: usize) -> [usize; 2] {
         [64 * i, 64 * i + 32]
     }
-    /// Step `step` of `unit`'s tile products into `out`, from its weights in the unit or
-    /// where [`Format::spread`] left them (`spread`).
-    unsafe fn products<T: Tiles, const R: usize>(
+    /// Step `step` of `unit`'s tile products into `C` tiles `C0` and `C1`, from its weights
+    /// in the unit or where [`Format::spread`] left them (`spread`).
+    unsafe fn products<T: Tiles, const R: usize, const C0: u8, const C1: u8>(
         tiles: &mut T,
         x: &Tile<R>,
         weights: (*const u8, &Spread),
         offsets: [usize; 2],
         step: usize,
-        out: &mut Sums,
     );
+    /// Whether step `step`'s sums are stored and scaled (a 32-weight format's every step, a
+    /// K-quant's last of its super-block).
+    fn stored(_step: usize) -> bool {
+        true
+    }
     /// The step's sums scaled into `block` (a K-quant's super-block, before its activation
     /// scale) or straight into `acc` (a 32-weight format's two blocks).
     #[inline(always)]
@@ -271,23 +277,20 @@ impl<const R: usize> Tile<R> {
 /// weights are `B` tiles at `weights` (rows of 64 bytes) and whose activation values start at
 /// `offsets` in each row.
 #[inline(always)]
-unsafe fn two_sums<T: Tiles, const R: usize>(
+unsafe fn two_sums<T: Tiles, const R: usize, const C0: u8, const C1: u8>(
     tiles: &mut T,
     x: &Tile<R>,
     weights: [*const u8; 2],
     offsets: [usize; 2],
-    out: &mut Sums,
 ) {
-    tiles.zero::<0>();
-    tiles.zero::<1>();
+    tiles.zero::<C0>();
+    tiles.zero::<C1>();
     tiles.load::<2>(x.q.add(offsets[0]), x.k);
     tiles.load::<4>(weights[0], VECTOR);
     tiles.load::<3>(x.q.add(offsets[1]), x.k);
     tiles.load::<5>(weights[1], VECTOR);
-    tiles.dot::<0, 2, 4>();
-    tiles.dot::<1, 3, 5>();
-    tiles.store::<0>(out.at(0), ROW_BYTES);
-    tiles.store::<1>(out.at(1), ROW_BYTES);
+    tiles.dot::<C0, 2, 4>();
+    tiles.dot::<C1, 3, 5>();
 }
 
 /// A 32-weight block's sums (tile `b` of `sums`, starting at each row's zero point) scaled
@@ -333,16 +336,15 @@ impl Format for Q8_0 {
     const STEPS: usize = 1;
 
     #[inline(always)]
-    unsafe fn products<T: Tiles, const R: usize>(
+    unsafe fn products<T: Tiles, const R: usize, const C0: u8, const C1: u8>(
         tiles: &mut T,
         x: &Tile<R>,
         (unit, _): (*const u8, &Spread),
         offsets: [usize; 2],
         _: usize,
-        out: &mut Sums,
     ) {
         let weights = [0, 1].map(|b| unit.add(at::q8_block(b)));
-        two_sums(tiles, x, weights, offsets, out);
+        two_sums::<T, R, C0, C1>(tiles, x, weights, offsets);
     }
 }
 
@@ -370,16 +372,15 @@ impl Format for Q5_0 {
     }
 
     #[inline(always)]
-    unsafe fn products<T: Tiles, const R: usize>(
+    unsafe fn products<T: Tiles, const R: usize, const C0: u8, const C1: u8>(
         tiles: &mut T,
         x: &Tile<R>,
         (_, spread): (*const u8, &Spread),
         offsets: [usize; 2],
         _: usize,
-        out: &mut Sums,
     ) {
         let weights = [0, 1].map(|b| spread.plane(b));
-        two_sums(tiles, x, weights, offsets, out);
+        two_sums::<T, R, C0, C1>(tiles, x, weights, offsets);
     }
 }
 
@@ -405,7 +406,29 @@ unsafe fn issue<F: Format, T: Tiles, const R: usize>(
 ) {
     let (unit, i, s) = at_step::<F>(strip, t);
     let weights = (unit, &work.spread(t));
-    F::products(tiles, x, weights, F::offsets(i, s), s, &mut work.sums(t));
+    let offsets = F::offsets(i, s);
+    if (t / F::STEPS).is_multiple_of(2) {
+        F::products::<T, R, 0, 1>(tiles, x, weights, offsets, s);
+    } else {
+        F::products::<T, R, 6, 7>(tiles, x, weights, offsets, s);
+    }
+}
+
+/// Step `t`'s sums stored, where the format scales them after it: from `C` tiles 0 and 1
+/// for even units, 6 and 7 for odd ones.
+#[inline(always)]
+unsafe fn store<F: Format, T: Tiles>(tiles: &mut T, work: &mut Work, t: usize) {
+    if !F::stored(t % F::STEPS) {
+        return;
+    }
+    let out = work.sums(t);
+    if (t / F::STEPS).is_multiple_of(2) {
+        tiles.store::<0>(out.at(0), ROW_BYTES);
+        tiles.store::<1>(out.at(1), ROW_BYTES);
+    } else {
+        tiles.store::<6>(out.at(0), ROW_BYTES);
+        tiles.store::<7>(out.at(1), ROW_BYTES);
+    }
 }
 
 /// Step `t`'s weights spread, unless the current tile reads what the first spread.
@@ -417,9 +440,11 @@ unsafe fn spread<F: Format>(work: &mut Work, strip: *const u8, t: usize) {
     }
 }
 
-/// One strip against a tile's rows, its steps pipelined: while the lanes scale step `t`'s
-/// sums, the tiles have already multiplied step `t + 1` and its weights for step `t + 2` are
-/// spread, so neither the tiles' stores nor the lanes' stores are waited for.
+/// One strip against a tile's rows, its steps pipelined: while the tiles multiply step `t +
+/// 1`, step `t`'s sums are stored (the tiles wait for a product to finish before storing
+/// its sums, so the next step's products are issued first, into the other pair of `C`
+/// tiles), step `t + 2`'s weights are spread, and the lanes scale step `t - 1`'s sums, so
+/// that neither the tiles' stores nor the lanes' stores are waited for.
 #[inline(always)]
 unsafe fn strip<F: Format, T: Tiles, const R: usize>(
     tiles: &mut T,
@@ -441,17 +466,34 @@ unsafe fn strip<F: Format, T: Tiles, const R: usize>(
         if t + 1 < steps {
             issue::<F, T, R>(tiles, x, work, strip, t + 1);
         }
+        store::<F, T>(tiles, work, t);
         if t + 2 < steps {
             spread::<F>(work, strip, t + 2);
         }
-        let (unit, i, s) = at_step::<F>(strip, t);
-        F::scale(x, &work.sums(t), (unit, i, s), &mut block, &mut acc);
-        if s + 1 == F::STEPS {
-            F::end_unit(x, unit, i, &block, &mut acc);
-            block = [_mm512_setzero_ps(); R];
+        if t > 0 {
+            lanes::<F, R>(x, work, strip, t - 1, (&mut block, &mut acc));
         }
     }
+    lanes::<F, R>(x, work, strip, steps - 1, (&mut block, &mut acc));
     acc
+}
+
+/// Step `t`'s stored sums scaled into the rows' outputs (`acc`), through `block` where the
+/// format scales a unit's steps together.
+#[inline(always)]
+unsafe fn lanes<F: Format, const R: usize>(
+    x: &Tile<R>,
+    work: &mut Work,
+    strip: *const u8,
+    t: usize,
+    (block, acc): (&mut [__m512; R], &mut [__m512; R]),
+) {
+    let (unit, i, s) = at_step::<F>(strip, t);
+    F::scale(x, &work.sums(t), (unit, i, s), block, acc);
+    if s + 1 == F::STEPS {
+        F::end_unit(x, unit, i, block, acc);
+        *block = [_mm512_setzero_ps(); R];
+    }
 }
 
 /// The share's strips against activation rows `start..start + R`: one tile product.
@@ -469,7 +511,9 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
         .shape(2, R, bytes)
         .shape(3, R, bytes)
         .shape(4, bytes / 4, ROW_BYTES)
-        .shape(5, bytes / 4, ROW_BYTES);
+        .shape(5, bytes / 4, ROW_BYTES)
+        .shape(6, R, ROW_BYTES)
+        .shape(7, R, ROW_BYTES);
     tiles.configure(&config);
     let acts = share.acts;
     let x = Tile::<R> {

@@ -59,15 +59,18 @@ impl<K: KQuant> Format for Planes<K> {
     }
 
     #[inline(always)]
-    unsafe fn products<T: Tiles, const R: usize>(
+    unsafe fn products<T: Tiles, const R: usize, const C0: u8, const C1: u8>(
         tiles: &mut T,
         x: &Tile<R>,
         (_, spread): (*const u8, &Spread),
         offsets: [usize; 2],
         step: usize,
-        out: &mut Sums,
     ) {
-        plane_products::<K, T, R>(tiles, x, spread, offsets[0], step, out);
+        plane_products::<K, T, R, C0, C1>(tiles, x, spread, offsets[0], step);
+    }
+
+    fn stored(step: usize) -> bool {
+        step + 1 == STEPS
     }
 
     #[inline(always)]
@@ -100,35 +103,31 @@ impl<K: KQuant> Format for Planes<K> {
 }
 
 /// A K-quant step's two planes (`B` tiles 4 and 5, spread) against its 64 activations from
-/// `offset` in each row (`A` tile 2), added into `C` tiles 0 and 1: sums that start at the
-/// super-block's first step and are stored after its last. The first plane is unsigned bytes
-/// (`tdpbsud`), the second signed (`tdpbssd`) where the format's `SIGNED` says so.
+/// `offset` in each row (`A` tile 2), added into `C` tiles `C0` and `C1` (the super-block's
+/// pair): sums that start at its first step and are stored after its last. The first plane
+/// is unsigned bytes (`tdpbsud`), the second signed (`tdpbssd`) where the format's `SIGNED`
+/// says so.
 #[inline(always)]
-unsafe fn plane_products<K: KQuant, T: Tiles, const R: usize>(
+unsafe fn plane_products<K: KQuant, T: Tiles, const R: usize, const C0: u8, const C1: u8>(
     tiles: &mut T,
     x: &Tile<R>,
     spread: &Spread,
     offset: usize,
     step: usize,
-    out: &mut Sums,
 ) {
     if step == 0 {
-        tiles.zero::<0>();
-        tiles.zero::<1>();
+        tiles.zero::<C0>();
+        tiles.zero::<C1>();
     }
     tiles.load::<2>(x.q.add(offset), x.k);
     x.ask_ahead(offset);
     tiles.load::<4>(spread.plane(0), VECTOR);
     tiles.load::<5>(spread.plane(1), VECTOR);
-    tiles.dot::<0, 2, 4>();
+    tiles.dot::<C0, 2, 4>();
     if K::SIGNED {
-        tiles.dot_signed::<1, 2, 5>();
+        tiles.dot_signed::<C1, 2, 5>();
     } else {
-        tiles.dot::<1, 2, 5>();
-    }
-    if step + 1 == STEPS {
-        tiles.store::<0>(out.at(0), ROW_BYTES);
-        tiles.store::<1>(out.at(1), ROW_BYTES);
+        tiles.dot::<C1, 2, 5>();
     }
 }
 
