@@ -42,8 +42,9 @@ use std::mem::MaybeUninit;
 use super::amx_kquants::{Planes, Q4K, Q6K};
 use super::amx_tiles::{Config, Hardware, Tiles, ROWS, ROW_BYTES};
 use super::columns::{self, at, STRIP, VECTOR};
+use super::rows::{Side, SIDE_ROWS};
 use super::simd::Stream;
-use super::simd_columns::{halves, nibble_groups, Acts, Share};
+use super::simd_columns::{halves, nibble_groups, Share};
 use super::{Kernel, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
 
@@ -240,12 +241,53 @@ impl Work {
 }
 
 /// The `R` activation rows of one tile product.
-pub(super) struct Tile<const R: usize> {
+pub(super) struct Tile<'a, const R: usize> {
     /// Row 0's quantized values, row `m`'s `m * k` bytes on: the `A` tiles' rows.
     pub(super) q: *const u8,
     pub(super) k: usize,
-    /// The rows' scales, zero points and sums, as the VNNI kernel reads them.
-    pub(super) x: Acts<R>,
+    /// The rows' scales, zero points and sums, the VNNI kernel's, side by side.
+    pub(super) side: Sides<'a>,
+    pub(super) format: QuantFormat,
+}
+
+/// A tile's rows' per-block values in the product's [`Side`]: rows `start..start + R`, in
+/// one of its groups.
+pub(super) struct Sides<'a> {
+    side: &'a Side,
+    start: usize,
+    /// Blocks (super-blocks) a row.
+    blocks: usize,
+    /// Pairs of 32-value sums a row.
+    pairs: usize,
+}
+
+impl Sides<'_> {
+    /// The tile's rows' scales of block (super-block) `b`, row `m`'s at `m`.
+    #[inline(always)]
+    pub(super) unsafe fn scales(&self, b: usize) -> *const f32 {
+        self.side
+            .scale
+            .as_ptr()
+            .add(Side::at(self.blocks, self.start, b))
+    }
+
+    /// The tile's rows' zero points of 32-weight block `b` in `format`, row `m`'s at `m`.
+    #[inline(always)]
+    unsafe fn zeros(&self, format: QuantFormat, b: usize) -> *const i32 {
+        let zero = match format {
+            QuantFormat::Q5_0 => &self.side.zero_q5,
+            _ => &self.side.zero_q8,
+        };
+        zero.as_ptr().add(Side::at(self.blocks, self.start, b))
+    }
+
+    /// The tile's rows' sums of 32 values `2p` and `2p + 1`, row `m`'s pair at `2m` (a
+    /// 32-bit word, the first sum in its low half).
+    #[inline(always)]
+    pub(super) unsafe fn pairs(&self, p: usize) -> *const i16 {
+        let at = Side::at(self.pairs, self.start, p);
+        self.side.pairs.as_ptr().add(at).cast()
+    }
 }
 
 /// A tile's activation values past this many bytes do not stay in L1 between steps: the
@@ -256,7 +298,7 @@ const A_IN_L1: usize = 32 << 10;
 /// How far ahead of a step's activation values each row's are asked for.
 const A_AHEAD: usize = 2 * ROW_BYTES;
 
-impl<const R: usize> Tile<R> {
+impl<const R: usize> Tile<'_, R> {
     /// Each row's activation values two steps after `offset` asked for into L1, where the
     /// rows are too long to stay there: the `A` tiles' loads otherwise wait for L2, a line a
     /// row (the weights' requests run ahead; the activations' 16 rows are 16 streams, more
@@ -305,9 +347,10 @@ unsafe fn scale_block<const R: usize>(
     block: usize,
 ) {
     let d = halves(scales);
+    let (zeros, row_scales) = (x.side.zeros(x.format, block), x.side.scales(block));
     for m in 0..R {
-        let start = _mm512_set1_epi32(*x.x.zero[m].add(block));
-        let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.x.scale[m].add(block)));
+        let start = _mm512_set1_epi32(*zeros.add(m));
+        let scale = _mm512_mul_ps(d, _mm512_set1_ps(*row_scales.add(m)));
         let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(start, sums.row(b, m)));
         acc[m] = _mm512_fmadd_ps(sum, scale, acc[m]);
     }
@@ -516,10 +559,17 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
         .shape(7, R, ROW_BYTES);
     tiles.configure(&config);
     let acts = share.acts;
+    debug_assert!((share.first + start) % SIDE_ROWS + R <= SIDE_ROWS);
     let x = Tile::<R> {
         q: acts.q.as_ptr().add((share.first + start) * acts.k).cast(),
         k: acts.k,
-        x: Acts::new(acts, F::FORMAT, share.first + start),
+        side: Sides {
+            side: acts.side(),
+            start: share.first + start,
+            blocks: acts.k / acts.block,
+            pairs: acts.k / 64,
+        },
+        format: F::FORMAT,
     };
     let units = acts.k / columns::unit_weights(F::FORMAT);
     let unit_bytes = columns::unit_bytes(F::FORMAT);

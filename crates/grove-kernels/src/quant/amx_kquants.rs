@@ -194,10 +194,11 @@ unsafe fn subtract_mins<const R: usize>(
 ) {
     let mins: [__m512i; 4] = std::array::from_fn(|t| paired_bytes(unit.add(at::q4k_mins(2 * t))));
     let dmin = halves(unit.add(at::DMIN));
+    let pairs: [*const i16; 4] = std::array::from_fn(|t| x.side.pairs(4 * i + t));
     for m in 0..R {
         let mut sums = _mm512_setzero_si512();
         for t in 0..4 {
-            sums = dpwssd_broadcast(sums, mins[t], x.x.sums[m].add(8 * i + 2 * t));
+            sums = dpwssd_broadcast(sums, mins[t], pairs[t].add(2 * m));
         }
         block[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sums), dmin, block[m]);
     }
@@ -212,8 +213,9 @@ unsafe fn finish_super_block<const R: usize>(
     block: &[__m512; R],
     i: usize,
 ) {
+    let scales = x.side.scales(i);
     for m in 0..R {
-        let scale = _mm512_set1_ps(*x.x.scale[m].add(i));
+        let scale = _mm512_set1_ps(*scales.add(m));
         acc[m] = _mm512_fmadd_ps(block[m], scale, acc[m]);
     }
 }

@@ -1,6 +1,8 @@
 //! Activation rows quantized for the products: 8-bit values per block with one scale, and
 //! what each format's kernels read beside them (sums, zero points' terms).
 
+use std::sync::OnceLock;
+
 use super::{Kernel, QuantFormat};
 use crate::threads::for_each_chunk_mut;
 
@@ -41,6 +43,65 @@ pub struct QuantizedRows {
     /// scales.
     pub(super) sum32_i16: Vec<i16>,
     pub(super) sum16_i16: Vec<i16>,
+    /// What the AMX kernel's lanes read per block, side by side ([`Side`]): made once, by the
+    /// product's first tile.
+    pub(super) side: OnceLock<Side>,
+}
+
+/// The per-block values the AMX kernel's lanes read, in groups of 16 rows whose values of a
+/// block lie side by side (`[rows / 16][block][16]`, the last group padded): the scales,
+/// zero points (`zero_q8`, `zero_q5`) and pairs of 32-value sums as one 32-bit word, the
+/// first in its low half (`sum32_i16`: `vpdpwssd`'s broadcast for Q4_K's mins); each empty
+/// where its source is. A tile's lanes read its rows' values of a block at fixed offsets
+/// from one place. Through each row's own pointer, as the VNNI kernel reads them, the 16
+/// pointers did not stay in registers and each value cost a load of its pointer first; all
+/// rows of a block side by side put a product of 512 rows' blocks 2 KB apart, in two of
+/// L1's sets.
+#[derive(Debug, Default)]
+pub(super) struct Side {
+    pub scale: Vec<f32>,
+    pub zero_q8: Vec<i32>,
+    pub zero_q5: Vec<i32>,
+    pub pairs: Vec<i32>,
+}
+
+/// Rows in a group of [`Side`].
+pub(super) const SIDE_ROWS: usize = 16;
+
+impl Side {
+    fn new(acts: &QuantizedRows) -> Self {
+        let rows = acts.q.len() / acts.k.max(1);
+        let pairs: Vec<i32> = (acts.sum32_i16.chunks_exact(2))
+            .map(|two| i32::from(two[0] as u16) | (i32::from(two[1] as u16) << 16))
+            .collect();
+        Self {
+            scale: in_groups(&acts.scale, rows),
+            zero_q8: in_groups(&acts.zero_q8, rows),
+            zero_q5: in_groups(&acts.zero_q5, rows),
+            pairs: in_groups(&pairs, rows),
+        }
+    }
+
+    /// Where the values of block `b` of rows `start..` (in one group) begin, in a [`Side`]
+    /// of `n` values a row.
+    pub fn at(n: usize, start: usize, b: usize) -> usize {
+        (start / SIDE_ROWS * n + b) * SIDE_ROWS + start % SIDE_ROWS
+    }
+}
+
+/// `[rows, n]` values in [`Side`]'s groups.
+fn in_groups<T: Copy + Default>(values: &[T], rows: usize) -> Vec<T> {
+    if values.is_empty() {
+        return Vec::new();
+    }
+    let n = values.len() / rows;
+    let mut out = vec![T::default(); rows.next_multiple_of(SIDE_ROWS) * n];
+    for (r, row) in values.chunks_exact(n).enumerate() {
+        for (b, &value) in row.iter().enumerate() {
+            out[Side::at(n, r, b)] = value;
+        }
+    }
+    out
 }
 
 impl QuantizedRows {
@@ -122,7 +183,13 @@ impl QuantizedRows {
             scaled_sum32: Vec::new(),
             sum32_i16: Vec::new(),
             sum16_i16: Vec::new(),
+            side: OnceLock::new(),
         }
+    }
+
+    /// The rows' [`Side`], made on the first call.
+    pub(super) fn side(&self) -> &Side {
+        self.side.get_or_init(|| Side::new(self))
     }
 
     /// What `self.kernel`'s column kernels of `formats` read beside the values, each only

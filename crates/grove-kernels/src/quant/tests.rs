@@ -396,6 +396,7 @@ fn vector_quantizer_equals_the_reference_exactly() {
                 scaled_sum32: Vec::new(),
                 sum32_i16: Vec::new(),
                 sum16_i16: Vec::new(),
+                side: Default::default(),
             };
             if vector {
                 super::simd::quantize(kernel, &x, rows.parts());
