@@ -247,6 +247,7 @@ pub(super) struct Tile<'a, const R: usize> {
     pub(super) k: usize,
     /// The rows' scales, zero points and sums, the VNNI kernel's, side by side.
     pub(super) side: Sides<'a>,
+    /// The product's format (whose zero points the lanes read).
     pub(super) format: QuantFormat,
 }
 
