@@ -591,25 +591,21 @@ unsafe fn tile<F: Format, T: Tiles, const R: usize>(
     }
 }
 
-/// The row counts of the tiles `rows` rows pass in: 16 at a time, then 8, 4, 2 and 1.
+/// The row counts of the tiles `rows` rows pass in: 16 at a time, then what is left in one
+/// tile. A tile's weights cost the same whatever its rows (the K-quants' spread, the loads),
+/// so 15 rows in one tile cost about what 16 do, where tiles of 8, 4, 2 and 1 cost four
+/// times the weights' work (docs/benchmarks.md, session 53).
 fn tile_sizes(rows: usize) -> impl Iterator<Item = usize> {
     let mut left = rows;
     std::iter::from_fn(move || {
-        let size = match left {
-            0 => return None,
-            16.. => 16,
-            8.. => 8,
-            4.. => 4,
-            2.. => 2,
-            _ => 1,
-        };
+        let size = left.min(ROWS);
         left -= size;
-        Some(size)
+        (size > 0).then_some(size)
     })
 }
 
-/// The share's strips against its activation rows, in tiles of 16 rows, then one of 8, 4, 2
-/// and 1 for what is left: each tile's row count a constant, so its rows' sums stay in
+/// The share's strips against its activation rows, in tiles of 16 rows, then one for what
+/// is left ([`tile_sizes`]): each tile's row count a constant, so its rows' sums stay in
 /// registers. The weights ahead are asked for at a step's pace, as the VNNI kernel asks
 /// ([`Stream`]): on an AMX CPU, reading from memory, that made a 16-row product 1.3-1.4x
 /// faster (docs/benchmarks.md, session 46).
@@ -640,8 +636,19 @@ unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize
         let at = (start, &mut stream);
         match size {
             16 => tile::<F, T, 16>(tiles, share, &mut work, at),
+            15 => tile::<F, T, 15>(tiles, share, &mut work, at),
+            14 => tile::<F, T, 14>(tiles, share, &mut work, at),
+            13 => tile::<F, T, 13>(tiles, share, &mut work, at),
+            12 => tile::<F, T, 12>(tiles, share, &mut work, at),
+            11 => tile::<F, T, 11>(tiles, share, &mut work, at),
+            10 => tile::<F, T, 10>(tiles, share, &mut work, at),
+            9 => tile::<F, T, 9>(tiles, share, &mut work, at),
             8 => tile::<F, T, 8>(tiles, share, &mut work, at),
+            7 => tile::<F, T, 7>(tiles, share, &mut work, at),
+            6 => tile::<F, T, 6>(tiles, share, &mut work, at),
+            5 => tile::<F, T, 5>(tiles, share, &mut work, at),
             4 => tile::<F, T, 4>(tiles, share, &mut work, at),
+            3 => tile::<F, T, 3>(tiles, share, &mut work, at),
             2 => tile::<F, T, 2>(tiles, share, &mut work, at),
             _ => tile::<F, T, 1>(tiles, share, &mut work, at),
         }

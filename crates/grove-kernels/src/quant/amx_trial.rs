@@ -5,7 +5,7 @@
 //! two vCPUs share a core, its memory), so no constant here could say. [`run`] multiplies a
 //! matrix of each format on both kernels, checks that the tiles give the VNNI kernel's bits
 //! (a row's outputs must not depend on the kernel: plain decoding's one row goes through
-//! VNNI, a verify's tree rows through the tiles), times both at 4, 8 and 16 rows with the
+//! VNNI, a verify's tree rows through the tiles), times both at 4, 8, 9, 12 and 16 rows with the
 //! weights read from memory, as a verify reads them, and gives each format the fewest rows
 //! from which the tiles are faster ([`tiles_from`]). A program
 //! [`adopt`]s the outcome; the `grove` binary runs the trial in a child process, so a CPU
@@ -24,7 +24,7 @@ use super::{simd_columns, Kernel, Layout, QMatrix, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
 
 /// The row counts the trial times.
-pub const TRIED_ROWS: [usize; 3] = [4, 8, 16];
+pub const TRIED_ROWS: [usize; 5] = [4, 8, 9, 12, 16];
 
 /// The tiles must take at most this share of the VNNI kernel's time to be chosen: a margin
 /// for the noise of a shared machine.
@@ -139,7 +139,7 @@ pub fn run() -> Result<Trial, String> {
         let bytes = QMatrix::random(format, n, k, 7).to_bytes();
         let layout = Layout::for_kernel(Kernel::Amx);
         let matrix = QMatrix::with_layout(format, n, k, super::Bytes::Owned(bytes.into()), layout)?;
-        // Tiles of 16, 2 and 1 rows: each shape the kernel makes, against the VNNI kernel.
+        // A tile of 16 rows and one of 3 (the rest), against the VNNI kernel.
         let rows = 19;
         let x: Vec<f32> = (0..rows * k)
             .map(|i| ((i * 7919 + 13) % 2001) as f32 / 1000.0 - 1.0)
