@@ -50,7 +50,7 @@ pub struct QuantizedRows {
 
 /// The per-block values the AMX kernel's lanes read, in groups of 16 rows whose values of a
 /// block lie side by side (`[rows / 16][block][16]`, the last group padded): the scales,
-/// zero points (`zero_q8`, `zero_q5`) and pairs of 32-value sums as one 32-bit word, the
+/// Q8_0 zero points (`zero_q8`; the tiles' Q5_0 weights need none) and pairs of 32-value sums as one 32-bit word, the
 /// first in its low half (`sum32_i16`: `vpdpwssd`'s broadcast for Q4_K's mins); each empty
 /// where its source is. A tile's lanes read its rows' values of a block at fixed offsets
 /// from one place. Through each row's own pointer, as the VNNI kernel reads them, the 16
@@ -61,7 +61,6 @@ pub struct QuantizedRows {
 pub(super) struct Side {
     pub scale: Vec<f32>,
     pub zero_q8: Vec<i32>,
-    pub zero_q5: Vec<i32>,
     pub pairs: Vec<i32>,
 }
 
@@ -77,7 +76,6 @@ impl Side {
         Self {
             scale: in_groups(&acts.scale, rows),
             zero_q8: in_groups(&acts.zero_q8, rows),
-            zero_q5: in_groups(&acts.zero_q5, rows),
             pairs: in_groups(&pairs, rows),
         }
     }
