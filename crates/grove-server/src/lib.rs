@@ -32,7 +32,7 @@ pub use error::ApiError;
 pub use listener::{serve, ConnectionLimits};
 pub use reasoning::ReasoningParser;
 pub use validate::{MAX_STOP_BYTES, MAX_STOP_SEQUENCES};
-pub use worker::{EngineSettings, EngineStatus, ServedModel};
+pub use worker::{EngineCounts, EngineSettings, EngineStatus, ServedModel};
 
 /// Server settings beyond the engine's.
 #[derive(Debug, Clone)]

@@ -458,6 +458,7 @@ async fn health(State(state): State<AppState>) -> Response {
     let status = &state.status;
     let alive = status.alive.load(Ordering::Relaxed);
     let draining = status.is_draining();
+    let counts = status.counts();
     // A draining replica fails its health check first, so a gateway stops sending it work.
     let body = json!({
         "status": match (alive, draining) {
@@ -467,12 +468,12 @@ async fn health(State(state): State<AppState>) -> Response {
         },
         "model": state.limits.name,
         "speculative_algorithm": state.default_algorithm,
-        "running": status.running.load(Ordering::Relaxed),
-        "waiting": status.waiting.load(Ordering::Relaxed),
-        "kv_free_pages": status.free_pages.load(Ordering::Relaxed),
-        "kv_total_pages": status.total_pages.load(Ordering::Relaxed),
-        "kv_cached_pages": status.cached_pages.load(Ordering::Relaxed),
-        "preemptions": status.preemptions.load(Ordering::Relaxed),
+        "running": counts.running,
+        "waiting": counts.waiting,
+        "kv_free_pages": counts.free_pages,
+        "kv_total_pages": counts.total_pages,
+        "kv_cached_pages": counts.cached_pages,
+        "preemptions": counts.preemptions,
     });
     let code = if alive && !draining {
         StatusCode::OK

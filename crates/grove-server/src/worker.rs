@@ -4,9 +4,9 @@
 //! (their pages return at once) and publishes gauges.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use grove_core::TokenId;
@@ -59,16 +59,24 @@ pub(crate) enum WorkerEvent {
     Failed(ApiError),
 }
 
+/// The engine's counts after a step, published whole: read field by field, a reader could
+/// see one step's request counts beside the step before's page counts (a request done but
+/// its pages still held).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EngineCounts {
+    pub running: usize,
+    pub waiting: usize,
+    pub free_pages: usize,
+    pub total_pages: usize,
+    /// Pages the prefix cache holds (some may be shared by running requests).
+    pub cached_pages: usize,
+    pub preemptions: u64,
+}
+
 /// Engine state the edge reads without asking the engine thread.
 #[derive(Debug, Default)]
 pub struct EngineStatus {
-    pub running: AtomicUsize,
-    pub waiting: AtomicUsize,
-    pub free_pages: AtomicUsize,
-    pub total_pages: AtomicUsize,
-    /// Pages the prefix cache holds (some may be shared by running requests).
-    pub cached_pages: AtomicUsize,
-    pub preemptions: AtomicU64,
+    counts: Mutex<EngineCounts>,
     /// Cleared when the engine thread exits (a model error it could not recover from).
     pub alive: AtomicBool,
     /// Set when the server is stopping: no new requests, `/health` answers 503.
@@ -92,21 +100,35 @@ impl EngineStatus {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }
+
+    /// The counts the engine published after its last step.
+    pub fn counts(&self) -> EngineCounts {
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl EngineStatus {
     fn publish(&self, engine: &Engine<'_>) {
-        self.running.store(engine.running(), Ordering::Relaxed);
-        self.waiting.store(engine.waiting(), Ordering::Relaxed);
-        self.free_pages
-            .store(engine.free_pages(), Ordering::Relaxed);
-        self.total_pages
-            .store(engine.total_pages(), Ordering::Relaxed);
-        self.cached_pages
-            .store(engine.cached_pages(), Ordering::Relaxed);
-        self.preemptions
-            .store(engine.preemptions(), Ordering::Relaxed);
+        let counts = EngineCounts {
+            running: engine.running(),
+            waiting: engine.waiting(),
+            free_pages: engine.free_pages(),
+            total_pages: engine.total_pages(),
+            cached_pages: engine.cached_pages(),
+            preemptions: engine.preemptions(),
+        };
+        self.set_counts(counts);
         metrics::engine_gauges(engine);
+    }
+
+    fn set_counts(&self, counts: EngineCounts) {
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = counts;
     }
 }
 
@@ -397,5 +419,48 @@ fn dispatch(
                 let _ = client.events.send(WorkerEvent::Finished(output));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader never sees a step's request counts beside another step's page counts: the
+    /// engine thread alternates a busy step (a request holding 6 of 10 pages) with an idle
+    /// one (all 10 back), and every idle snapshot read has all its pages.
+    #[test]
+    fn counts_are_read_as_one_step_published_them() {
+        let status = Arc::new(EngineStatus::default());
+        let busy = EngineCounts {
+            running: 1,
+            free_pages: 4,
+            total_pages: 10,
+            ..EngineCounts::default()
+        };
+        let idle = EngineCounts {
+            free_pages: 7,
+            cached_pages: 3,
+            total_pages: 10,
+            ..EngineCounts::default()
+        };
+        let writer = {
+            let status = Arc::clone(&status);
+            std::thread::spawn(move || {
+                for i in 0..200_000 {
+                    status.set_counts(if i % 2 == 0 { busy } else { idle });
+                }
+            })
+        };
+        let mut idle_reads = 0;
+        while !writer.is_finished() {
+            let counts = status.counts();
+            if counts.running == 0 && counts.total_pages > 0 {
+                assert_eq!(counts, idle);
+                idle_reads += 1;
+            }
+        }
+        writer.join().unwrap();
+        assert!(idle_reads > 0 || status.counts() == idle);
     }
 }

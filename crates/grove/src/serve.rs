@@ -1,6 +1,5 @@
 //! `grove serve`: the OpenAI-compatible server (flags named as SGLang's launch flags).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -240,14 +239,15 @@ fn default_model_name(path: &std::path::Path) -> String {
 async fn graceful_shutdown(status: Arc<EngineStatus>, grace: u64) {
     wait_for_stop_signal().await;
     status.begin_draining();
+    let counts = status.counts();
     eprintln!(
         "grove serve: stopping: no new requests; {} running and {} waiting have {grace} s",
-        status.running.load(Ordering::Relaxed),
-        status.waiting.load(Ordering::Relaxed)
+        counts.running, counts.waiting
     );
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(grace)).await;
-        if status.running.load(Ordering::Relaxed) + status.waiting.load(Ordering::Relaxed) > 0 {
+        let counts = status.counts();
+        if counts.running + counts.waiting > 0 {
             eprintln!("grove serve: grace period over: ending the requests still running");
         }
         status.abort_running();
