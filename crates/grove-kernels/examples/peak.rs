@@ -60,11 +60,25 @@ fn run(kind: &str, iterations: u64) -> f64 {
 }
 
 /// `vpdpbusd`s per second (G) on this core in a loop of 8 of them, each with its activation
-/// bytes broadcast from memory as the kernels issue them, and the two instructions `$a`, `$b`
-/// (which write zmm8/zmm9 from zmm16/zmm17 or memory at `{m}`).
+/// bytes broadcast from memory as the kernels issue them (or, with `register` first, from a
+/// register: no load), and the two instructions `$a`, `$b` (which write zmm8/zmm9 from
+/// zmm16/zmm17 or memory at `{m}`).
 #[cfg(target_arch = "x86_64")]
 macro_rules! beside {
-    ($a:literal, $b:literal) => {{
+    (register, $a:literal, $b:literal) => {
+        beside!("zmm18", "zmm18", "zmm18", "zmm18", "zmm18", "zmm18", "zmm18", "zmm18", $a, $b)
+    };
+    ($a:literal, $b:literal) => {
+        beside!(
+            "dword ptr [{m}]{{1to16}}", "dword ptr [{m} + 4]{{1to16}}",
+            "dword ptr [{m} + 8]{{1to16}}", "dword ptr [{m} + 12]{{1to16}}",
+            "dword ptr [{m} + 16]{{1to16}}", "dword ptr [{m} + 20]{{1to16}}",
+            "dword ptr [{m} + 24]{{1to16}}", "dword ptr [{m} + 28]{{1to16}}",
+            $a, $b
+        )
+    };
+    ($s0:literal, $s1:literal, $s2:literal, $s3:literal, $s4:literal, $s5:literal,
+     $s6:literal, $s7:literal, $a:literal, $b:literal) => {{
         use std::arch::asm;
         let memory = [1i32; 64];
         let iterations: u64 = 50_000_000;
@@ -75,15 +89,16 @@ macro_rules! beside {
             asm!(
                 "vmovdqu32 zmm16, [{m}]",
                 "vmovdqu32 zmm17, [{m} + 64]",
+                "vmovdqu32 zmm18, [{m} + 128]",
                 "2:",
-                "vpdpbusd zmm0, zmm16, dword ptr [{m}]{{1to16}}",
-                "vpdpbusd zmm1, zmm16, dword ptr [{m} + 4]{{1to16}}",
-                "vpdpbusd zmm2, zmm16, dword ptr [{m} + 8]{{1to16}}",
-                "vpdpbusd zmm3, zmm16, dword ptr [{m} + 12]{{1to16}}",
-                "vpdpbusd zmm4, zmm16, dword ptr [{m} + 16]{{1to16}}",
-                "vpdpbusd zmm5, zmm16, dword ptr [{m} + 20]{{1to16}}",
-                "vpdpbusd zmm6, zmm16, dword ptr [{m} + 24]{{1to16}}",
-                "vpdpbusd zmm7, zmm16, dword ptr [{m} + 28]{{1to16}}",
+                concat!("vpdpbusd zmm0, zmm16, ", $s0),
+                concat!("vpdpbusd zmm1, zmm16, ", $s1),
+                concat!("vpdpbusd zmm2, zmm16, ", $s2),
+                concat!("vpdpbusd zmm3, zmm16, ", $s3),
+                concat!("vpdpbusd zmm4, zmm16, ", $s4),
+                concat!("vpdpbusd zmm5, zmm16, ", $s5),
+                concat!("vpdpbusd zmm6, zmm16, ", $s6),
+                concat!("vpdpbusd zmm7, zmm16, ", $s7),
                 $a,
                 $b,
                 "dec {n}",
@@ -93,6 +108,7 @@ macro_rules! beside {
                 out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
                 out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
                 out("zmm8") _, out("zmm9") _, out("zmm16") _, out("zmm17") _,
+                out("zmm18") _,
                 options(nostack, readonly),
             )
         };
@@ -126,13 +142,42 @@ fn mixes() {
             beside!("vpmulld zmm8, zmm16, zmm17", "vpmulld zmm9, zmm16, zmm17"),
         ),
         (
+            "vpdpwssd",
+            beside!("vpdpwssd zmm8, zmm16, zmm17", "vpdpwssd zmm9, zmm16, zmm17"),
+        ),
+        (
             "64-byte load",
             beside!("vmovdqu64 zmm8, [{m} + 128]", "vmovdqu64 zmm9, [{m} + 192]"),
+        ),
+        (
+            "4-byte broadcast",
+            beside!(
+                "vpbroadcastd zmm8, dword ptr [{m} + 128]",
+                "vpbroadcastd zmm9, dword ptr [{m} + 132]"
+            ),
         ),
     ];
     println!("vpdpbusd G/s on one core, 8 of them beside two of:");
     for (other, rate) in rates {
-        println!("  {other:12} {rate:.2}");
+        println!("  {other:16} {rate:.2}");
+    }
+    // Where the vector loads bound the kernels: the same loads beside `vpdpbusd`s that load
+    // nothing (a CPU with two vector loads a cycle and two `vpdpbusd`s: the memory-fed ones
+    // above already take every load slot).
+    let register = [
+        ("nothing", beside!(register, "nop", "nop")),
+        (
+            "4-byte broadcast",
+            beside!(
+                register,
+                "vpbroadcastd zmm8, dword ptr [{m} + 128]",
+                "vpbroadcastd zmm9, dword ptr [{m} + 132]"
+            ),
+        ),
+    ];
+    println!("the same, their operand a register, beside two of:");
+    for (other, rate) in register {
+        println!("  {other:16} {rate:.2}");
     }
 }
 

@@ -121,6 +121,35 @@ pub fn allows(wanted: Level) -> bool {
     level() >= wanted
 }
 
+/// Whether this CPU issues two 512-bit `vpdpbusd`s a cycle beside two vector loads: AMD's
+/// Zen 5 (family 0x1A) and later; Zen 4 runs one a cycle as two 256-bit halves. There a
+/// kernel whose every `vpdpbusd` broadcasts its activations from memory is held to its loads'
+/// pace, so a load beside them costs more than an instruction on their ports (the `peak`
+/// example measures both; docs/benchmarks.md, session 54). Intel's cores are not counted:
+/// none measured here without AMX, whose tiles take the many-row products.
+pub fn two_vnni_a_cycle() -> bool {
+    static TWO: OnceLock<bool> = OnceLock::new();
+    *TWO.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid;
+            let (vendor, signature) = (__cpuid(0), __cpuid(1).eax);
+            let amd =
+                [vendor.ebx, vendor.edx, vendor.ecx] == [0x6874_7541, 0x6974_6E65, 0x444D_4163];
+            let base = (signature >> 8) & 0xF;
+            let family = base
+                + if base == 0xF {
+                    (signature >> 20) & 0xFF
+                } else {
+                    0
+                };
+            amd && family >= 0x1A
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,9 +13,8 @@ use std::arch::x86_64::*;
 use super::amx_columns::{Format, Spread, Sums, Tile};
 use super::amx_tiles::{Tiles, ROW_BYTES};
 use super::columns::{at, VECTOR};
-use super::simd_columns::{
-    byte_ints, dpwssd_broadcast, halves, nibble_groups, paired_bytes, six_bit_groups,
-};
+use super::simd_columns::{byte_ints, halves, nibble_groups, six_bit_groups};
+use super::simd_kquants::{dpwssd_broadcast, paired_bytes};
 use super::QuantFormat;
 
 pub(super) struct Q4K;
@@ -192,7 +191,8 @@ unsafe fn subtract_mins<const R: usize>(
     unit: *const u8,
     i: usize,
 ) {
-    let mins: [__m512i; 4] = std::array::from_fn(|t| paired_bytes(unit.add(at::q4k_mins(2 * t))));
+    let mins: [__m512i; 4] =
+        std::array::from_fn(|t| paired_bytes::<false>(unit.add(at::q4k_mins(2 * t))));
     let dmin = halves(unit.add(at::DMIN));
     let pairs: [*const i16; 4] = std::array::from_fn(|t| x.side.pairs(4 * i + t));
     for m in 0..R {

@@ -34,6 +34,8 @@ mod scalar;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd_columns;
+#[cfg(target_arch = "x86_64")]
+mod simd_kquants;
 
 use std::borrow::Cow;
 use std::sync::Arc;

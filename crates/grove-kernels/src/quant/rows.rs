@@ -38,9 +38,10 @@ pub struct QuantizedRows {
     /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
     /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
     pub(super) scaled_sum32: Vec<f32>,
-    /// Q4_K and Q5_K (AVX2's Q6_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so
-    /// two neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
-    /// scales.
+    /// Q4_K and Q5_K (Q6_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so two
+    /// neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
+    /// scales (AVX2's Q6_K, and AVX-512's where its zero point comes once per super-block:
+    /// `simd_columns::Q6Zero`).
     pub(super) sum32_i16: Vec<i16>,
     pub(super) sum16_i16: Vec<i16>,
     /// What the AMX kernel's lanes read per block, side by side ([`Side`]): made once, by the
@@ -200,7 +201,7 @@ impl QuantizedRows {
         if kernel != Kernel::Scalar && mins.iter().any(|format| formats.contains(format)) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
         }
-        if kernel == Kernel::Avx2 && formats.contains(&QuantFormat::Q6K) {
+        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q6K) {
             quantized.sum16_i16 = narrow(&quantized.sum16);
         }
         if kernel == Kernel::Avx512Vnni {
@@ -238,8 +239,10 @@ impl QuantizedRows {
             QuantFormat::Q4_0 => self.zero_q4.len() == self.sum32.len(),
             QuantFormat::Q5_1 => self.scaled_sum32.len() == self.sum32.len(),
             QuantFormat::Q4K | QuantFormat::Q5K => self.sum32_i16.len() == self.sum32.len(),
-            QuantFormat::Q6K if avx2 => self.sum16_i16.len() == self.sum16.len(),
-            QuantFormat::Q6K => self.zero_q6.len() == self.sum16.len(),
+            QuantFormat::Q6K => {
+                self.sum16_i16.len() == self.sum16.len()
+                    && (avx2 || self.zero_q6.len() == self.sum16.len())
+            }
         }
     }
 

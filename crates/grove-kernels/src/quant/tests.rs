@@ -276,6 +276,60 @@ fn simd_agrees_with_scalar(simd: Kernel) {
     }
 }
 
+/// Both places the VNNI kernel may add Q6_K's zero point (`simd_columns::Q6Zero`: this CPU
+/// runs one of them in every other test) against the reference, every tile size and its
+/// remainders, several super-blocks and tasks; and a row's bits the same in any tile.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn both_q6k_zero_points_agree_with_the_reference() {
+    use super::simd_columns::{dot_strips_with, Q6Zero};
+    let test = "both_q6k_zero_points_agree_with_the_reference";
+    if crate::skip_without("avx512", Kernel::Avx512Vnni.runs_here(), test) {
+        return;
+    }
+    eprintln!(
+        "Q6_K on the VNNI kernel: this CPU's zero point {:?}",
+        Q6Zero::here()
+    );
+    let shapes = (1..=19)
+        .map(|rows| (37, 512, rows))
+        .chain([(300, 1024, 13)]);
+    for (n, k, rows) in shapes {
+        let matrix = in_layout(
+            &QMatrix::random(QuantFormat::Q6K, n, k, 9),
+            Layout::for_kernel(Kernel::Avx512Vnni),
+        );
+        let x = random_input(rows, k, 40 + rows as u64);
+        let reference = matrix.matmul_with(Kernel::Scalar, &x, rows);
+        let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let acts = QuantizedRows::portable_for(Kernel::Avx512Vnni, &x, rows, k, &[matrix.format]);
+        for zero in [Q6Zero::AtStart, Q6Zero::PerSuperBlock] {
+            let product = |first: usize, rows: usize| {
+                let mut out = vec![f32::NAN; rows * n];
+                let lent = crate::threads::OutRows::block(&mut out, rows);
+                let strips = matrix.strips(0, columns::strips(n));
+                dot_strips_with(QuantFormat::Q6K, strips, n, &acts, first, lent, false, zero);
+                out
+            };
+            let together = product(0, rows);
+            for (i, (a, b)) in reference.iter().zip(&together).enumerate() {
+                let close = (a - b).abs() <= 1e-5 * largest;
+                assert!(
+                    close,
+                    "{zero:?} [{n}, {k}] x {rows}, output {i}: {a} vs {b}"
+                );
+            }
+            let last = product(rows - 1, 1);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&together[(rows - 1) * n..]),
+                bits(&last),
+                "{zero:?} x {rows}"
+            );
+        }
+    }
+}
+
 /// A row's outputs do not depend on the rows multiplied beside it (which tile it fell in):
 /// a verify's row equals the same row decoded alone, bit for bit, on every kernel.
 #[test]

@@ -1,0 +1,289 @@
+//! The AVX-512 VNNI kernels' K-quants (Q4_K, Q5_K, Q6_K; `simd_columns.rs` holds the
+//! strips, the tiles of rows and the 32-weight formats): a super-block's sub-blocks scaled
+//! once for 16 weight rows, its mins (Q4_K, Q5_K) or zero point (Q6_K) in integers.
+// SAFETY (all of the module): as `simd_columns.rs`, whose `Format::unit` these implement.
+#![allow(unsafe_code)]
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::columns::at;
+use super::simd::Stream;
+use super::simd_columns::{
+    byte_ints, byte_scales, dots, five_bit_groups, halves, nibble_groups, six_bit_groups,
+    zero_start, Acts, Format,
+};
+use super::QuantFormat;
+
+/// Q4_K; where `EXACT`, with the AMX tiles' rounding ([`with_mins`]).
+pub(super) struct Q4K<const EXACT: bool>;
+pub(super) struct Q5K;
+/// Q6_K; where `EXACT`, with the AMX tiles' rounding, and where `BLOCK_ZERO`, its zero
+/// point once per super-block (`simd_columns::Q6Zero::PerSuperBlock`; `impl Format for Q6K`).
+pub(super) struct Q6K<const EXACT: bool, const BLOCK_ZERO: bool>;
+
+/// Two neighbouring sub-blocks' mins of the 16 rows (16 bytes at `p`, then 16), as
+/// `vpdpwssd` multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s
+/// two bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn paired_bytes<const SIGNED: bool>(p: *const u8) -> __m512i {
+    /// Word `2p` from word `p` (the first sub-block's), `2p + 1` from `16 + p`.
+    static INTERLEAVE: [i16; 32] = {
+        let mut index = [0i16; 32];
+        let mut p = 0;
+        while p < 16 {
+            index[2 * p] = p as i16;
+            index[2 * p + 1] = 16 + p as i16;
+            p += 1;
+        }
+        index
+    };
+    let bytes = _mm256_loadu_si256(p.cast());
+    let words = if SIGNED {
+        _mm512_cvtepi8_epi16(bytes)
+    } else {
+        _mm512_cvtepu8_epi16(bytes)
+    };
+    #[cfg(not(miri))]
+    let paired = _mm512_permutexvar_epi16(_mm512_loadu_si512(INTERLEAVE.as_ptr().cast()), words);
+    // Miri has no `vpermw` (`scripts/miri_avx512.sh`): the same permutation, word by word.
+    #[cfg(miri)]
+    let paired = {
+        let (mut from, mut to) = ([0i16; 32], [0i16; 32]);
+        _mm512_storeu_si512(from.as_mut_ptr().cast(), words);
+        for (w, &index) in to.iter_mut().zip(&INTERLEAVE) {
+            *w = from[index as usize];
+        }
+        _mm512_loadu_si512(to.as_ptr().cast())
+    };
+    paired
+}
+
+/// Each row's `T` pairs of sub-block sums from `x.sums[r] + from` against the 16 rows'
+/// `pairs`: the integer sums of a super-block's mins' term.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn paired_sums<const R: usize, const T: usize>(
+    pairs: &[__m512i; T],
+    x: &Acts<R>,
+    from: usize,
+) -> [__m512i; R] {
+    std::array::from_fn(|r| {
+        let mut sums = _mm512_setzero_si512();
+        for t in 0..T {
+            sums = dpwssd_broadcast(sums, pairs[t], x.sums[r].add(from + 2 * t));
+        }
+        sums
+    })
+}
+
+/// `sums` plus, in each lane, the lane's two 16-bit values of `pairs` times the two at `p`
+/// (`vpdpwssd` with its operand broadcast from memory). Written out: LLVM turns the
+/// intrinsic into `vpmaddwd` and `vpaddd` wherever the CPU model (here a plain x86-64 with
+/// features enabled) is not known to have a fast `vpdpwssd`, two instructions for one.
+#[cfg(not(miri))]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
+    let mut sums = sums;
+    std::arch::asm!(
+        "vpdpwssd {sums}, {pairs}, dword ptr [{p}]{{1to16}}",
+        sums = inout(zmm_reg) sums,
+        pairs = in(zmm_reg) pairs,
+        p = in(reg) p,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    sums
+}
+
+/// [`dpwssd_broadcast`] where Miri runs the kernels, which runs no assembly and no
+/// `vpdpwssd`: `vpmaddwd` and `vpaddd`, the same sums (a pair of products of 16-bit values
+/// wraps only for two products of -2^15 by -2^15, which these operands never are).
+#[cfg(miri)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn dpwssd_broadcast(sums: __m512i, pairs: __m512i, p: *const i16) -> __m512i {
+    let both = _mm512_set1_epi32(p.cast::<i32>().read_unaligned());
+    _mm512_add_epi32(sums, _mm512_madd_epi16(pairs, both))
+}
+
+impl<const EXACT: bool> Format for Q4K<EXACT> {
+    const FORMAT: QuantFormat = QuantFormat::Q4K;
+    const PACES: usize = 8;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
+        with_mins::<R, EXACT>(unit, i, x, acc, stream, |j| {
+            nibble_groups(unit.add(at::q4k_quants(j)))
+        });
+    }
+}
+
+impl Format for Q5K {
+    const FORMAT: QuantFormat = QuantFormat::Q5K;
+    const PACES: usize = 8;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
+        with_mins::<R, false>(unit, i, x, acc, stream, |j| {
+            five_bit_groups(unit.add(at::q5k_quants(j)))
+        });
+    }
+}
+
+/// A Q4_K or Q5_K super-block, `groups(j)` its sub-block `j`'s weights. The mins' term once
+/// per super-block, in integers: each row's eight 32-value sums (16 bits, two to a broadcast
+/// word) against the 16 rows' 6-bit mins, four `vpdpwssd`s (at most 8 * 63 * 32 * 127 < 2^24:
+/// exact as f32), then one conversion and one multiply-add by `dmin`, before the activation
+/// scale.
+///
+/// Where `EXACT` (Q4_K in a process whose AMX tiles multiply Q4_K), the sub-blocks' 6-bit
+/// scales are applied without `d`, in f32 but
+/// exactly: each sub-block's sum times its scale is below 32 * 15 * 128 * 63 < 2^22, so each
+/// half super-block's four add up exactly (below 2^24), and the two halves' sum is the
+/// super-block's integer sum rounded once, as a conversion would round it. Then one multiply
+/// by `d`. So the AMX kernel, which adds the sub-blocks' scaled sums in its tiles' integers
+/// and converts once (`amx_kquants.rs`), gives the same bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn with_mins<const R: usize, const EXACT: bool>(
+    unit: *const u8,
+    i: usize,
+    x: &Acts<R>,
+    acc: &mut [__m512; R],
+    stream: &mut Stream,
+    groups: impl Fn(usize) -> [__m512i; 8],
+) {
+    let d = halves(unit.add(at::D));
+    // The super-block's scaled sums, before its activation scale: where `EXACT`, each half's.
+    let mut halves_of = [[_mm512_setzero_ps(); R]; 2];
+    for j in 0..8 {
+        stream.advance();
+        let scales = if EXACT {
+            _mm512_cvtepi32_ps(byte_ints::<false>(unit.add(at::q4k_scales(j))))
+        } else {
+            byte_scales(unit.add(at::q4k_scales(j)), d)
+        };
+        let u = groups(j);
+        let zero = [_mm512_setzero_si512(); R];
+        let sums = dots::<R, 8>(zero, x, 256 * i + 32 * j, |g| u[g]);
+        let half = &mut halves_of[if EXACT { j / 4 } else { 0 }];
+        for r in 0..R {
+            half[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, half[r]);
+        }
+    }
+    let mut block = halves_of[0];
+    if EXACT {
+        for r in 0..R {
+            block[r] = _mm512_mul_ps(_mm512_add_ps(halves_of[0][r], halves_of[1][r]), d);
+        }
+    }
+    let mins: [__m512i; 4] =
+        std::array::from_fn(|t| paired_bytes::<false>(unit.add(at::q4k_mins(2 * t))));
+    let min_sums = paired_sums::<R, 4>(&mins, x, 8 * i);
+    let dmin = halves(unit.add(at::DMIN));
+    for r in 0..R {
+        block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), dmin, block[r]);
+        acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+    }
+}
+
+impl<const EXACT: bool, const BLOCK_ZERO: bool> Format for Q6K<EXACT, BLOCK_ZERO> {
+    const FORMAT: QuantFormat = QuantFormat::Q6K;
+    const PACES: usize = 8;
+
+    /// Each 16-weight sub-block's sums start at the weights' zero point (32) times the
+    /// activations' sum ([`zero_start`]), so they are the centred weights' (`q - 32`) sums
+    /// (below 16 * 32 * 127 < 2^24: exact as f32). Each is converted and multiplied by its
+    /// scale times `d` into the super-block's f32 sum.
+    ///
+    /// Where `BLOCK_ZERO`, the sums start at zero instead (below 16 * 63 * 127 < 2^24) and
+    /// the zero point comes once per super-block, in integers as Q4_K's mins: each row's
+    /// sixteen 16-value sums against the 16 rows' signed scales, eight `vpdpwssd`s (at most
+    /// 16 * 128 * 16 * 127 < 2^24: exact as f32), times `32 d`.
+    ///
+    /// Where `EXACT` (a process whose AMX tiles multiply Q6_K), the sums times their signed
+    /// scales (below 2^23) add up in integers over the super-block, converted once and
+    /// multiplied by `d`: the tiles' bits (`amx_kquants`, `impl KQuant for Q6K`), and
+    /// llama.cpp's order. A pair of sub-blocks is scaled and added in f32, exactly (below
+    /// 2^24), then converted back: fewer operations than an integer multiply a sub-block,
+    /// yet a tenth slower than the plain arithmetic (docs/benchmarks.md, session 48).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut Stream,
+    ) {
+        // A pair's sums from zero would pass 2^24: not exact.
+        const { assert!(!(EXACT && BLOCK_ZERO)) };
+        let d = halves(unit.add(at::D));
+        let mut ints = [_mm512_setzero_si512(); R];
+        let mut block = [_mm512_setzero_ps(); R];
+        for j in 0..8 {
+            stream.advance();
+            let u = six_bit_groups(unit.add(at::q6k_quants(j)));
+            let mut pair = [_mm512_setzero_ps(); R];
+            for half in 0..2 {
+                // Sub-block 2j + half: 16 weights.
+                let sub = 2 * j + half;
+                let scales = _mm512_cvtepi32_ps(byte_ints::<true>(unit.add(at::q6k_scales(sub))));
+                let scales = if EXACT {
+                    scales
+                } else {
+                    _mm512_mul_ps(scales, d)
+                };
+                let start = if BLOCK_ZERO {
+                    [_mm512_setzero_si512(); R]
+                } else {
+                    zero_start::<R>(x, 16 * i + sub)
+                };
+                let sums = dots::<R, 4>(start, x, 256 * i + 16 * sub, |g| u[4 * half + g]);
+                let into = if EXACT { &mut pair } else { &mut block };
+                for r in 0..R {
+                    into[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, into[r]);
+                }
+            }
+            if EXACT {
+                for r in 0..R {
+                    ints[r] = _mm512_add_epi32(ints[r], _mm512_cvtps_epi32(pair[r]));
+                }
+            }
+        }
+        if EXACT {
+            for r in 0..R {
+                block[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(ints[r]), d);
+            }
+        }
+        if BLOCK_ZERO {
+            let scales: [__m512i; 8] =
+                std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::q6k_scales(2 * t))));
+            let zero_sums = paired_sums::<R, 8>(&scales, x, 16 * i);
+            // The zero point 32 with `d`: a power of two, exact.
+            let d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0));
+            for r in 0..R {
+                block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(zero_sums[r]), d32, block[r]);
+            }
+        }
+        for r in 0..R {
+            acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+        }
+    }
+}
