@@ -7,6 +7,10 @@
 //! 16 rows, and nothing is reduced horizontally: the sums end in the lanes of the outputs.
 //! With one activation row (a decode step) each block's dots alternate between two sums, so
 //! consecutive `vpdpbusd`s do not wait on each other; with more, the rows give that.
+//! The formats whose weights decode in a few instructions (Q8_0, Q5_0, Q4_0) take two strips
+//! a pass in products of many rows, so each activation broadcast feeds two `vpdpbusd`s: on a
+//! CPU that issues two a cycle against two vector loads (Zen 5), a broadcast a `vpdpbusd`
+//! held those products to their loads' pace.
 // SAFETY (all of the module): every function is compiled for the features
 // `cpu::Level::Avx512` has, and reached only where that level is allowed (`Kernel::detect`);
 // every pointer is inside a strip `QMatrix::new` sized (`columns::strip_bytes`) or an
@@ -79,22 +83,42 @@ pub(super) unsafe fn dots<const R: usize, const G: usize>(
     at: usize,
     u: impl Fn(usize) -> __m512i,
 ) -> [__m512i; R] {
+    let [sums] = strips_dots::<R, 1, G>([start], x, at, |_, g| u(g));
+    sums
+}
+
+/// [`dots`] for `S` strips at once, `u(s, g)` strip `s`'s weight vector: each row's four
+/// activation bytes are broadcast once for the `S` strips. A `vpdpbusd` fed from memory
+/// spends a load, and where two issue a cycle against two vector loads (Zen 5) their loads
+/// set the pace (`cpu::two_vnni_a_cycle`); two strips halve them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn strips_dots<const R: usize, const S: usize, const G: usize>(
+    start: [[__m512i; R]; S],
+    x: &Acts<R>,
+    at: usize,
+    u: impl Fn(usize, usize) -> __m512i,
+) -> [[__m512i; R]; S] {
     let mut sums = start;
-    let mut odd = [_mm512_setzero_si512(); R];
+    let mut odd = [[_mm512_setzero_si512(); R]; S];
     for g in 0..G {
-        let u = u(g);
+        let u: [__m512i; S] = std::array::from_fn(|s| u(s, g));
         for r in 0..R {
             let values = _mm512_set1_epi32(x.q[r].add(at + 4 * g).cast::<i32>().read_unaligned());
-            if R <= 2 && g % 2 == 1 {
-                odd[r] = _mm512_dpbusd_epi32(odd[r], u, values);
-            } else {
-                sums[r] = _mm512_dpbusd_epi32(sums[r], u, values);
+            for s in 0..S {
+                if R * S <= 2 && g % 2 == 1 {
+                    odd[s][r] = _mm512_dpbusd_epi32(odd[s][r], u[s], values);
+                } else {
+                    sums[s][r] = _mm512_dpbusd_epi32(sums[s][r], u[s], values);
+                }
             }
         }
     }
-    if R <= 2 {
-        for r in 0..R {
-            sums[r] = _mm512_add_epi32(sums[r], odd[r]);
+    if R * S <= 2 {
+        for s in 0..S {
+            for r in 0..R {
+                sums[s][r] = _mm512_add_epi32(sums[s][r], odd[s][r]);
+            }
         }
     }
     sums
@@ -216,13 +240,63 @@ pub(super) trait Format {
     /// How many times `unit` advances the stream: once per block, or per Q4_K/Q6_K 32
     /// weights, so the requests for the weights ahead come between the multiplies.
     const PACES: usize;
-    unsafe fn unit<const R: usize>(
+    /// Whether a pass takes two strips ([`Format::units`]): the formats whose weights
+    /// decode in few instructions, where the activations' broadcasts are what a pass saves.
+    const PAIRED: bool = false;
+
+    /// A format implements this or [`Format::units`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize, A: Advance>(
         unit: *const u8,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m512; R],
-        stream: &mut Stream,
-    );
+        stream: &mut A,
+    ) {
+        Self::units::<R, 1, A>([unit], i, x, std::array::from_mut(acc), stream);
+    }
+
+    /// `S` strips' units (`units[s]`), each added into its rows' outputs `acc[s]`: two
+    /// strips only where `PAIRED`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn units<const R: usize, const S: usize, A: Advance>(
+        units: [*const u8; S],
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [[__m512; R]; S],
+        stream: &mut A,
+    ) {
+        assert!(S == 1, "{} takes one strip a pass", Self::FORMAT.name());
+        Self::unit::<R, A>(units[0], i, x, &mut acc[0], stream);
+    }
+}
+
+/// What a pass requests ahead of its multiplies: one stream ([`Stream`]), or one per strip
+/// ([`Pair`]).
+pub(super) trait Advance {
+    unsafe fn advance(&mut self);
+}
+
+impl Advance for Stream {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn advance(&mut self) {
+        Stream::advance(self);
+    }
+}
+
+/// A two-strip pass's streams, advanced together: each strip's weights, at the same offset.
+struct Pair([Stream; 2]);
+
+impl Advance for Pair {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn advance(&mut self) {
+        self.0[0].advance();
+        self.0[1].advance();
+    }
 }
 
 struct Q8_0;
@@ -230,62 +304,69 @@ struct Q5_0;
 struct Q5_1;
 struct Q4_0;
 
-/// A 32-weight block's sums scaled into `acc`: by the 16 rows' scales at `scales` and each
-/// row's activation scale of block `b`.
+/// A 32-weight block's sums scaled into `acc`: by each strip's 16 rows' scales at
+/// `scales[s]` and each row's activation scale of block `b`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn scale_block<const R: usize>(
-    sums: [__m512i; R],
-    scales: *const u8,
+unsafe fn scale_block<const R: usize, const S: usize>(
+    sums: [[__m512i; R]; S],
+    scales: [*const u8; S],
     x: &Acts<R>,
     b: usize,
-    acc: &mut [__m512; R],
+    acc: &mut [[__m512; R]; S],
 ) {
-    let d = halves(scales);
-    for r in 0..R {
-        let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.scale[r].add(b)));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scale, acc[r]);
+    let rows: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(*x.scale[r].add(b)));
+    for s in 0..S {
+        let d = halves(scales[s]);
+        for r in 0..R {
+            let scale = _mm512_mul_ps(d, rows[r]);
+            acc[s][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[s][r]), scale, acc[s][r]);
+        }
     }
 }
 
-/// The two 32-weight blocks of a unit stored as `q + zero` (Q8_0, Q5_0, Q4_0): block `b`'s
-/// sums start at the activations' sum times `-zero` ([`zero_start`]), and `decoder(b)` gives
-/// its group `g`'s weight vector where [`dots`] asks for it.
+/// The two 32-weight blocks of `S` strips' units stored as `q + zero` (Q8_0, Q5_0, Q4_0):
+/// block `b`'s sums start at the activations' sum times `-zero` ([`zero_start`], one
+/// broadcast for the strips), and `decoder(s, b)` gives strip `s`'s group `g` weight vector
+/// where [`strips_dots`] asks for it.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn zero_point_blocks<const R: usize, D: Fn(usize) -> __m512i>(
-    unit: *const u8,
+unsafe fn zero_point_blocks<const R: usize, const S: usize, D: Fn(usize) -> __m512i>(
+    units: [*const u8; S],
     i: usize,
     x: &Acts<R>,
-    acc: &mut [__m512; R],
-    stream: &mut Stream,
-    decoder: impl Fn(usize) -> D,
+    acc: &mut [[__m512; R]; S],
+    stream: &mut impl Advance,
+    decoder: impl Fn(usize, usize) -> D,
 ) {
     for b in 0..2 {
         stream.advance();
         let block = 2 * i + b;
         let start = zero_start::<R>(x, block);
-        let sums = dots::<R, 8>(start, x, 32 * block, decoder(b));
-        scale_block(sums, unit.add(at::block_scales(b)), x, block, acc);
+        let decoders: [D; S] = std::array::from_fn(|s| decoder(s, b));
+        let sums = strips_dots::<R, S, 8>([start; S], x, 32 * block, |s, g| decoders[s](g));
+        let scales = units.map(|unit| unit.add(at::block_scales(b)));
+        scale_block(sums, scales, x, block, acc);
     }
 }
 
 impl Format for Q8_0 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
     const PACES: usize = 2;
+    const PAIRED: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(
-        unit: *const u8,
+    unsafe fn units<const R: usize, const S: usize, A: Advance>(
+        units: [*const u8; S],
         i: usize,
         x: &Acts<R>,
-        acc: &mut [__m512; R],
-        stream: &mut Stream,
+        acc: &mut [[__m512; R]; S],
+        stream: &mut A,
     ) {
         // Stored as q + 128.
-        zero_point_blocks(unit, i, x, acc, stream, |b| {
-            let vectors = unit.add(at::q8_block(b));
+        zero_point_blocks(units, i, x, acc, stream, |s, b| {
+            let vectors = units[s].add(at::q8_block(b));
             move |g| _mm512_loadu_si512(vectors.add(VECTOR * g).cast())
         });
     }
@@ -294,19 +375,20 @@ impl Format for Q8_0 {
 impl Format for Q5_0 {
     const FORMAT: QuantFormat = QuantFormat::Q5_0;
     const PACES: usize = 2;
+    const PAIRED: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(
-        unit: *const u8,
+    unsafe fn units<const R: usize, const S: usize, A: Advance>(
+        units: [*const u8; S],
         i: usize,
         x: &Acts<R>,
-        acc: &mut [__m512; R],
-        stream: &mut Stream,
+        acc: &mut [[__m512; R]; S],
+        stream: &mut A,
     ) {
         let sixteen = _mm512_set1_epi8(16);
-        zero_point_blocks(unit, i, x, acc, stream, |b| {
-            let quants = unit.add(at::q5_block(b));
+        zero_point_blocks(units, i, x, acc, stream, |s, b| {
+            let quants = units[s].add(at::q5_block(b));
             let low = nibble_groups(quants);
             let bits = quants.add(at::Q5_BITS).cast::<u64>();
             move |g| {
@@ -325,12 +407,12 @@ impl Format for Q5_1 {
     /// Q5_0's sums from zero, then each block's 16 mins times the activations' scaled sum.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(
+    unsafe fn unit<const R: usize, A: Advance>(
         unit: *const u8,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m512; R],
-        stream: &mut Stream,
+        stream: &mut A,
     ) {
         for b in 0..2 {
             stream.advance();
@@ -338,7 +420,8 @@ impl Format for Q5_1 {
             let u = five_bit_groups(unit.add(at::q5_1_block(b)));
             let zero = [_mm512_setzero_si512(); R];
             let sums = dots::<R, 8>(zero, x, 32 * block, |g| u[g]);
-            scale_block(sums, unit.add(at::block_scales(b)), x, block, acc);
+            let scales = [unit.add(at::block_scales(b))];
+            scale_block([sums], scales, x, block, std::array::from_mut(acc));
             let mins = halves(unit.add(at::block_mins(b)));
             for r in 0..R {
                 let sum = _mm512_set1_ps(*x.scaled_sums[r].add(block));
@@ -351,19 +434,20 @@ impl Format for Q5_1 {
 impl Format for Q4_0 {
     const FORMAT: QuantFormat = QuantFormat::Q4_0;
     const PACES: usize = 2;
+    const PAIRED: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(
-        unit: *const u8,
+    unsafe fn units<const R: usize, const S: usize, A: Advance>(
+        units: [*const u8; S],
         i: usize,
         x: &Acts<R>,
-        acc: &mut [__m512; R],
-        stream: &mut Stream,
+        acc: &mut [[__m512; R]; S],
+        stream: &mut A,
     ) {
         // Stored as q + 8.
-        zero_point_blocks(unit, i, x, acc, stream, |b| {
-            let u = nibble_groups(unit.add(at::q4_block(b)));
+        zero_point_blocks(units, i, x, acc, stream, |s, b| {
+            let u = nibble_groups(units[s].add(at::q4_block(b)));
             move |g| u[g]
         });
     }
@@ -382,32 +466,56 @@ pub(super) struct Share<'a> {
     pub stride: usize,
 }
 
-/// Strip `s` of the share against its activation rows `start..start + R`.
+/// Strips `s..s + S` of the share against its activation rows `start..start + R`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn strip<F: Format, const R: usize>(
+unsafe fn pass<F: Format, const R: usize, const S: usize, A: Advance>(
     share: &Share<'_>,
     s: usize,
     start: usize,
-    stream: &mut Stream,
+    stream: &mut A,
 ) {
     let x = Acts::<R>::new(share.acts, F::FORMAT, share.first + start);
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let unit_bytes = columns::unit_bytes(F::FORMAT);
-    let strip = share.strips.add(s * units * unit_bytes);
-    let mut acc = [_mm512_setzero_ps(); R];
+    let strips: [*const u8; S] =
+        std::array::from_fn(|t| share.strips.add((s + t) * units * unit_bytes));
+    let mut acc = [[_mm512_setzero_ps(); R]; S];
     for i in 0..units {
-        F::unit::<R>(strip.add(i * unit_bytes), i, &x, &mut acc, stream);
+        let at = strips.map(|strip| strip.add(i * unit_bytes));
+        F::units::<R, S, A>(at, i, &x, &mut acc, stream);
     }
-    let rows = if s + 1 == share.count {
-        share.last
-    } else {
-        STRIP
-    };
-    let mask = ((1u32 << rows) - 1) as __mmask16;
-    let out = share.out.add(start * share.stride + STRIP * s);
-    for r in 0..R {
-        _mm512_mask_storeu_ps(out.add(r * share.stride), mask, acc[r]);
+    for t in 0..S {
+        let rows = if s + t + 1 == share.count {
+            share.last
+        } else {
+            STRIP
+        };
+        let mask = ((1u32 << rows) - 1) as __mmask16;
+        let out = share.out.add(start * share.stride + STRIP * (s + t));
+        for r in 0..R {
+            _mm512_mask_storeu_ps(out.add(r * share.stride), mask, acc[t][r]);
+        }
+    }
+}
+
+/// [`pass`] of `rows` rows, at most [`PAIRED_ROWS`]: every count a tile of its own.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn pass_of<F: Format, const S: usize, A: Advance>(
+    share: &Share<'_>,
+    s: usize,
+    first: usize,
+    rows: usize,
+    stream: &mut A,
+) {
+    match rows {
+        6 => pass::<F, 6, S, A>(share, s, first, stream),
+        5 => pass::<F, 5, S, A>(share, s, first, stream),
+        4 => pass::<F, 4, S, A>(share, s, first, stream),
+        3 => pass::<F, 3, S, A>(share, s, first, stream),
+        2 => pass::<F, 2, S, A>(share, s, first, stream),
+        _ => pass::<F, 1, S, A>(share, s, first, stream),
     }
 }
 
@@ -420,6 +528,9 @@ unsafe fn strip<F: Format, const R: usize>(
 /// instead, each for its part, so memory keeps streaming while they multiply.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
+    if F::PAIRED && rows >= PAIRED_FROM {
+        return paired_tiles::<F>(share, rows);
+    }
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let unit_bytes = columns::unit_bytes(F::FORMAT);
     let len = share.count * units * unit_bytes;
@@ -441,14 +552,58 @@ unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
         for s in 0..share.count {
             let stream = &mut stream;
             match block_rows {
-                8 => strip::<F, 8>(share, s, first, stream),
-                7 => strip::<F, 7>(share, s, first, stream),
-                6 => strip::<F, 6>(share, s, first, stream),
-                5 => strip::<F, 5>(share, s, first, stream),
-                4 => strip::<F, 4>(share, s, first, stream),
-                3 => strip::<F, 3>(share, s, first, stream),
-                2 => strip::<F, 2>(share, s, first, stream),
-                _ => strip::<F, 1>(share, s, first, stream),
+                8 => pass::<F, 8, 1, Stream>(share, s, first, stream),
+                7 => pass::<F, 7, 1, Stream>(share, s, first, stream),
+                6 => pass::<F, 6, 1, Stream>(share, s, first, stream),
+                5 => pass::<F, 5, 1, Stream>(share, s, first, stream),
+                4 => pass::<F, 4, 1, Stream>(share, s, first, stream),
+                3 => pass::<F, 3, 1, Stream>(share, s, first, stream),
+                2 => pass::<F, 2, 1, Stream>(share, s, first, stream),
+                _ => pass::<F, 1, 1, Stream>(share, s, first, stream),
+            }
+        }
+    }
+}
+
+/// The fewest rows a `PAIRED` format's product takes two strips a pass for: fewer rows
+/// broadcast fewer activations for each weight vector loaded, and one row (a decode step)
+/// streams its weights from memory.
+const PAIRED_FROM: usize = 9;
+
+/// The most rows a pass over two strips takes: two sums a row, their f32 totals, the
+/// weights and the broadcast fill the 32 vector registers.
+const PAIRED_ROWS: usize = 6;
+
+/// [`tiles`] two strips a pass (a share of an odd count takes its last alone), in blocks of
+/// at most [`PAIRED_ROWS`] rows. The first block's passes ask for each strip's weights
+/// ahead ([`Pair`]); the blocks after it, the next share's into L2, as [`tiles`]' do.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn paired_tiles<F: Format>(share: &Share<'_>, rows: usize) {
+    let units = share.acts.k / columns::unit_weights(F::FORMAT);
+    let unit_bytes = columns::unit_bytes(F::FORMAT);
+    let strip_len = units * unit_bytes;
+    let len = share.count * strip_len;
+    let step = unit_bytes.div_ceil(F::PACES);
+    let blocks = rows.div_ceil(PAIRED_ROWS);
+    for block in 0..blocks {
+        let first = block * rows / blocks;
+        let block_rows = (block + 1) * rows / blocks - first;
+        let mut next = (block > 0).then(|| {
+            let part = len.div_ceil(blocks - 1);
+            let from = share.strips.wrapping_add(len + (block - 1) * part);
+            let advances = share.count.div_ceil(2) * units * F::PACES;
+            Stream::into_l2(from, part, part.div_ceil(advances))
+        });
+        for s in (0..share.count).step_by(2) {
+            let at = |t: usize| Stream::new(share.strips.add((s + t) * strip_len), strip_len, step);
+            match (&mut next, s + 1 < share.count) {
+                (Some(next), true) => pass_of::<F, 2, Stream>(share, s, first, block_rows, next),
+                (Some(next), false) => pass_of::<F, 1, Stream>(share, s, first, block_rows, next),
+                (None, true) => {
+                    let mut pair = Pair([at(0), at(1)]);
+                    pass_of::<F, 2, Pair>(share, s, first, block_rows, &mut pair);
+                }
+                (None, false) => pass_of::<F, 1, Stream>(share, s, first, block_rows, &mut at(0)),
             }
         }
     }

@@ -8,10 +8,9 @@
 use std::arch::x86_64::*;
 
 use super::columns::at;
-use super::simd::Stream;
 use super::simd_columns::{
     byte_ints, byte_scales, dots, five_bit_groups, halves, nibble_groups, six_bit_groups,
-    zero_start, Acts, Format,
+    zero_start, Acts, Advance, Format,
 };
 use super::QuantFormat;
 
@@ -114,12 +113,12 @@ impl<const EXACT: bool> Format for Q4K<EXACT> {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(
+    unsafe fn unit<const R: usize, A: Advance>(
         unit: *const u8,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m512; R],
-        stream: &mut Stream,
+        stream: &mut A,
     ) {
         with_mins::<R, EXACT>(unit, i, x, acc, stream, |j| {
             nibble_groups(unit.add(at::q4k_quants(j)))
@@ -133,12 +132,12 @@ impl Format for Q5K {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(
+    unsafe fn unit<const R: usize, A: Advance>(
         unit: *const u8,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m512; R],
-        stream: &mut Stream,
+        stream: &mut A,
     ) {
         with_mins::<R, false>(unit, i, x, acc, stream, |j| {
             five_bit_groups(unit.add(at::q5k_quants(j)))
@@ -166,7 +165,7 @@ unsafe fn with_mins<const R: usize, const EXACT: bool>(
     i: usize,
     x: &Acts<R>,
     acc: &mut [__m512; R],
-    stream: &mut Stream,
+    stream: &mut impl Advance,
     groups: impl Fn(usize) -> [__m512i; 8],
 ) {
     let d = halves(unit.add(at::D));
@@ -225,12 +224,12 @@ impl<const EXACT: bool, const BLOCK_ZERO: bool> Format for Q6K<EXACT, BLOCK_ZERO
     /// yet a tenth slower than the plain arithmetic (docs/benchmarks.md, session 48).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize>(
+    unsafe fn unit<const R: usize, A: Advance>(
         unit: *const u8,
         i: usize,
         x: &Acts<R>,
         acc: &mut [__m512; R],
-        stream: &mut Stream,
+        stream: &mut A,
     ) {
         // A pair's sums from zero would pass 2^24: not exact.
         const { assert!(!(EXACT && BLOCK_ZERO)) };
