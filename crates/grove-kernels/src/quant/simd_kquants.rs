@@ -21,9 +21,9 @@ pub(super) struct Q5K;
 /// point once per super-block (`simd_columns::Q6Zero::PerSuperBlock`; `impl Format for Q6K`).
 pub(super) struct Q6K<const EXACT: bool, const BLOCK_ZERO: bool>;
 
-/// Two neighbouring sub-blocks' mins of the 16 rows (16 bytes at `p`, then 16), as
-/// `vpdpwssd` multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s
-/// two bytes.
+/// Two neighbouring sub-blocks' bytes of the 16 rows (16 at `p`, then 16), as `vpdpwssd`
+/// multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s two bytes
+/// (Q4_K's mins, unsigned; Q6_K's scales, `SIGNED`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn paired_bytes<const SIGNED: bool>(p: *const u8) -> __m512i {
@@ -60,7 +60,7 @@ pub(super) unsafe fn paired_bytes<const SIGNED: bool>(p: *const u8) -> __m512i {
 }
 
 /// Each row's `T` pairs of sub-block sums from `x.sums[r] + from` against the 16 rows'
-/// `pairs`: the integer sums of a super-block's mins' term.
+/// `pairs`: the integer sums of a super-block's mins' (zero point's) term.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn paired_sums<const R: usize, const T: usize>(
