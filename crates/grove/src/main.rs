@@ -58,8 +58,10 @@ enum Command {
 /// The kernels this process runs, as reports name them: the instruction level, the quantized
 /// products' kernel (`GROVE_KERNEL` forces a lower level), where AMX tiles multiply
 /// (`amx_tiles`, on AMX CPUs), the formats it hands to another kernel where there are any
-/// (`quantized_by_format`), and the arithmetic of bfloat16 checkpoints' products and of a
-/// bf16 KV cache's long rows (`dense_bf16`: "bf16 dot" on AVX-512 BF16, else "f32").
+/// (`quantized_by_format`), where the AVX-512 VNNI kernel adds Q6_K's zero point
+/// (`q6k_zero_point`: "per super-block" on CPUs with two `vpdpbusd`s a cycle, else
+/// "sub-block start"), and the arithmetic of bfloat16 checkpoints' products and of a bf16 KV
+/// cache's long rows (`dense_bf16`: "bf16 dot" on AVX-512 BF16, else "f32").
 pub fn kernels() -> serde_json::Value {
     let kernel = grove_kernels::quant::Kernel::detect();
     let mut json = serde_json::json!({
@@ -69,6 +71,9 @@ pub fn kernels() -> serde_json::Value {
     });
     if let Some(tiles) = amx::report() {
         json["amx_tiles"] = tiles;
+    }
+    if let Some(zero) = kernel.q6k_zero_point() {
+        json["q6k_zero_point"] = zero.into();
     }
     let handed_on = kernel.handed_on();
     if !handed_on.is_empty() {
@@ -87,10 +92,12 @@ pub fn kernels_line() -> String {
         .map(|(format, to)| format!("; {format} {}", to.name()))
         .collect();
     let tiles = amx::report_line().map_or(String::new(), |line| format!(", {line}"));
+    let q6k = (kernel.q6k_zero_point()).map_or(String::new(), |at| format!(", Q6_K zero {at}"));
     format!(
-        "kernels {} (quantized products {}{}{}; bf16 weights and bf16 cache {})",
+        "kernels {} (quantized products {}{}{}{}; bf16 weights and bf16 cache {})",
         grove_kernels::cpu::level().name(),
         kernel.name(),
+        q6k,
         tiles,
         handed_on.concat(),
         grove_kernels::strips::Bf16Arithmetic::here().name()

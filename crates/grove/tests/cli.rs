@@ -93,6 +93,15 @@ fn generate_json_on_the_golden_target_matches_the_reference() {
     let bf16 = kernels["dense_bf16"].as_str().unwrap();
     let avx512 = level == "avx512" || level == "amx";
     assert!(bf16 == "f32" || (bf16 == "bf16 dot" && avx512), "{kernels}");
+    // Where the VNNI kernel multiplies, where it adds Q6_K's zero point on this CPU.
+    let q6k = kernels.get("q6k_zero_point").and_then(Value::as_str);
+    match kernels["quantized"].as_str() {
+        Some("avx512-vnni") => assert!(
+            matches!(q6k, Some("per super-block" | "sub-block start")),
+            "{kernels}"
+        ),
+        _ => assert_eq!(q6k, None, "{kernels}"),
+    }
     // On an AMX CPU start-up ran the tiles' trial in a child process: it must have run (and
     // found the tiles' bits the VNNI kernel's); elsewhere there is no trial to report.
     let forced = std::env::var("GROVE_KERNEL").is_ok_and(|v| !v.trim().is_empty());

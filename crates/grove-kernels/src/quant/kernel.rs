@@ -83,6 +83,17 @@ impl Kernel {
             .collect()
     }
 
+    /// Where this kernel adds Q6_K's zero point on this CPU, as reports name it: the AVX-512
+    /// VNNI kernel's choice (`simd_columns::Q6Zero`); none for the other kernels (the AMX
+    /// kernel's few-row products round as its tiles wherever the trial gives them Q6_K).
+    pub fn q6k_zero_point(self) -> Option<&'static str> {
+        #[cfg(target_arch = "x86_64")]
+        if self == Self::Avx512Vnni {
+            return Some(super::simd_columns::Q6Zero::here().name());
+        }
+        None
+    }
+
     /// The kernel whose quantized activations this one reads (the AMX kernel reads the VNNI
     /// kernel's, and hands it products of few rows).
     pub fn activations(self) -> Self {

@@ -662,6 +662,14 @@ pub(super) enum Q6Zero {
 }
 
 impl Q6Zero {
+    /// The form's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AtStart => "sub-block start",
+            Self::PerSuperBlock => "per super-block",
+        }
+    }
+
     /// This CPU's form.
     pub fn here() -> Self {
         if crate::cpu::two_vnni_a_cycle() {
