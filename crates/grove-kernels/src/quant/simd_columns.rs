@@ -499,7 +499,10 @@ unsafe fn pass<F: Format, const R: usize, const S: usize, A: Advance>(
     }
 }
 
-/// [`pass`] of `rows` rows, at most [`PAIRED_ROWS`]: every count a tile of its own.
+/// [`pass`] of `rows` rows: every count a tile of its own. A paired product has at least
+/// [`PAIRED_FROM`] rows in blocks of at most [`PAIRED_ROWS`] as even as they come, so every
+/// block has 4 to 6 rows (9 rows: 4 and 5; more: over 3.6 a block) and no other count is
+/// compiled.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn pass_of<F: Format, const S: usize, A: Advance>(
@@ -513,11 +516,11 @@ unsafe fn pass_of<F: Format, const S: usize, A: Advance>(
         6 => pass::<F, 6, S, A>(share, s, first, stream),
         5 => pass::<F, 5, S, A>(share, s, first, stream),
         4 => pass::<F, 4, S, A>(share, s, first, stream),
-        3 => pass::<F, 3, S, A>(share, s, first, stream),
-        2 => pass::<F, 2, S, A>(share, s, first, stream),
-        _ => pass::<F, 1, S, A>(share, s, first, stream),
+        _ => unreachable!("a paired pass of {rows} rows"),
     }
 }
+
+const _: () = assert!(PAIRED_FROM >= 9 && PAIRED_ROWS == 6, "pass_of's row counts");
 
 /// Activation rows `0..rows` of the share against its strips, in blocks of at most
 /// [`ACT_ROWS_PER_BLOCK`] rows, each block one tile of its row count (1 to 8: a verify of 5
