@@ -28,7 +28,8 @@ use std::cell::RefCell;
 
 use super::lanes::{exp_nonpositive, PieceKeys};
 use super::pieces::Piece;
-use super::{weighted_sums_laid, Element, WeightLayout};
+use super::rows::Listed;
+use super::{weighted_sums_listed, Element, WeightLayout};
 
 /// The most queries this form takes at 8 lanes; past it the lanes form fills enough of its
 /// lanes.
@@ -42,6 +43,12 @@ thread_local! {
     static TILES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// A piece's keys and values, listed once (`Listed`).
+struct Rows<'a, E> {
+    keys: Listed<'a, E>,
+    values: Listed<'a, E>,
+}
+
 /// The piece in this form, where it applies: at most [`MOST_QUERIES`] queries and a head
 /// dimension of whole 8-element vectors. Called only where the CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -52,18 +59,20 @@ pub(super) unsafe fn piece_avx2<'a, E: Element>(
     keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
 ) -> Option<Piece> {
     let (q, d) = (queries, head_dim);
-    in_form(queries, d, keys, MOST_QUERIES, |tiles, s| match q.len() {
-        1 => scores_avx2::<1, 8, E>(q, d, scale, keys, tiles, s),
-        2 => scores_avx2::<2, 4, E>(q, d, scale, keys, tiles, s),
-        3 => scores_avx2::<3, 2, E>(q, d, scale, keys, tiles, s),
-        _ => scores_avx2::<4, 2, E>(q, d, scale, keys, tiles, s),
+    in_form(queries, d, keys, MOST_QUERIES, |rows, tiles, s| {
+        match q.len() {
+            1 => scores_avx2::<1, 8, E>(q, scale, rows, tiles, s),
+            2 => scores_avx2::<2, 4, E>(q, scale, rows, tiles, s),
+            3 => scores_avx2::<3, 2, E>(q, scale, rows, tiles, s),
+            _ => scores_avx2::<4, 2, E>(q, scale, rows, tiles, s),
+        }
     })
 }
 
 /// The same form in 512-bit vectors (16 keys a vector), for at most [`MOST_QUERIES_512`]
 /// queries and a head dimension of whole 8-element vectors. Called only where the CPU has
 /// AVX-512 F (and AVX2 and FMA, which every such CPU has: `cpu::Level::Avx512`).
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(super) unsafe fn piece_avx512<'a, E: Element>(
     queries: &[&[f32]],
     head_dim: usize,
@@ -71,30 +80,35 @@ pub(super) unsafe fn piece_avx512<'a, E: Element>(
     keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
 ) -> Option<Piece> {
     let (q, d) = (queries, head_dim);
-    in_form(queries, d, keys, MOST_QUERIES_512, |tiles, s| {
-        match q.len() {
-            1 => scores_avx512::<1, 8, E>(q, d, scale, keys, tiles, s),
-            2 => scores_avx512::<2, 6, E>(q, d, scale, keys, tiles, s),
-            3 => scores_avx512::<3, 4, E>(q, d, scale, keys, tiles, s),
-            4 => scores_avx512::<4, 4, E>(q, d, scale, keys, tiles, s),
-            5 => scores_avx512::<5, 2, E>(q, d, scale, keys, tiles, s),
-            6 => scores_avx512::<6, 2, E>(q, d, scale, keys, tiles, s),
-            7 => scores_avx512::<7, 2, E>(q, d, scale, keys, tiles, s),
-            _ => scores_avx512::<8, 2, E>(q, d, scale, keys, tiles, s),
-        }
-    })
+    in_form(
+        queries,
+        d,
+        keys,
+        MOST_QUERIES_512,
+        |rows, tiles, s| match q.len() {
+            1 => scores_avx512::<1, 8, E>(q, scale, rows, tiles, s),
+            2 => scores_avx512::<2, 6, E>(q, scale, rows, tiles, s),
+            3 => scores_avx512::<3, 4, E>(q, scale, rows, tiles, s),
+            4 => scores_avx512::<4, 4, E>(q, scale, rows, tiles, s),
+            5 => scores_avx512::<5, 2, E>(q, scale, rows, tiles, s),
+            6 => scores_avx512::<6, 2, E>(q, scale, rows, tiles, s),
+            7 => scores_avx512::<7, 2, E>(q, scale, rows, tiles, s),
+            _ => scores_avx512::<8, 2, E>(q, scale, rows, tiles, s),
+        },
+    )
 }
 
 /// The piece, where a form takes these queries (1 to `most` of them, a head dimension of
-/// whole 8-element vectors, at least one key): `scores_of(tiles, scores)` fills the scores
-/// (`[query][key]`) with the form's kernel, then the softmax and the weighted sums.
+/// whole 8-element vectors, at least one key): `scores_of(rows, tiles, scores)` fills the
+/// scores (`[query][key]`) with the form's kernel from the listed keys and values, then the
+/// softmax and the weighted sums.
 #[inline(always)]
 fn in_form<'a, E: Element>(
     queries: &[&[f32]],
     d: usize,
     keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
     most: usize,
-    scores_of: impl FnOnce(&mut Vec<f32>, &mut [f32]),
+    scores_of: impl FnOnce(&Rows<'a, E>, &mut Vec<f32>, &mut [f32]),
 ) -> Option<Piece> {
     let (count, n) = (queries.len(), keys.n);
     if count == 0 || count > most || !d.is_multiple_of(8) || n == 0 {
@@ -106,20 +120,19 @@ fn in_form<'a, E: Element>(
     );
     // `[query][key]`: the scores, then their terms.
     let mut scores = vec![0f32; count * n];
-    TILES.with_borrow_mut(|tiles| scores_of(tiles, &mut scores));
-    Some(softmax_and_sums(scores, count, d, keys))
+    let rows = Rows {
+        keys: Listed::keys(n, d, &keys.key),
+        values: Listed::values(n, d, &keys.value),
+    };
+    TILES.with_borrow_mut(|tiles| scores_of(&rows, tiles, &mut scores));
+    Some(softmax_and_sums(scores, count, &rows.values))
 }
 
 /// The piece from its scores (`[query][key]`, `count` queries): the lanes form's order, the
 /// largest from minus infinity, then each term, and the running sum key after key.
 #[inline(always)]
-fn softmax_and_sums<'a, E: Element>(
-    mut scores: Vec<f32>,
-    count: usize,
-    d: usize,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
-) -> Piece {
-    let n = keys.n;
+fn softmax_and_sums<E: Element>(mut scores: Vec<f32>, count: usize, values: &Listed<E>) -> Piece {
+    let (n, d) = (values.rows().len(), values.width());
     let (max, sum) = match count {
         1 => softmax_in_order::<1>(&mut scores, n),
         2 => softmax_in_order::<2>(&mut scores, n),
@@ -136,7 +149,7 @@ fn softmax_and_sums<'a, E: Element>(
         query: n,
         key: 1,
     };
-    weighted_sums_laid::<true, _>(&mut out, d, &scores, layout, &keys.value);
+    weighted_sums_listed::<true, _>(&mut out, &scores, layout, values);
     Piece { max, sum, out }
 }
 
@@ -175,16 +188,16 @@ fn softmax_in_order<const Q: usize>(scores: &mut [f32], n: usize) -> (Vec<f32>, 
 /// `T` tiles of 8 keys at a time (`Q * T` chains of multiply-adds in registers). The value
 /// rows are asked into L2 a group ahead: the weighted sums read them next.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_avx2<'a, const Q: usize, const T: usize, E: Element>(
+unsafe fn scores_avx2<const Q: usize, const T: usize, E: Element>(
     queries: &[&[f32]],
-    d: usize,
     scale: f32,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
+    rows: &Rows<'_, E>,
     tiles: &mut Vec<f32>,
     scores: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let (key, n) = (&keys.key, keys.n);
+    let (key, value) = (rows.keys.rows(), rows.values.rows());
+    let (n, d) = (key.len(), rows.keys.width());
     assert!(queries.len() == Q && d.is_multiple_of(8) && scores.len() == Q * n);
     tiles.resize(T * d * 8, 0.0);
     let queries: [&[f32]; Q] = std::array::from_fn(|q| &queries[q][..d]);
@@ -192,18 +205,17 @@ unsafe fn scores_avx2<'a, const Q: usize, const T: usize, E: Element>(
         // The next group's keys, requested while this one's multiply (rows of a layer's KV
         // store lie a page apart on models with many KV heads: past the hardware prefetcher).
         for k in first + 8 * T..(first + 16 * T).min(n) {
-            super::prefetch(key(k).as_ptr().cast(), size_of::<E>() * d);
-            super::prefetch_l2((keys.value)(k).as_ptr().cast(), size_of::<E>() * d);
+            super::prefetch(key[k].cast(), size_of::<E>() * d);
+            super::prefetch_l2(value[k].cast(), size_of::<E>() * d);
         }
         for t in 0..T {
             // Past the last key, the first key of the group again: its scores are dropped.
-            let rows: [&[E]; 8] = std::array::from_fn(|j| {
+            let rows: [*const E; 8] = std::array::from_fn(|j| {
                 let k = first + 8 * t + j;
-                let key = key(if k < n { k } else { first });
-                assert_eq!(key.len(), d, "a key is not head_dim long");
-                key
+                key[if k < n { k } else { first }]
             });
-            transpose_tile(&rows, &mut tiles[t * d * 8..(t + 1) * d * 8]);
+            // SAFETY: every listed key is `d` long; the tile is `d * 8` floats.
+            transpose_into(&rows, d, tiles[t * d * 8..(t + 1) * d * 8].as_mut_ptr(), 8);
         }
         let mut acc = [[_mm256_setzero_ps(); T]; Q];
         for e in 0..d {
@@ -233,30 +245,25 @@ unsafe fn scores_avx2<'a, const Q: usize, const T: usize, E: Element>(
     }
 }
 
-/// Eight keys' elements as `[dim][key]` into `to` (`d * 8` floats): each 8 x 8 block by
-/// unpacking pairs, shuffling quarters and swapping halves.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn transpose_tile<E: Element>(rows: &[&[E]; 8], to: &mut [f32]) {
-    let d = rows[0].len();
-    assert!(to.len() == d * 8);
-    transpose_into(rows, to.as_mut_ptr(), 8);
-}
-
 /// Eight keys' elements into `to`: element `e` of key `j` at `to[e * stride + j]` (the 8 keys
-/// of a 256-bit tile, or one half of a 512-bit tile's 16).
+/// of a 256-bit tile, or one half of a 512-bit tile's 16), each 8 x 8 block by unpacking
+/// pairs, shuffling quarters and swapping halves.
 ///
 /// # Safety
-/// AVX2 and FMA; every row `d` long and `to` valid for `(d - 1) * stride + 8` floats.
+/// AVX2 and FMA; `d` elements readable at each row, `d` a multiple of 8, and `to` valid for
+/// `(d - 1) * stride + 8` floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn transpose_into<E: Element>(rows: &[&[E]; 8], to: *mut f32, stride: usize) {
+pub(super) unsafe fn transpose_into<E: Element>(
+    rows: &[*const E; 8],
+    d: usize,
+    to: *mut f32,
+    stride: usize,
+) {
     use std::arch::x86_64::*;
-    let d = rows[0].len();
-    assert!(d.is_multiple_of(8) && rows.iter().all(|r| r.len() == d));
     for c in (0..d).step_by(8) {
-        // SAFETY: `c + 8 <= d` and every row is `d` long (checked); `to` as the caller says.
-        let r: [__m256; 8] = std::array::from_fn(|j| E::load8(rows[j].as_ptr().add(c)));
+        // SAFETY: `c + 8 <= d`, and `d` elements are readable at each row (the caller).
+        let r: [__m256; 8] = std::array::from_fn(|j| E::load8(rows[j].add(c)));
         // Pairs of keys: elements 0, 1, 4, 5 (low) and 2, 3, 6, 7 (high) interleaved.
         let low: [__m256; 4] = std::array::from_fn(|p| _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]));
         let high: [__m256; 4] = std::array::from_fn(|p| _mm256_unpackhi_ps(r[2 * p], r[2 * p + 1]));
@@ -283,6 +290,81 @@ unsafe fn transpose_into<E: Element>(rows: &[&[E]; 8], to: *mut f32, stride: usi
     }
 }
 
+/// [`transpose_into`] for f16 rows into an f16 tile, 32 elements of the 8 keys at a time in
+/// 16-bit lanes (three rounds of unpacking: pairs, quads, eights, within each 128-bit lane),
+/// which takes under half the instructions of widening first and moving 32-bit lanes; the
+/// tile's reader widens each 16 keys' element as it loads it ([`Element::load16`]).
+///
+/// # Safety
+/// AVX-512 F and BW; `d` (a multiple of 8) elements readable at each row, and `to` valid for
+/// `(d - 1) * stride + 8` elements.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(super) unsafe fn transpose_halves(
+    rows: &[*const half::f16; 8],
+    d: usize,
+    to: *mut half::f16,
+    stride: usize,
+) {
+    use std::arch::x86_64::*;
+    for c in (0..d).step_by(32) {
+        // The last run may be 8, 16 or 24 elements: the rest of each load masked off (a masked
+        // load reads nothing past the row), and only its 128-bit lanes stored.
+        let lanes = (d - c).min(32) / 8;
+        let mask = if lanes == 4 {
+            !0
+        } else {
+            (1u32 << (8 * lanes)) - 1
+        };
+        // SAFETY: the first `8 * lanes` elements from `c` are inside each row (the caller).
+        let r: [__m512i; 8] =
+            std::array::from_fn(|j| _mm512_maskz_loadu_epi16(mask, rows[j].add(c).cast()));
+        // Keys 2p and 2p + 1 side by side: elements 0-3 (low) and 4-7 (high) of each lane.
+        let pairs: [__m512i; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[2 * (i % 4)], r[2 * (i % 4) + 1]);
+            if i < 4 {
+                _mm512_unpacklo_epi16(a, b)
+            } else {
+                _mm512_unpackhi_epi16(a, b)
+            }
+        });
+        // Keys 0-3 (and 4-7) of elements 0-1, 2-3 (from the low pairs), 4-5, 6-7 (the high).
+        let quads: [[__m512i; 4]; 2] = std::array::from_fn(|h| {
+            let (low, high) = (&pairs[..4], &pairs[4..]);
+            let (a, b, c, e) = (low[2 * h], low[2 * h + 1], high[2 * h], high[2 * h + 1]);
+            [
+                _mm512_unpacklo_epi32(a, b),
+                _mm512_unpackhi_epi32(a, b),
+                _mm512_unpacklo_epi32(c, e),
+                _mm512_unpackhi_epi32(c, e),
+            ]
+        });
+        // Element k of the 8 keys in each lane `l` (element `c + 8 l + k`).
+        let eights: [__m512i; 8] = std::array::from_fn(|k| {
+            let (a, b) = (quads[0][k / 2], quads[1][k / 2]);
+            if k % 2 == 0 {
+                _mm512_unpacklo_epi64(a, b)
+            } else {
+                _mm512_unpackhi_epi64(a, b)
+            }
+        });
+        for (k, v) in eights.into_iter().enumerate() {
+            // SAFETY: element `c + 8 l + k < d` for `l < lanes`: inside `to` (the caller).
+            let at = |l: usize| to.add((c + 8 * l + k) * stride).cast::<__m128i>();
+            _mm_storeu_si128(at(0), _mm512_castsi512_si128(v));
+            if lanes > 1 {
+                _mm_storeu_si128(at(1), _mm512_extracti32x4_epi32::<1>(v));
+            }
+            if lanes > 2 {
+                _mm_storeu_si128(at(2), _mm512_extracti32x4_epi32::<2>(v));
+            }
+            if lanes > 3 {
+                _mm_storeu_si128(at(3), _mm512_extracti32x4_epi32::<3>(v));
+            }
+        }
+    }
+}
+
 /// The dots of `Q` queries (`d` elements at each pointer) with the `T` transposed tiles at
 /// `tiles` (`[tile][dim][16 keys]`), chained over the dimensions from zero: accumulator
 /// `q * T + t`. The accumulators are one flat array passed by value (LLVM left a nested one in
@@ -291,16 +373,16 @@ unsafe fn transpose_into<E: Element>(rows: &[&[E]; 8], to: *mut f32, stride: usi
 /// # Safety
 /// AVX-512 F; the queries and `T * d * 16` floats at `tiles` readable.
 #[inline(always)]
-unsafe fn dots_avx512<const Q: usize, const T: usize>(
+unsafe fn dots_avx512<const Q: usize, const T: usize, E: Element>(
     queries: &[*const f32; Q],
-    tiles: *const f32,
+    tiles: *const E,
     d: usize,
 ) -> [std::arch::x86_64::__m512; 16] {
     use std::arch::x86_64::*;
     const { assert!(Q * T <= 16) };
     let mut acc = [_mm512_setzero_ps(); 16];
     for e in 0..d {
-        let k: [__m512; T] = std::array::from_fn(|t| _mm512_loadu_ps(tiles.add((t * d + e) * 16)));
+        let k: [__m512; T] = std::array::from_fn(|t| E::load16(tiles.add((t * d + e) * 16)));
         for q in 0..Q {
             let x = _mm512_set1_ps(*queries[q].add(e));
             for t in 0..T {
@@ -315,46 +397,47 @@ unsafe fn dots_avx512<const Q: usize, const T: usize>(
 /// `[dim][16 keys]`, and each multiply-add a query element broadcast against 16 keys. The
 /// value rows are asked into L2 a group ahead too: the weighted sums read them next, and a
 /// piece's fit there (from memory, as a long context's are, they waited on every row).
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn scores_avx512<'a, const Q: usize, const T: usize, E: Element>(
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn scores_avx512<const Q: usize, const T: usize, E: Element>(
     queries: &[&[f32]],
-    d: usize,
     scale: f32,
-    keys: &PieceKeys<impl Fn(usize) -> &'a [E], impl Fn(usize) -> &'a [E]>,
+    rows: &Rows<'_, E>,
     tiles: &mut Vec<f32>,
     scores: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let (key, n) = (&keys.key, keys.n);
+    let (key, value) = (rows.keys.rows(), rows.values.rows());
+    let (n, d) = (key.len(), rows.keys.width());
     assert!(queries.len() == Q && d.is_multiple_of(8) && scores.len() == Q * n);
+    // The tiles in `E` (f16 keys stay f16 until loaded), in the f32 buffer: `E` is no larger
+    // and no more aligned than f32.
     tiles.resize(T * d * 16, 0.0);
+    const { assert!(size_of::<E>() <= 4 && align_of::<E>() <= 4) };
+    let tiles = tiles.as_mut_ptr().cast::<E>();
     let queries: [*const f32; Q] = std::array::from_fn(|q| queries[q][..d].as_ptr());
     for first in (0..n).step_by(16 * T) {
         for t in 0..T {
             for half in 0..2 {
                 // Past the last key, the first key of the group again: its scores are dropped.
-                let rows: [&[E]; 8] = std::array::from_fn(|j| {
-                    let k = first + 16 * t + 8 * half + j;
-                    // The key a group ahead, asked for as each key is read: a whole group's
-                    // requests at once (up to 96 keys) ran slower from memory.
-                    if k + 16 * T < n {
-                        super::prefetch(key(k + 16 * T).as_ptr().cast(), size_of::<E>() * d);
-                        super::prefetch_l2(
-                            (keys.value)(k + 16 * T).as_ptr().cast(),
-                            size_of::<E>() * d,
-                        );
-                    }
-                    let key = key(if k < n { k } else { first });
-                    assert_eq!(key.len(), d, "a key is not head_dim long");
-                    key
+                let base = first + 16 * t + 8 * half;
+                // The keys a group ahead, asked for as these are read: a whole group's
+                // requests at once (up to 96 keys) ran slower from memory.
+                for k in base + 16 * T..(base + 8 + 16 * T).min(n) {
+                    super::prefetch(key[k].cast(), size_of::<E>() * d);
+                    super::prefetch_l2(value[k].cast(), size_of::<E>() * d);
+                }
+                let rows: [*const E; 8] = std::array::from_fn(|j| {
+                    let k = base + j;
+                    key[if k < n { k } else { first }]
                 });
-                // SAFETY: the tile is `d * 16` floats from `t * d * 16`, and this half's last
-                // element lands at `(d - 1) * 16 + 8 * half + 7 < d * 16`.
-                transpose_into(&rows, tiles.as_mut_ptr().add(t * d * 16 + 8 * half), 16);
+                // SAFETY: every listed key is `d` long; the tile is `d * 16` elements from
+                // `t * d * 16`, and this half's last element lands at
+                // `(d - 1) * 16 + 8 * half + 7 < d * 16`.
+                E::transpose8(&rows, d, tiles.add(t * d * 16 + 8 * half), 16);
             }
         }
-        // SAFETY: every query is `d` long and each tile `d * 16` floats from `t * d * 16`.
-        let acc = dots_avx512::<Q, T>(&queries, tiles.as_ptr(), d);
+        // SAFETY: every query is `d` long and each tile `d * 16` elements from `t * d * 16`.
+        let acc = dots_avx512::<Q, T, E>(&queries, tiles, d);
         let factor = _mm512_set1_ps(scale);
         for q in 0..Q {
             for t in 0..T {
@@ -478,8 +561,9 @@ mod tests {
     }
 
     /// The 16-lane form: every count of queries it takes (Qwen2.5's 6 and 7 query heads per
-    /// KV head among them) over whole and partial tiles and groups of tiles: the lanes form's
-    /// bits.
+    /// KV head among them) over whole and partial tiles and groups of tiles, and head
+    /// dimensions that end in each partial run of f16 transposes (8, 16, 24 elements): the
+    /// lanes form's bits.
     #[test]
     fn sixteen_keys_across_lanes_give_the_lanes_forms_bits() {
         use crate::cpu::{level, Level};
@@ -491,7 +575,7 @@ mod tests {
         // SAFETY (both): AVX-512 F, AVX2, FMA and F16C are present (checked above: the level).
         check_form::<16>(
             MOST_QUERIES_512,
-            &[8, 64, 128, 256],
+            &[8, 16, 24, 40, 64, 128, 256],
             &ns,
             |q, d, piece| unsafe { piece_avx512(q, d, 0.3, piece) },
             |q, d, piece| unsafe { piece_avx512(q, d, 0.3, piece) },

@@ -14,6 +14,8 @@ mod rows;
 use std::cell::RefCell;
 
 pub use rows::KvRows;
+#[cfg(target_arch = "x86_64")]
+use rows::Listed;
 use rows::{gather_rows, Buffers, Element};
 
 use crate::dense::scaled_dots_many;
@@ -324,21 +326,54 @@ fn weighted_sums_laid<'a, const FUSED: bool, E: Element>(
         let last = (queries - 1) * query + (n - 1) * key;
         assert!(last < weights.len(), "weights past their slice");
     }
-    // SAFETY (both): the level includes the features the function is compiled for, found on
-    // this CPU.
-    #[cfg(target_arch = "x86_64")]
-    if width.is_multiple_of(16) && crate::cpu::allows(crate::cpu::Level::Avx512) {
-        #[allow(unsafe_code)]
-        return unsafe { all_queries_avx512::<FUSED, _>(outs, width, weights, layout, &value) };
-    }
     #[cfg(target_arch = "x86_64")]
     if width.is_multiple_of(8) && crate::cpu::allows(crate::cpu::Level::Avx2) {
-        #[allow(unsafe_code)]
-        return unsafe { all_queries_avx2::<FUSED, _>(outs, width, weights, layout, &value) };
+        let rows = Listed::values(n, width, &value);
+        return weighted_sums_listed::<FUSED, _>(outs, weights, layout, &rows);
     }
     for (j, out) in outs.chunks_exact_mut(width).enumerate() {
         let weights = (0..n).map(|i| weights[j * query + i * key]);
         weighted_sum_portable::<FUSED, _>(out, weights, (0..n).map(&value));
+    }
+}
+
+/// [`weighted_sums_laid`] over listed values (`outs` `[q, rows.width()]`), in 512-bit vectors
+/// where the CPU has AVX-512 F and the width is whole vectors of them, else in 256-bit ones:
+/// only for CPUs with AVX2 and FMA and widths of whole 8-lane vectors (checked).
+#[cfg(target_arch = "x86_64")]
+fn weighted_sums_listed<const FUSED: bool, E: Element>(
+    outs: &mut [f32],
+    weights: &[f32],
+    layout: WeightLayout,
+    rows: &Listed<'_, E>,
+) {
+    use crate::cpu::{allows, Level};
+    let width = rows.width();
+    let WeightLayout { n, query, key } = layout;
+    let queries = outs.len().checked_div(width).unwrap_or(0);
+    assert_eq!(outs.len(), queries * width, "outputs are not [q, width]");
+    assert_eq!(rows.rows().len(), n, "a row for each value");
+    if queries == 0 {
+        return;
+    }
+    if n > 0 {
+        let last = (queries - 1) * query + (n - 1) * key;
+        assert!(last < weights.len(), "weights past their slice");
+    }
+    let rows = rows.rows();
+    // SAFETY (both): the level includes the features the function is compiled for, found on
+    // this CPU; every row is `width` long (`Listed`).
+    if width.is_multiple_of(16) && allows(Level::Avx512) {
+        #[allow(unsafe_code)]
+        return unsafe { all_queries_avx512::<FUSED, _>(outs, width, weights, layout, rows) };
+    }
+    assert!(
+        width.is_multiple_of(8) && allows(Level::Avx2),
+        "listed weighted sums need AVX2 and whole vectors"
+    );
+    #[allow(unsafe_code)]
+    unsafe {
+        all_queries_avx2::<FUSED, _>(outs, width, weights, layout, rows)
     }
 }
 
@@ -356,12 +391,12 @@ macro_rules! weighted_sums_in {
      $add:ident) => {
         #[allow(unsafe_code)]
         #[target_feature(enable = $features)]
-        unsafe fn $all<'a, const FUSED: bool, E: Element>(
+        unsafe fn $all<const FUSED: bool, E: Element>(
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
             layout: WeightLayout,
-            value: &impl Fn(usize) -> &'a [E],
+            rows: &[*const E],
         ) {
             let queries = outs.len() / width;
             let mut first = 0;
@@ -371,79 +406,88 @@ macro_rules! weighted_sums_in {
                 // A decode row's query heads of a KV head in one pass where the registers
                 // hold them: Qwen2.5's 6 or 7 read the values twice instead of four times.
                 first += match queries - first {
-                    1 => $sums::<1, 4, FUSED, E>(outs, width, weights, layout, value),
-                    2 | 3 => $sums::<2, 4, FUSED, E>(outs, width, weights, layout, value),
-                    5 if $wide => $sums::<5, 4, FUSED, E>(outs, width, weights, layout, value),
-                    6 if $wide => $sums::<6, 4, FUSED, E>(outs, width, weights, layout, value),
-                    7 if $wide => $sums::<7, 3, FUSED, E>(outs, width, weights, layout, value),
-                    8.. if $wide => $sums::<8, 3, FUSED, E>(outs, width, weights, layout, value),
-                    _ => $sums::<4, 4, FUSED, E>(outs, width, weights, layout, value),
+                    1 => $sums::<1, 4, FUSED, E>(outs, width, weights, layout, rows),
+                    2 | 3 => $sums::<2, 4, FUSED, E>(outs, width, weights, layout, rows),
+                    5 if $wide => $sums::<5, 4, FUSED, E>(outs, width, weights, layout, rows),
+                    6 if $wide => $sums::<6, 4, FUSED, E>(outs, width, weights, layout, rows),
+                    7 if $wide => $sums::<7, 3, FUSED, E>(outs, width, weights, layout, rows),
+                    8.. if $wide => $sums::<8, 3, FUSED, E>(outs, width, weights, layout, rows),
+                    _ => $sums::<4, 4, FUSED, E>(outs, width, weights, layout, rows),
                 };
             }
         }
 
         #[allow(unsafe_code)]
         #[target_feature(enable = $features)]
-        unsafe fn $sums<'a, const Q: usize, const TILE: usize, const FUSED: bool, E: Element>(
+        unsafe fn $sums<const Q: usize, const TILE: usize, const FUSED: bool, E: Element>(
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
             layout: WeightLayout,
-            value: &impl Fn(usize) -> &'a [E],
+            rows: &[*const E],
         ) -> usize {
             // `TILE`: vectors of each output per pass over the values (at most 4).
             let vectors = width / $lanes;
             let full = vectors / TILE * TILE;
             for first in (0..full).step_by(TILE) {
-                $tile::<Q, TILE, FUSED, E>(outs, width, weights, layout, value, first);
+                $tile::<Q, TILE, FUSED, E>(outs, width, weights, layout, rows, first);
             }
             match vectors - full {
-                1 => $tile::<Q, 1, FUSED, E>(outs, width, weights, layout, value, full),
-                2 => $tile::<Q, 2, FUSED, E>(outs, width, weights, layout, value, full),
-                3 => $tile::<Q, 3, FUSED, E>(outs, width, weights, layout, value, full),
+                1 => $tile::<Q, 1, FUSED, E>(outs, width, weights, layout, rows, full),
+                2 => $tile::<Q, 2, FUSED, E>(outs, width, weights, layout, rows, full),
+                3 => $tile::<Q, 3, FUSED, E>(outs, width, weights, layout, rows, full),
                 _ => {}
             }
             Q
         }
 
+        /// `rows`: the values' rows, `n` of them, each `width` elements of `E` ([`Listed`]).
         #[allow(unsafe_code)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn $tile<'a, const Q: usize, const N: usize, const FUSED: bool, E: Element>(
+        unsafe fn $tile<const Q: usize, const N: usize, const FUSED: bool, E: Element>(
             outs: &mut [f32],
             width: usize,
             weights: &[f32],
             layout: WeightLayout,
-            value: &impl Fn(usize) -> &'a [E],
+            rows: &[*const E],
             first: usize,
         ) {
             use std::arch::x86_64::*;
             let WeightLayout { n, query, key } = layout;
             assert!($lanes * (first + N) <= width, "tile past the output");
             assert!(outs.len() >= Q * width, "fewer than Q outputs");
+            assert_eq!(rows.len(), n, "a row for each value");
             assert!(
                 n == 0 || (Q - 1) * query + (n - 1) * key < weights.len(),
                 "fewer than Q queries' weights"
             );
             let at = |j: usize, t: usize| j * width + $lanes * (first + t);
             // SAFETY (the loads and stores): `at(j, t) + $lanes <= outs.len()` for `j < Q`,
-            // `t < N` (checked), and every value is `width` long (checked).
+            // `t < N` (checked), every row is `width` long (`Listed` checked), and
+            // every weight read is at most the last one checked above. Checked indexing here
+            // cost a compare and branch per weight and row: more instructions than the
+            // multiply-adds, which then waited on the front end.
             let mut acc: [[std::arch::x86_64::$vector; N]; Q] = std::array::from_fn(|j| {
                 std::array::from_fn(|t| unsafe { $load(outs.as_ptr().add(at(j, t))) })
             });
-            for i in 0..n {
-                // The first pass over the values asks for whole rows ahead; the later
-                // passes find them in cache.
-                if first == 0 && i + AHEAD < n {
-                    prefetch(value(i + AHEAD).as_ptr().cast(), size_of::<E>() * width);
+            // The first pass over the values asks for whole rows ahead; the later passes
+            // find them in cache.
+            let ahead = if first == 0 {
+                n.saturating_sub(AHEAD)
+            } else {
+                0
+            };
+            for (i, &row) in rows.iter().enumerate() {
+                if i < ahead {
+                    prefetch(rows[i + AHEAD].cast(), size_of::<E>() * width);
                 }
-                let value = value(i);
-                assert_eq!(value.len(), width, "value and output differ in length");
-                let v: [std::arch::x86_64::$vector; N] = std::array::from_fn(|t| unsafe {
-                    E::$widen(value.as_ptr().add($lanes * (first + t)))
-                });
+                let row = row.add($lanes * first);
+                let v: [std::arch::x86_64::$vector; N] =
+                    std::array::from_fn(|t| unsafe { E::$widen(row.add($lanes * t)) });
+                let w = weights.as_ptr().add(i * key);
                 for (j, acc) in acc.iter_mut().enumerate() {
-                    let weight = $set1(weights[j * query + i * key]);
+                    let weight = $set1(*w.add(j * query));
                     for (acc, v) in acc.iter_mut().zip(v) {
                         *acc = if FUSED {
                             $fmadd(weight, v, *acc)

@@ -75,6 +75,15 @@ pub(super) trait Element: Copy + Send + Sync + 'static {
     /// AVX-512 F; sixteen elements readable at `p`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+
+    /// Eight rows' elements into `to`, as they are (not widened): element `e` of row `j` at
+    /// `to[e * stride + j]` (`across.rs`'s 512-bit tiles, which [`Self::load16`] reads).
+    ///
+    /// # Safety
+    /// AVX-512 F and BW, AVX2 and FMA; `d` (a multiple of 8) elements readable at each row,
+    /// and `to` valid for `(d - 1) * stride + 8` elements.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn transpose8(rows: &[*const Self; 8], d: usize, to: *mut Self, stride: usize);
 }
 
 // SAFETY (both impls' loads): as their callers promise (the trait's contract).
@@ -104,6 +113,12 @@ impl Element for f32 {
     #[inline(always)]
     unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
         std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn transpose8(rows: &[*const Self; 8], d: usize, to: *mut Self, stride: usize) {
+        super::across::transpose_into(rows, d, to, stride);
     }
 }
 
@@ -143,6 +158,12 @@ impl Element for f16 {
         use std::arch::x86_64::*;
         _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn transpose8(rows: &[*const Self; 8], d: usize, to: *mut Self, stride: usize) {
+        super::across::transpose_halves(rows, d, to, stride);
+    }
 }
 
 impl<'a> From<&'a [f32]> for KvRows<'a> {
@@ -154,6 +175,80 @@ impl<'a> From<&'a [f32]> for KvRows<'a> {
 impl<'a> From<&'a Vec<f32>> for KvRows<'a> {
     fn from(rows: &'a Vec<f32>) -> Self {
         Self::F32(rows)
+    }
+}
+
+/// A piece's rows (its keys, or its values), listed once for every pass over them: each pass
+/// of the vector kernels called the caller's row function again per row, with its slot
+/// lookup and bounds checks, which outnumbered the multiply-adds of a pass over f16 values.
+/// The list's buffer is a thread's, kept between pieces; the list borrows the rows.
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Listed<'a, E> {
+    rows: Vec<*const ()>,
+    width: usize,
+    home: &'static std::thread::LocalKey<RefCell<Vec<*const ()>>>,
+    of: std::marker::PhantomData<&'a [E]>,
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    static KEYS_LISTED: RefCell<Vec<*const ()>> = const { RefCell::new(Vec::new()) };
+    static VALUES_LISTED: RefCell<Vec<*const ()>> = const { RefCell::new(Vec::new()) };
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a, E: Element> Listed<'a, E> {
+    /// Keys `0..n`, each checked to be `width` long.
+    pub(super) fn keys(n: usize, width: usize, key: &impl Fn(usize) -> &'a [E]) -> Self {
+        Self::list(&KEYS_LISTED, n, width, key)
+    }
+
+    /// Values `0..n`, each checked to be `width` long.
+    pub(super) fn values(n: usize, width: usize, value: &impl Fn(usize) -> &'a [E]) -> Self {
+        Self::list(&VALUES_LISTED, n, width, value)
+    }
+
+    fn list(
+        home: &'static std::thread::LocalKey<RefCell<Vec<*const ()>>>,
+        n: usize,
+        width: usize,
+        row: &impl Fn(usize) -> &'a [E],
+    ) -> Self {
+        let mut rows = home.take();
+        rows.clear();
+        rows.extend((0..n).map(|i| {
+            let row = row(i);
+            assert_eq!(row.len(), width, "a row is not as long as the others");
+            row.as_ptr().cast::<()>()
+        }));
+        Self {
+            rows,
+            width,
+            home,
+            of: std::marker::PhantomData,
+        }
+    }
+
+    /// Each row's first element; [`Self::width`] elements are readable from each.
+    pub(super) fn rows(&self) -> &[*const E] {
+        // SAFETY: `*const ()` and `*const E` (`E: Sized`) have the same layout, and each was
+        // cast from a `*const E`.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.rows.as_ptr().cast::<*const E>(), self.rows.len())
+        }
+    }
+
+    /// Every row's length.
+    pub(super) fn width(&self) -> usize {
+        self.width
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<E> Drop for Listed<'_, E> {
+    fn drop(&mut self) {
+        self.home.set(std::mem::take(&mut self.rows));
     }
 }
 

@@ -337,7 +337,8 @@ fn check_weighted_sums<const FUSED: bool>() {
                         query: count,
                         key: 1,
                     };
-                    all_queries_avx2::<FUSED, _>(&mut avx2, width, &weights, layout, &value)
+                    let rows = Listed::values(count, width, &value);
+                    all_queries_avx2::<FUSED, _>(&mut avx2, width, &weights, layout, rows.rows())
                 };
                 assert_eq!(bits(&avx2), bits(&portable), "AVX2, {width} {count}");
             }
