@@ -1,7 +1,7 @@
 //! One forward's attention over every layer of a KV store in memory: `ROWS` rows (a chain of
 //! tree rows: row `r` sees the context and rows `0..=r`) over `CONTEXT` tokens of an f16 cache,
-//! `LAYERS` layers of Qwen2.5-1.5B's heads (12 on 2 KV heads of 128), each layer's keys and
-//! values apart in memory as a model's are. Prints the best and median of `ITERS` forwards.
+//! `LAYERS` layers of `HEADS` query heads on `KV_HEADS` KV heads of `HEAD_DIM` (Qwen2.5-1.5B's
+//! 12 on 2 of 128 unless set), each layer's keys and values apart in memory as a model's are. Prints the best and median of `ITERS` forwards.
 //! With one layer the cache stays in L2/L3 (criterion's `attention_*` benches); with 28 it
 //! streams from memory, as a long context's decode step does, without the products' noise.
 //! `RAYON_NUM_THREADS=2 cargo run --release -p grove-kernels --example attention_layers`
@@ -22,9 +22,9 @@ fn main() {
     let (context, rows) = (setting("CONTEXT", 4096), setting("ROWS", 1));
     let (layers, iters) = (setting("LAYERS", 28), setting("ITERS", 41).max(1));
     let layout = HeadLayout {
-        num_heads: 12,
-        num_kv_heads: 2,
-        head_dim: 128,
+        num_heads: setting("HEADS", 12),
+        num_kv_heads: setting("KV_HEADS", 2),
+        head_dim: setting("HEAD_DIM", 128),
     };
     let len = (context + rows) * layout.num_kv_heads * layout.head_dim;
     // A fixed sequence in [-0.5, 0.5): the same cache and queries in every run, so the sum
