@@ -8,9 +8,8 @@
 //! `vperm2f128`) into a buffer in L1, and every multiply-add is a query element broadcast
 //! against 8 keys. Several tiles run side by side, so each query has 2 to 8 independent
 //! chains in flight. With AVX-512 a tile is 16 keys (two such blocks side by side) and the
-//! form takes up to 16 queries: the lanes form's 16-lane blocks hold a Qwen2.5 decode row's 6
-//! or 7 query heads of a KV head at under half their width, and a few tree rows' at most at
-//! three quarters.
+//! form takes up to 8 queries: the lanes form's 16-lane block holds a Qwen2.5 decode row's 6
+//! or 7 query heads of a KV head at under half its width.
 //!
 //! The arithmetic of each (query, key) is the lanes form's, step for step: the dot chained
 //! over the head dimension from zero, one fused multiply-add per element (`q * k + acc`, the
@@ -35,11 +34,9 @@ use super::{weighted_sums_listed, Element, WeightLayout};
 /// The most queries this form takes at 8 lanes; past it the lanes form fills enough of its
 /// lanes.
 pub(super) const MOST_QUERIES: usize = 4;
-/// The same at 16 lanes: up to two tree rows' query heads of a Qwen2.5 KV head (12 or 14),
-/// which the lanes form's 16-lane block holds at 37-88% of its width (a decode row's 6 or 7
-/// under half). Past 16 queries the lanes form's two blocks did as well or better (measured:
-/// 18 and 24 queries).
-pub(super) const MOST_QUERIES_512: usize = 16;
+/// The same at 16 lanes, where a decode row of Qwen2.5's 6 or 7 query heads per KV head fills
+/// under half of the lanes form's block.
+pub(super) const MOST_QUERIES_512: usize = 8;
 
 thread_local! {
     /// `[tile][dim][key of the tile]`: the keys of the tiles in flight, transposed.
@@ -96,15 +93,7 @@ pub(super) unsafe fn piece_avx512<'a, E: Element>(
             5 => scores_avx512::<5, 2, E>(q, scale, rows, tiles, s),
             6 => scores_avx512::<6, 2, E>(q, scale, rows, tiles, s),
             7 => scores_avx512::<7, 2, E>(q, scale, rows, tiles, s),
-            8 => scores_avx512::<8, 2, E>(q, scale, rows, tiles, s),
-            9 => scores_avx512::<9, 2, E>(q, scale, rows, tiles, s),
-            10 => scores_avx512::<10, 2, E>(q, scale, rows, tiles, s),
-            11 => scores_avx512::<11, 2, E>(q, scale, rows, tiles, s),
-            12 => scores_avx512::<12, 2, E>(q, scale, rows, tiles, s),
-            13 => scores_avx512::<13, 1, E>(q, scale, rows, tiles, s),
-            14 => scores_avx512::<14, 1, E>(q, scale, rows, tiles, s),
-            15 => scores_avx512::<15, 1, E>(q, scale, rows, tiles, s),
-            _ => scores_avx512::<16, 1, E>(q, scale, rows, tiles, s),
+            _ => scores_avx512::<8, 2, E>(q, scale, rows, tiles, s),
         },
     )
 }
@@ -152,26 +141,7 @@ fn softmax_and_sums<E: Element>(mut scores: Vec<f32>, count: usize, values: &Lis
         5 => softmax_in_order::<5>(&mut scores, n),
         6 => softmax_in_order::<6>(&mut scores, n),
         7 => softmax_in_order::<7>(&mut scores, n),
-        8 => softmax_in_order::<8>(&mut scores, n),
-        // Eight queries' chains side by side, then the rest (each query's own: the same bits
-        // in any grouping).
-        _ => {
-            let (first, rest) = scores.split_at_mut(8 * n);
-            let (mut max, mut sum) = softmax_in_order::<8>(first, n);
-            let (more_max, more_sum) = match count - 8 {
-                1 => softmax_in_order::<1>(rest, n),
-                2 => softmax_in_order::<2>(rest, n),
-                3 => softmax_in_order::<3>(rest, n),
-                4 => softmax_in_order::<4>(rest, n),
-                5 => softmax_in_order::<5>(rest, n),
-                6 => softmax_in_order::<6>(rest, n),
-                7 => softmax_in_order::<7>(rest, n),
-                _ => softmax_in_order::<8>(rest, n),
-            };
-            max.extend(more_max);
-            sum.extend(more_sum);
-            (max, sum)
-        }
+        _ => softmax_in_order::<8>(&mut scores, n),
     };
     let mut out = vec![0f32; count * d];
     let layout = WeightLayout {
@@ -397,21 +367,20 @@ pub(super) unsafe fn transpose_halves(
 
 /// The dots of `Q` queries (`d` elements at each pointer) with the `T` transposed tiles at
 /// `tiles` (`[tile][dim][16 keys]`), chained over the dimensions from zero: accumulator
-/// `q * T + t` of `N` (at least `Q * T`). The accumulators are one flat array passed by value
-/// (LLVM left a nested one in memory), no longer than needed (a 24-long one for 12 sums cost a
-/// decode row 6%).
+/// `q * T + t`. The accumulators are one flat array passed by value (LLVM left a nested one in
+/// memory).
 ///
 /// # Safety
 /// AVX-512 F; the queries and `T * d * 16` floats at `tiles` readable.
 #[inline(always)]
-unsafe fn dots_avx512<const Q: usize, const T: usize, const N: usize, E: Element>(
+unsafe fn dots_avx512<const Q: usize, const T: usize, E: Element>(
     queries: &[*const f32; Q],
     tiles: *const E,
     d: usize,
-) -> [std::arch::x86_64::__m512; N] {
+) -> [std::arch::x86_64::__m512; 16] {
     use std::arch::x86_64::*;
-    assert!(Q * T <= N);
-    let mut acc = [_mm512_setzero_ps(); N];
+    const { assert!(Q * T <= 16) };
+    let mut acc = [_mm512_setzero_ps(); 16];
     for e in 0..d {
         let k: [__m512; T] = std::array::from_fn(|t| E::load16(tiles.add((t * d + e) * 16)));
         for q in 0..Q {
@@ -436,6 +405,7 @@ unsafe fn scores_avx512<const Q: usize, const T: usize, E: Element>(
     tiles: &mut Vec<f32>,
     scores: &mut [f32],
 ) {
+    use std::arch::x86_64::*;
     let (key, value) = (rows.keys.rows(), rows.values.rows());
     let (n, d) = (key.len(), rows.keys.width());
     assert!(queries.len() == Q && d.is_multiple_of(8) && scores.len() == Q * n);
@@ -450,9 +420,9 @@ unsafe fn scores_avx512<const Q: usize, const T: usize, E: Element>(
             for half in 0..2 {
                 // Past the last key, the first key of the group again: its scores are dropped.
                 let base = first + 16 * t + 8 * half;
-                // The keys a group ahead, asked for as these are read: a whole group's
-                // requests at once (up to 96 keys) ran slower from memory.
-                for k in base + 16 * T..(base + 8 + 16 * T).min(n) {
+                // The next 8 keys, asked for as these are read: a whole group's requests at
+                // once (up to 96 keys) ran slower from memory, and so did a group ahead.
+                for k in base + 8..(base + 16).min(n) {
                     super::prefetch(key[k].cast(), size_of::<E>() * d);
                     super::prefetch_l2(value[k].cast(), size_of::<E>() * d);
                 }
@@ -467,38 +437,19 @@ unsafe fn scores_avx512<const Q: usize, const T: usize, E: Element>(
             }
         }
         // SAFETY: every query is `d` long and each tile `d * 16` elements from `t * d * 16`.
-        if Q * T <= 16 {
-            let acc = dots_avx512::<Q, T, 16, E>(&queries, tiles, d);
-            keep_scores::<Q, T>(&acc, first, scale, scores);
-        } else {
-            let acc = dots_avx512::<Q, T, 24, E>(&queries, tiles, d);
-            keep_scores::<Q, T>(&acc, first, scale, scores);
-        }
-    }
-}
-
-/// A group's dots (`acc[q * T + t]`, `T` tiles from key `first`) times the scale into the
-/// scores (`[query][key]`, `Q` queries), the keys past the last dropped.
-#[inline(always)]
-unsafe fn keep_scores<const Q: usize, const T: usize>(
-    acc: &[std::arch::x86_64::__m512],
-    first: usize,
-    scale: f32,
-    scores: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let n = scores.len() / Q;
-    let factor = _mm512_set1_ps(scale);
-    for q in 0..Q {
-        for t in 0..T {
-            let start = first + 16 * t;
-            if start >= n {
-                break;
+        let acc = dots_avx512::<Q, T, E>(&queries, tiles, d);
+        let factor = _mm512_set1_ps(scale);
+        for q in 0..Q {
+            for t in 0..T {
+                let start = first + 16 * t;
+                if start >= n {
+                    break;
+                }
+                let mut dots = [0f32; 16];
+                _mm512_storeu_ps(dots.as_mut_ptr(), _mm512_mul_ps(acc[q * T + t], factor));
+                let kept = 16.min(n - start);
+                scores[q * n + start..][..kept].copy_from_slice(&dots[..kept]);
             }
-            let mut dots = [0f32; 16];
-            _mm512_storeu_ps(dots.as_mut_ptr(), _mm512_mul_ps(acc[q * T + t], factor));
-            let kept = 16.min(n - start);
-            scores[q * n + start..][..kept].copy_from_slice(&dots[..kept]);
         }
     }
 }
