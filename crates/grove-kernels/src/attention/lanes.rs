@@ -90,16 +90,32 @@ impl<const L: usize> Lanes<L> {
     }
 }
 
-/// Query blocks per pass: each key or value element loaded once for both.
-const BLOCKS: usize = 2;
+/// The most query blocks a pass takes at `L` lanes, each key or value element loaded once for
+/// all of them: two at 8 lanes (12 sums in registers, of AVX2's 16), three at 16 (18 of
+/// AVX-512's 32; four spilled them). A tree of 5-8 rows (Qwen2.5-1.5B's 30-48 query heads of a
+/// KV head) then takes one pass over a piece's keys where it took two.
+const fn most_blocks<const L: usize>() -> usize {
+    if L >= 16 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Blocks per pass for `blocks` blocks at `L` lanes: as few passes as [`most_blocks`] allows,
+/// as even as they come (a pass of one block loads a query vector for every six multiply-adds,
+/// and a pass of one query, 48 + 1, wastes 15 lanes of its block).
+pub(super) fn pass_blocks<const L: usize>(blocks: usize) -> usize {
+    blocks.div_ceil(blocks.div_ceil(most_blocks::<L>()).max(1))
+}
 
 /// Whether `queries` take one pass at `L` lanes, reading the keys and values where they lie
 /// (more take several over packed copies).
 pub(super) fn one_pass<const L: usize>(queries: usize) -> bool {
-    queries.div_ceil(L) <= BLOCKS
+    queries.div_ceil(L) <= most_blocks::<L>()
 }
-/// Keys per tile of the scores and head dimensions per tile of the weighted sums: with
-/// [`BLOCKS`], 12 sums in registers (of AVX2's 16, `L` = 8).
+/// Keys per tile of the scores and head dimensions per tile of the weighted sums (times the
+/// blocks of a pass: the sums in registers).
 const TILE: usize = 6;
 
 /// A thread's buffers, kept between pieces (a fresh vector per piece is a fresh mapping:
@@ -146,7 +162,8 @@ pub(super) fn piece_in_lanes<'a, const L: usize, E: Element>(
     let blocks = count.div_ceil(L);
     let mut scratch = SCRATCH.take();
     let s = &mut scratch;
-    transpose_queries(&mut s.queries, queries, d, L);
+    let per_pass = pass_blocks::<L>(blocks);
+    transpose_queries(&mut s.queries, queries, d, L, per_pass);
     let (mut max, mut sum) = (vec![0f32; blocks * L], vec![0f32; blocks * L]);
     let mut out = vec![0f32; count * d];
     if one_pass::<L>(count) {
@@ -160,10 +177,10 @@ pub(super) fn piece_in_lanes<'a, const L: usize, E: Element>(
             widened: &mut s.tile,
         };
         let down = (&mut scores[..], &mut max[..], &mut sum[..]);
-        if blocks == BLOCKS {
-            scores_down::<L, BLOCKS>(&s.queries, &mut source, n, scale, down);
-        } else {
-            scores_down::<L, 1>(&s.queries, &mut source, n, scale, down);
+        match blocks {
+            1 => scores_down::<L, 1>(&s.queries, &mut source, n, scale, down),
+            2 => scores_down::<L, 2>(&s.queries, &mut source, n, scale, down),
+            _ => scores_down::<L, 3>(&s.queries, &mut source, n, scale, down),
         }
         let layout = super::WeightLayout {
             n,
@@ -181,19 +198,26 @@ pub(super) fn piece_in_lanes<'a, const L: usize, E: Element>(
             n,
             d,
         };
-        for first in (0..blocks).step_by(BLOCKS) {
-            let pass = BLOCKS.min(blocks - first);
+        for first in (0..blocks).step_by(per_pass) {
+            let pass = per_pass.min(blocks - first);
             let lanes = first * L..(first + pass) * L;
             let at = first * d * L..(first + pass) * d * L;
             let scores = sized(&mut s.scores, n * pass * L);
             let down = (&mut scores[..], &mut max[lanes.clone()], &mut sum[lanes]);
             let (queries, sums) = (&s.queries[at.clone()], &mut all_sums[at]);
-            if pass == BLOCKS {
-                scores_down::<L, BLOCKS>(queries, &mut packed, n, scale, down);
-                packed.sums::<L, BLOCKS>(scores, sums);
-            } else {
-                scores_down::<L, 1>(queries, &mut packed, n, scale, down);
-                packed.sums::<L, 1>(scores, sums);
+            match pass {
+                1 => {
+                    scores_down::<L, 1>(queries, &mut packed, n, scale, down);
+                    packed.sums::<L, 1>(scores, sums);
+                }
+                2 => {
+                    scores_down::<L, 2>(queries, &mut packed, n, scale, down);
+                    packed.sums::<L, 2>(scores, sums);
+                }
+                _ => {
+                    scores_down::<L, 3>(queries, &mut packed, n, scale, down);
+                    packed.sums::<L, 3>(scores, sums);
+                }
             }
         }
         for (queries, sums) in out.chunks_mut(L * d).zip(all_sums.chunks_exact(d * L)) {
@@ -211,12 +235,18 @@ pub(super) fn piece_in_lanes<'a, const L: usize, E: Element>(
 }
 
 /// Each pass's queries as `[dim][block of the pass][lane]` (query `block * lanes + lane`),
-/// zero past the last query; a pass is [`BLOCKS`] blocks, the last one maybe fewer.
-fn transpose_queries(to: &mut Vec<f32>, queries: &[&[f32]], d: usize, lanes: usize) {
+/// zero past the last query; a pass is `pass_blocks` blocks, the last one maybe fewer.
+fn transpose_queries(
+    to: &mut Vec<f32>,
+    queries: &[&[f32]],
+    d: usize,
+    lanes: usize,
+    pass_blocks: usize,
+) {
     let blocks = queries.len().div_ceil(lanes);
     to.clear();
     to.resize(blocks * d * lanes, 0.0);
-    let per_pass = BLOCKS * lanes;
+    let per_pass = pass_blocks * lanes;
     for (pass, to) in queries.chunks(per_pass).zip(to.chunks_mut(d * per_pass)) {
         let width = pass.len().div_ceil(lanes) * lanes;
         for (q, query) in pass.iter().enumerate() {
@@ -522,13 +552,13 @@ pub(super) mod tests {
                     value: |i: usize| &values[i * d..(i + 1) * d],
                 };
                 let scale = 0.3;
-                let all = wave(45 * d, 3.0);
+                let all = wave(100 * d, 3.0);
                 let queries: Vec<&[f32]> = all.chunks_exact(d).collect();
                 let alone: Vec<Piece> = queries
                     .iter()
                     .map(|q| piece_in_lanes::<8, _>(&[q], d, scale, &piece))
                     .collect();
-                for count in [1, 7, 16, 17, 33, 45] {
+                for count in [1, 7, 16, 17, 33, 45, 49, 70, 100] {
                     for together in [
                         piece_in_lanes::<8, _>(&queries[..count], d, scale, &piece),
                         piece_in_lanes::<16, _>(&queries[..count], d, scale, &piece),
@@ -598,9 +628,9 @@ pub(super) mod tests {
                     key: |i: usize| &wide_keys[i * d..(i + 1) * d],
                     value: |i: usize| &wide_values[i * d..(i + 1) * d],
                 };
-                let all = wave(45 * d, 3.0);
+                let all = wave(100 * d, 3.0);
                 let queries: Vec<&[f32]> = all.chunks_exact(d).collect();
-                for count in [1, 7, 16, 17, 32, 33, 45] {
+                for count in [1, 7, 16, 17, 32, 33, 45, 49, 70, 100] {
                     let queries = &queries[..count];
                     let case = format!("d {d}, n {n}, {count} queries");
                     for (ours, reference) in [

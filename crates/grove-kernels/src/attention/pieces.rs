@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use half::bf16;
 
 use super::dot::{self, DotKeys};
-use super::lanes::{one_pass, piece_in_lanes, PieceKeys};
+use super::lanes::{one_pass, pass_blocks, piece_in_lanes, PieceKeys};
 use super::{Buffers, Element, HeadLayout, Inputs, KvRows, KEY_PIECE};
 use crate::strips::Bf16Arithmetic;
 use crate::threads::{balanced_order, for_each_chunk_mut};
@@ -349,12 +349,11 @@ impl Inputs<'_> {
 /// queries at 16 lanes) widening the piece once and packing it for all passes costs less.
 const DIRECT_PASSES: usize = 4;
 
-/// Queries a pass takes ([`one_pass`]).
+/// Queries a pass takes: [`pass_blocks`]' blocks of `L` (each pass [`one_pass`]'s).
 fn passes<const L: usize>(queries: usize) -> usize {
-    (1..=queries.max(1))
-        .rev()
-        .find(|&count| one_pass::<L>(count))
-        .unwrap_or(1)
+    let per_pass = pass_blocks::<L>(queries.div_ceil(L)).max(1) * L;
+    debug_assert!(one_pass::<L>(per_pass));
+    per_pass
 }
 
 #[cfg(test)]
@@ -406,11 +405,12 @@ mod tests {
                 .map(|i| ((i as f32 + seed) * 0.291).sin() * 3.0)
                 .collect()
         };
-        // Up to 70 rows over the same keys: 2 query heads per KV head each, so a piece of 4
-        // to 140 queries (one pass, several, and more than the direct passes over f16 rows).
-        let slots: Vec<Vec<usize>> = vec![(0..700).rev().collect(); 70];
+        // Up to 100 rows over the same keys: 2 query heads per KV head each, so a piece of 4
+        // to 200 queries (one pass, several, even and uneven, and more than the direct passes
+        // over f16 rows at 8 and at 16 lanes).
+        let slots: Vec<Vec<usize>> = vec![(0..700).rev().collect(); 100];
         let (keys, values) = (wave(700 * 64, 1.0), wave(700 * 64, 2.0));
-        let queries = wave(70 * 128, 3.0);
+        let queries = wave(100 * 128, 3.0);
         let inputs = Inputs {
             key_slots: &slots,
             layout,
@@ -442,7 +442,7 @@ mod tests {
             return;
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (piece, rows) in (0..3).flat_map(|p| [2, 9, 20, 70].map(|rows| (p, rows))) {
+        for (piece, rows) in (0..3).flat_map(|p| [2, 9, 20, 25, 70, 100].map(|rows| (p, rows))) {
             let job = Job {
                 piece,
                 rows: (0..rows).collect(),
