@@ -8,7 +8,8 @@
 //! - [`attention`]: softmax attention over lists of visible key slots.
 //! - [`activation`]: gated MLP activations.
 //! - [`threads`]: the compute threads kept awake through a forward and its parallel sections.
-//! - [`memory`]: read-only file maps and returning freed heap to the OS.
+//! - [`memory`]: read-only file maps, returning freed heap to the OS, and keeping a forward
+//!   pass's large buffers in the heap.
 //! - [`cpu`]: which instruction sets the kernels use (the CPU's best, or `GROVE_KERNEL`'s).
 //!
 //! Each SIMD path is chosen at run time ([`cpu::level`]), with a portable reference that tests

@@ -127,6 +127,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if !grove_kernels::memory::keep_freed_buffers() {
+        tracing::debug!("the allocator keeps its own thresholds for large buffers");
+    }
     // A bad GROVE_KERNEL is an error here, before any kernel would panic on it.
     if let Err(error) = grove_kernels::cpu::Level::from_env() {
         eprintln!("error: {error}");
