@@ -9,8 +9,6 @@
 //! each query a vector lane of its own), and a row is cut by its own ordered keys only, so a
 //! token decoded alone, verified in a tree or batched gets the same bits.
 
-use rayon::prelude::*;
-
 use half::bf16;
 
 use super::dot::{self, DotKeys};
@@ -105,12 +103,14 @@ impl Inputs<'_> {
             .into_iter()
             .map(|p| p.expect("every piece ran"))
             .collect();
+        // Through `for_each_chunk_mut`, as the pieces: inside a forward its polling helpers
+        // take the rows at once, where a rayon job waited for one to look at rayon's queues.
         let row_width = self.layout.num_heads * self.layout.head_dim;
-        output
-            .par_chunks_mut(row_width)
-            .zip(places.par_iter())
-            .filter(|(_, places)| !places.is_empty())
-            .for_each(|(out_row, places)| self.combine(&pieces, places, out_row));
+        for_each_chunk_mut(&mut [output], row_width, |_, row, out_row| {
+            if !places[row].is_empty() {
+                self.combine(&pieces, &places[row], out_row);
+            }
+        });
     }
 
     /// One row's pieces (`places`: its (job, position) per piece, in order) combined into its
