@@ -1,6 +1,7 @@
 //! Activation rows quantized for the products: 8-bit values per block with one scale, and
 //! what each format's kernels read beside them (sums, zero points' terms).
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::{Kernel, QuantFormat};
@@ -156,7 +157,9 @@ impl QuantizedRows {
         quantized
     }
 
-    /// Zeroed rows of the sizes [`QuantizedRows::quantized_by`] fills.
+    /// Rows of the sizes [`QuantizedRows::quantized_by`] fills, whose buffers a quantizer
+    /// overwrites whole: the buffers of rows dropped earlier on this thread where there are
+    /// some ([`Spare`]), holding their old values.
     fn unfilled(kernel: Kernel, rows: usize, k: usize, formats: &[QuantFormat]) -> Self {
         let block = formats.first().map_or(32, |f| f.activation_block());
         assert!(
@@ -167,14 +170,15 @@ impl QuantizedRows {
             k.is_multiple_of(block) && block.is_multiple_of(32),
             "k = {k} is not a multiple of {block}"
         );
+        let spare = Spare::take(rows * k, rows * k / block);
         Self {
             kernel,
             k,
             block,
-            q: vec![0i8; rows * k],
-            scale: vec![0f32; rows * k / block],
-            sum16: vec![0i32; rows * k / 16],
-            sum32: vec![0i32; rows * k / 32],
+            q: sized(spare.q, rows * k),
+            scale: sized(spare.scale, rows * k / block),
+            sum16: sized(spare.sum16, rows * k / 16),
+            sum32: sized(spare.sum32, rows * k / 32),
             zero_q8: Vec::new(),
             zero_q5: Vec::new(),
             zero_q4: Vec::new(),
@@ -265,6 +269,76 @@ impl QuantizedRows {
         let per_row = self.k / self.block;
         &self.scale[row * per_row..(row + 1) * per_row]
     }
+}
+
+impl Drop for QuantizedRows {
+    fn drop(&mut self) {
+        Spare::keep(Spare {
+            q: std::mem::take(&mut self.q),
+            scale: std::mem::take(&mut self.scale),
+            sum16: std::mem::take(&mut self.sum16),
+            sum32: std::mem::take(&mut self.sum32),
+        });
+    }
+}
+
+/// The buffers a quantizer fills, kept from dropped rows for the next rows made on the same
+/// thread. Every product quantizes its input into new rows: zeroed, a 512-token prompt's
+/// rows of an MLP's wide input were a `memset` of 6 MB on the forward's thread while the
+/// others waited for the product (a seventh of a prefill's serial stretches).
+#[derive(Default)]
+struct Spare {
+    q: Vec<i8>,
+    scale: Vec<f32>,
+    sum16: Vec<i32>,
+    sum32: Vec<i32>,
+}
+
+/// How many sets of buffers a thread keeps: enough for the sizes a forward's products take
+/// (a layer's two input widths, a prompt's last chunk, the logits' rows), so that each size
+/// finds its own set.
+const SPARES: usize = 4;
+
+thread_local! {
+    /// The kept sets, the latest kept last.
+    static KEPT: RefCell<Vec<Spare>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Spare {
+    /// The kept set of exactly `values` values and `scales` scales (any other would be
+    /// zeroed to its new size: no gain), else new empty buffers.
+    fn take(values: usize, scales: usize) -> Self {
+        KEPT.with_borrow_mut(|kept| {
+            let at = kept
+                .iter()
+                .position(|spare| spare.q.len() == values && spare.scale.len() == scales);
+            at.map(|i| kept.remove(i)).unwrap_or_default()
+        })
+    }
+
+    /// Keeps `self` for later rows, in place of the set kept longest ago if there are
+    /// [`SPARES`] already. Buffers of no values are not kept.
+    fn keep(self) {
+        if self.q.is_empty() {
+            return;
+        }
+        // A thread ending drops its kept sets before its last rows: then there is nowhere
+        // to keep them, and they are freed.
+        let _ = KEPT.try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            kept.push(self);
+            if kept.len() > SPARES {
+                kept.remove(0);
+            }
+        });
+    }
+}
+
+/// `buffer` at `len` values: its old values where it had them (a quantizer overwrites them),
+/// zeros past them.
+fn sized<T: Copy + Default>(mut buffer: Vec<T>, len: usize) -> Vec<T> {
+    buffer.resize(len, T::default());
+    buffer
 }
 
 /// What a quantizer fills for some whole rows: 8-bit values, one scale per `block` values,

@@ -434,15 +434,22 @@ fn vector_quantizer_equals_the_reference_exactly() {
         }
         x[2 * block] = -40.0;
         let n = x.len();
-        let run = |vector: bool| {
+        // Each quantizer starts from buffers of other values (as it does from a dropped
+        // product's, `rows::Spare`) or of zeros: a value it leaves unwritten shows.
+        let run = |vector: bool, dirty: bool| {
+            let (q, scale, sum) = if dirty {
+                (-99, f32::NAN, i32::MIN)
+            } else {
+                (0, 0.0, 0)
+            };
             let mut rows = QuantizedRows {
                 kernel: if vector { kernel } else { Kernel::Scalar },
                 k,
                 block,
-                q: vec![0i8; n],
-                scale: vec![0f32; n / block],
-                sum16: vec![0i32; n / 16],
-                sum32: vec![0i32; n / 32],
+                q: vec![q; n],
+                scale: vec![scale; n / block],
+                sum16: vec![sum; n / 16],
+                sum32: vec![sum; n / 32],
                 zero_q8: Vec::new(),
                 zero_q5: Vec::new(),
                 zero_q4: Vec::new(),
@@ -457,9 +464,19 @@ fn vector_quantizer_equals_the_reference_exactly() {
             } else {
                 super::rows::quantize_portable(&x, rows.parts());
             }
-            (rows.q, rows.scale, rows.sum16, rows.sum32)
+            // The scales' bits: NaN equals no NaN.
+            let scales: Vec<u32> = rows.scale.iter().map(|s| s.to_bits()).collect();
+            (
+                rows.q.clone(),
+                scales,
+                rows.sum16.clone(),
+                rows.sum32.clone(),
+            )
         };
-        assert_eq!(run(true), run(false), "block {block}, {kernel:?}");
+        let reference = run(false, false);
+        assert_eq!(run(true, true), reference, "block {block}, {kernel:?}");
+        assert_eq!(run(true, false), reference, "block {block}, {kernel:?}");
+        assert_eq!(run(false, true), reference, "block {block}, scalar");
     }
 }
 
@@ -485,6 +502,61 @@ fn rows_quantized_in_parallel_equal_each_row_alone() {
             let sums = |v: &[i32], per: usize| v[r * k / per..(r + 1) * k / per].to_vec();
             assert_eq!(sums(&together.sum16, 16), alone.sum16, "{kernel:?} row {r}");
             assert_eq!(sums(&together.sum32, 32), alone.sum32, "{kernel:?} row {r}");
+        }
+    }
+}
+
+/// Rows made in the buffers of rows of their size dropped before them on the same thread
+/// (`rows::Spare`: the old values left in place) are the rows made in new buffers, on every
+/// kernel.
+#[test]
+fn rows_made_in_kept_buffers_equal_new_ones() {
+    let formats = [QuantFormat::Q4K, QuantFormat::Q6K, QuantFormat::Q8_0];
+    let formats: Vec<&[QuantFormat]> = vec![&formats[..2], &formats[2..]];
+    for kernel in Kernel::available() {
+        let kernel = kernel.activations();
+        for &formats in &formats {
+            let made = |rows: usize, k: usize, seed: u64| {
+                let x = random_input(rows, k, seed);
+                let r = QuantizedRows::for_kernel(kernel, &x, rows, k, formats);
+                let scales: Vec<u32> = r.scale.iter().map(|s| s.to_bits()).collect();
+                let ints = [&r.sum16, &r.sum32, &r.zero_q8, &r.zero_q6].map(|v| v.to_vec());
+                let halves = [&r.sum16_i16, &r.sum32_i16].map(|v| v.to_vec());
+                (r.q.as_ptr() as usize, (r.q.to_vec(), scales, ints, halves))
+            };
+            let shapes = [
+                (5, 2048, 1),
+                (5, 2048, 2),
+                (3, 512, 3),
+                (7, 4096, 4),
+                (5, 2048, 5),
+            ];
+            let made = &made;
+            let (new, kept) = std::thread::scope(|scope| {
+                // Each on a thread of its own: new buffers.
+                let new: Vec<_> = shapes
+                    .map(|(rows, k, seed)| scope.spawn(move || made(rows, k, seed).1))
+                    .map(|thread| thread.join().unwrap())
+                    .to_vec();
+                // One after another on one thread: each in the buffers of the one before.
+                let kept = scope
+                    .spawn(|| shapes.map(|(rows, k, seed)| made(rows, k, seed)))
+                    .join()
+                    .unwrap();
+                (new, kept)
+            });
+            // Rows of one size take the buffers of the last rows of that size.
+            assert_eq!(
+                kept[1].0, kept[0].0,
+                "{kernel:?}: the second rows reuse the first's"
+            );
+            assert_eq!(
+                kept[4].0, kept[1].0,
+                "{kernel:?}: the last rows reuse the second's"
+            );
+            for (i, ((_, kept), new)) in kept.iter().zip(&new).enumerate() {
+                assert_eq!(kept, new, "{kernel:?} {formats:?}, shape {i}");
+            }
         }
     }
 }
