@@ -7,6 +7,7 @@
 //! - [`dense`]: the streaming f32 product for few rows, and the dot kernels attention uses.
 //! - [`attention`]: softmax attention over lists of visible key slots.
 //! - [`activation`]: gated MLP activations.
+//! - [`norm`]: RMSNorm over host rows, with the residual add before it.
 //! - [`threads`]: the compute threads kept awake through a forward and its parallel sections.
 //! - [`memory`]: read-only file maps, returning freed heap to the OS, and keeping a forward
 //!   pass's large buffers in the heap.
@@ -20,6 +21,7 @@ pub mod attention;
 pub mod cpu;
 pub mod dense;
 pub mod memory;
+pub mod norm;
 pub mod quant;
 pub mod strips;
 pub mod threads;

@@ -203,14 +203,18 @@ impl LayerStack {
         let width = c.hidden_size;
         let mut taps: Vec<Option<Tensor>> = vec![None; batch.taps.len()];
         let mut h = host_values(&hidden)?;
+        // A layer's MLP output, added into `h` by the next layer's input norm in the same
+        // pass over the rows (where no tap needs `h` in between).
+        let mut pending: Option<Vec<f32>> = None;
         for (layer_index, layer) in self.layers.iter().enumerate() {
             let window = c.sliding_window(layer_index);
             let (cos, sin) = match (&local_tables, window) {
                 (Some(local), Some(_)) => (&local.0, &local.1),
                 _ => (&global_tables.0, &global_tables.1),
             };
-            let mut x = h.clone();
-            layer.input_norm.forward_host(&mut x)?;
+            let x = layer
+                .input_norm
+                .add_and_norm(&mut h, pending.take().as_deref())?;
             let attention = &layer.attention;
             let projections = [&attention.q_proj, &attention.k_proj, &attention.v_proj];
             let [q, k, v] =
@@ -235,12 +239,16 @@ impl LayerStack {
             if let Some(norm) = &layer.attention_out_norm {
                 norm.forward_host(&mut attention_out)?;
             }
-            add_into(&mut h, &attention_out);
-            let mut x = h.clone();
-            layer.pre_mlp_norm.forward_host(&mut x)?;
+            let x = layer
+                .pre_mlp_norm
+                .add_and_norm(&mut h, Some(&attention_out))?;
             let mut mlp_out = layer.mlp.forward_host(&x, num_rows)?;
             if let Some(norm) = &layer.mlp_out_norm {
                 norm.forward_host(&mut mlp_out)?;
+            }
+            if !batch.taps.contains(&layer_index) {
+                pending = Some(mlp_out);
+                continue;
             }
             add_into(&mut h, &mlp_out);
             for (tap, _) in batch
@@ -251,6 +259,9 @@ impl LayerStack {
             {
                 taps[tap] = Some(Tensor::from_slice(&h, (num_rows, width), &self.device)?);
             }
+        }
+        if let Some(mlp_out) = pending {
+            add_into(&mut h, &mlp_out);
         }
         let hidden = Tensor::from_vec(h, (num_rows, width), &self.device)?;
         let taps = taps

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 
 use candle_core::{Module, Tensor};
-use rayon::prelude::*;
 
-use grove_kernels::activation;
 use grove_kernels::quant::{self, QMatrix};
+use grove_kernels::{activation, norm, threads};
 
 pub(crate) use crate::matrix::host_values;
 use crate::matrix::quantized_matmuls;
@@ -95,14 +94,40 @@ impl Linear {
             return Ok(());
         };
         let add = |b: &[f32]| {
-            for row in y.chunks_exact_mut(b.len()) {
-                for (v, b) in row.iter_mut().zip(b) {
-                    *v += b;
+            in_row_groups(y, b.len(), |_, rows| {
+                for row in rows.chunks_exact_mut(b.len()) {
+                    for (v, b) in row.iter_mut().zip(b) {
+                        *v += b;
+                    }
                 }
-            }
+            })
         };
         with_host_values(bias, add)
     }
+}
+
+/// Rows of an elementwise pass per task where the rows are shared among the threads.
+const GROUP_ROWS: usize = 8;
+
+/// Values of an elementwise pass from which its rows are shared among the threads: a
+/// 512-token prompt's q/k/v biases and rotations were serial stretches of the forward.
+const PARALLEL_MIN_VALUES: usize = 1 << 16;
+
+/// `f(first, group)` for each group of [`GROUP_ROWS`] rows of `width` values of `values`
+/// (`first` its first row's index), on the threads where there are many values.
+pub(crate) fn in_row_groups(
+    values: &mut [f32],
+    width: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let group = GROUP_ROWS * width.max(1);
+    if values.len() < PARALLEL_MIN_VALUES {
+        return values
+            .chunks_mut(group)
+            .enumerate()
+            .for_each(|(j, rows)| f(j * GROUP_ROWS, rows));
+    }
+    threads::for_each_chunk_mut(&mut [values], group, |_, j, rows| f(j * GROUP_ROWS, rows));
 }
 
 impl Module for Linear {
@@ -165,51 +190,20 @@ impl RmsNorm {
     /// in the same order as candle's `rms_norm` (a sequential sum of squares, then
     /// `x / rms * w`), so the bits equal its.
     pub fn forward_host(&self, x: &mut [f32]) -> candle_core::Result<()> {
-        let eps = self.eps;
-        let norm_rows = |weight: &[f32]| {
-            let dim = weight.len();
-            let scale = |x: &mut [f32], sum2: f32| {
-                let rms = (sum2 / dim as f32 + eps).sqrt();
-                for (v, w) in x.iter_mut().zip(weight) {
-                    *v = *v / rms * w;
-                }
-            };
-            if x.len() / dim > 32 {
-                x.par_chunks_exact_mut(dim)
-                    .for_each(|x| scale(x, x.iter().map(|&v| v * v).sum()));
-                return;
-            }
-            // A row's sum is one chain of dependent adds: the rows of a verify are summed
-            // side by side, each in its own order, so the chains overlap.
-            let mut groups = x.chunks_exact_mut(NORM_ROWS * dim);
-            for group in &mut groups {
-                let sums = sums_of_squares::<NORM_ROWS>(group, dim);
-                for (x, sum2) in group.chunks_exact_mut(dim).zip(sums) {
-                    scale(x, sum2);
-                }
-            }
-            for x in groups.into_remainder().chunks_exact_mut(dim) {
-                scale(x, x.iter().map(|&v| v * v).sum());
-            }
-        };
-        with_host_values(&self.weight, norm_rows)
+        with_host_values(&self.weight, |weight| norm::rms_norm(x, weight, self.eps))
     }
-}
 
-/// Rows whose sums of squares [`RmsNorm::forward_host`] runs side by side.
-const NORM_ROWS: usize = 8;
-
-/// Each of `R` rows' (`dim` values each, one after another in `rows`) sum of squares, in the
-/// order `Iterator::sum` adds (first to last), the rows' additions interleaved.
-fn sums_of_squares<const R: usize>(rows: &[f32], dim: usize) -> [f32; R] {
-    let rows: [&[f32]; R] = std::array::from_fn(|r| &rows[r * dim..][..dim]);
-    let mut sums = [0f32; R];
-    for i in 0..dim {
-        for (sum, row) in sums.iter_mut().zip(rows) {
-            *sum += row[i] * row[i];
-        }
+    /// `hidden += branch` (where there is a branch), then the norm of each row of `hidden`
+    /// as new rows, with the bits of [`RmsNorm::forward_host`] on a copy of the sum.
+    pub fn add_and_norm(
+        &self,
+        hidden: &mut [f32],
+        branch: Option<&[f32]>,
+    ) -> candle_core::Result<Vec<f32>> {
+        with_host_values(&self.weight, |weight| {
+            norm::add_and_rms_norm(hidden, branch, weight, self.eps)
+        })
     }
-    sums
 }
 
 impl Module for RmsNorm {

@@ -3,6 +3,7 @@
 //! as transformers does, so rotated vectors match the references to float rounding.
 
 use crate::config::{DecoderConfig, RopeScaling};
+use crate::layers::in_row_groups;
 
 /// Inverse frequencies of one model, `[head_dim / 2]`.
 #[derive(Debug, Clone)]
@@ -75,18 +76,22 @@ impl Rope {
     pub fn rotate(&self, rows: &mut [f32], num_heads: usize, cos: &[f32], sin: &[f32]) {
         let half = self.inv_freq.len();
         let head_dim = 2 * half;
-        for (row_index, row) in rows.chunks_exact_mut(num_heads * head_dim).enumerate() {
-            let cos = &cos[row_index * half..(row_index + 1) * half];
-            let sin = &sin[row_index * half..(row_index + 1) * half];
-            for head in row.chunks_exact_mut(head_dim) {
-                let (first, second) = head.split_at_mut(half);
-                for i in 0..half {
-                    let (x1, x2) = (first[i], second[i]);
-                    first[i] = x1 * cos[i] - x2 * sin[i];
-                    second[i] = x2 * cos[i] + x1 * sin[i];
+        let width = num_heads * head_dim;
+        in_row_groups(rows, width, |first_row, group| {
+            for (r, row) in group.chunks_exact_mut(width).enumerate() {
+                let row_index = first_row + r;
+                let cos = &cos[row_index * half..(row_index + 1) * half];
+                let sin = &sin[row_index * half..(row_index + 1) * half];
+                for head in row.chunks_exact_mut(head_dim) {
+                    let (first, second) = head.split_at_mut(half);
+                    for i in 0..half {
+                        let (x1, x2) = (first[i], second[i]);
+                        first[i] = x1 * cos[i] - x2 * sin[i];
+                        second[i] = x2 * cos[i] + x1 * sin[i];
+                    }
                 }
             }
-        }
+        });
     }
 }
 
