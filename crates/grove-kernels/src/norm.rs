@@ -10,8 +10,9 @@ use crate::threads::for_each_chunk_mut;
 /// summed side by side, each in its own order, and the chains overlap.
 const GROUP_ROWS: usize = 8;
 
-/// Past this many rows a norm's groups are shared among the threads.
-const PARALLEL_ROWS: usize = 32;
+/// Past this many rows (one group) a norm's groups are shared among the threads: a 16-row
+/// verify's norms were serial stretches of its forward.
+const PARALLEL_ROWS: usize = 8;
 
 /// The norm of each `weight.len()`-value row of `x`, in place.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {

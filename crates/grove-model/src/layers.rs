@@ -110,8 +110,9 @@ impl Linear {
 const GROUP_ROWS: usize = 8;
 
 /// Values of an elementwise pass from which its rows are shared among the threads: a
-/// 512-token prompt's q/k/v biases and rotations were serial stretches of the forward.
-const PARALLEL_MIN_VALUES: usize = 1 << 16;
+/// prompt's q/k/v biases and rotations (a 16-row verify's: 24-32 thousand values) were
+/// serial stretches of the forward.
+const PARALLEL_MIN_VALUES: usize = 1 << 14;
 
 /// `f(first, group)` for each group of [`GROUP_ROWS`] rows of `width` values of `values`
 /// (`first` its first row's index), on the threads where there are many values.
