@@ -294,7 +294,7 @@ impl Mlp {
             ) if gate.dims() == up.dims() => {
                 let activation = self.activation;
                 quant::matmul_gated(gate, up, x, rows, |gate, up, out| {
-                    activation::gated_into(activation, gate, up, out)
+                    activation::gated_rows(activation, gate, up, out)
                 })
             }
             _ => {

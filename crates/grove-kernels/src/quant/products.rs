@@ -76,7 +76,7 @@ pub fn matmul_gated(
     up_matrix: &QMatrix,
     x: &[f32],
     rows: usize,
-    gate: impl Fn(&[f32], &[f32], &mut [MaybeUninit<f32>]) + Sync,
+    gate: impl Fn(&[f32], &[f32], OutRows<'_>) + Sync,
 ) -> Vec<f32> {
     matmul_gated_with(Kernel::detect(), gate_matrix, up_matrix, x, rows, gate)
 }
@@ -88,7 +88,7 @@ pub fn matmul_gated_with(
     up_matrix: &QMatrix,
     x: &[f32],
     rows: usize,
-    gate: impl Fn(&[f32], &[f32], &mut [MaybeUninit<f32>]) + Sync,
+    gate: impl Fn(&[f32], &[f32], OutRows<'_>) + Sync,
 ) -> Vec<f32> {
     let (n, k) = gate_matrix.dims();
     assert_eq!(up_matrix.dims(), (n, k), "gate and up differ in shape");
@@ -106,15 +106,12 @@ pub fn matmul_gated_with(
     let run = |_: usize, index: usize, mut columns: Columns<'_, MaybeUninit<f32>>| {
         let first = index * WEIGHT_ROWS_PER_TASK;
         let w = columns.width();
-        columns.fill_rows(|mut out| {
+        columns.fill_rows(|out| {
             PRODUCTS.with_borrow_mut(|(gates, ups)| {
                 let (gates, ups) = (scratch(gates, w * rows), scratch(ups, w * rows));
                 gate_matrix.task(kernel, gate_acts, first, OutRows::block(gates, rows));
                 up_matrix.task(kernel, up_acts, first, OutRows::block(ups, rows));
-                let pairs = gates.chunks_exact(w).zip(ups.chunks_exact(w));
-                for (r, (gates, ups)) in pairs.enumerate() {
-                    gate(gates, ups, out.row(r));
-                }
+                gate(gates, ups, out);
             })
         });
     };

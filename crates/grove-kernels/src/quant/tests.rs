@@ -565,8 +565,8 @@ fn rows_made_in_kept_buffers_equal_new_ones() {
 fn gated_products_equal_the_products_then_the_gate() {
     let kernels = Kernel::available();
     let silu = crate::activation::Activation::Silu;
-    let gate = |g: &[f32], u: &[f32], out: &mut [std::mem::MaybeUninit<f32>]| {
-        crate::activation::gated_into(silu, g, u, out)
+    let gate = |g: &[f32], u: &[f32], out: crate::threads::OutRows<'_>| {
+        crate::activation::gated_rows(silu, g, u, out)
     };
     for (format, layout) in layouts() {
         // A ragged last task, several tasks in parallel, tiles of several rows.
