@@ -85,24 +85,19 @@ pub fn gated_rows(activation: Activation, gate: &[f32], up: &[f32], mut out: Out
         #[allow(unsafe_code)]
         return unsafe { gated_rows_avx512(activation, gate, up, out) };
     }
-    for (r, (gate, up)) in gate
-        .chunks_exact(width)
-        .zip(up.chunks_exact(width))
-        .enumerate()
-    {
-        gated_portable(activation, gate, up, out.row(r));
-    }
+    rows_portable(activation, gate, up, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx512f")]
-unsafe fn gated_rows_avx512(
-    activation: Activation,
-    gate: &[f32],
-    up: &[f32],
-    mut out: OutRows<'_>,
-) {
+unsafe fn gated_rows_avx512(activation: Activation, gate: &[f32], up: &[f32], out: OutRows<'_>) {
+    rows_portable(activation, gate, up, out)
+}
+
+/// [`gated_portable`] row by row, inlined (as it is) into the caller's features.
+#[inline(always)]
+fn rows_portable(activation: Activation, gate: &[f32], up: &[f32], mut out: OutRows<'_>) {
     let width = out.width();
     for (r, (gate, up)) in gate
         .chunks_exact(width)
