@@ -285,7 +285,7 @@ impl Drop for QuantizedRows {
 /// The buffers a quantizer fills, kept from dropped rows for the next rows made on the same
 /// thread. Every product quantizes its input into new rows: zeroed, a 512-token prompt's
 /// rows of an MLP's wide input were a `memset` of 6 MB on the forward's thread while the
-/// others waited for the product (a seventh of a prefill's serial stretches).
+/// others waited for the product (a sixth of a prefill's serial stretches).
 #[derive(Default)]
 struct Spare {
     q: Vec<i8>,
@@ -307,8 +307,9 @@ thread_local! {
 }
 
 impl Spare {
-    /// The kept set of exactly `values` values and `scales` scales (any other would be
-    /// zeroed to its new size: no gain), else new empty buffers.
+    /// The kept set of exactly `values` values and `scales` scales, else new empty buffers
+    /// (a set taken at another size would change its length, and growing back zeroes what
+    /// it grows by).
     fn take(values: usize, scales: usize) -> Self {
         KEPT.with_borrow_mut(|kept| {
             let at = kept
