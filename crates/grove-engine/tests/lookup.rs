@@ -332,6 +332,11 @@ fn a_request_drafts_what_an_earlier_one_wrote() -> Result<()> {
         },
         Some(&drafter),
     )?;
+    // Its choices from a fixed cost table, rows nearly free beside a forward (a verify of 8
+    // rows costing about a decode step): measured, they followed the machine, and on a
+    // loaded one its trees took too few nodes for the corpus's drafts to show.
+    let rows: Vec<(usize, f64)> = (1..=8).map(|r| (r, 1e-3 + 1e-5 * r as f64)).collect();
+    merged.preload_costs(&rows, &[(1, 1e-5)], true);
     for (label, generator, corpus, prefix_cache) in [
         ("ngram, the default corpus", &lookup, None, false),
         ("ngram, a small corpus", &lookup, Some(200), false),
