@@ -10,9 +10,13 @@ use crate::threads::for_each_chunk_mut;
 /// summed side by side, each in its own order, and the chains overlap.
 const GROUP_ROWS: usize = 8;
 
-/// Past this many rows (one group) a norm's groups are shared among the threads: a 16-row
-/// verify's norms were serial stretches of its forward.
+/// Past this many rows (one group), and from [`PARALLEL_MIN_VALUES`] values, a norm's groups
+/// are shared among the threads: a 16-row verify's norms were serial stretches of its forward.
 const PARALLEL_ROWS: usize = 8;
+
+/// Below this many values a norm stays on the calling thread (a small model's rows are less
+/// work than handing them over); a 16-row verify of Gemma 3 270M has 10 thousand.
+const PARALLEL_MIN_VALUES: usize = 1 << 13;
 
 /// The norm of each `weight.len()`-value row of `x`, in place.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
@@ -85,7 +89,7 @@ fn norm_groups(
     }
     let run =
         |(x, branch, out): &mut Group<'_>| norm_group(x, *branch, out.as_deref_mut(), weight, eps);
-    if rows > PARALLEL_ROWS {
+    if rows > PARALLEL_ROWS && rows * dim >= PARALLEL_MIN_VALUES {
         for_each_chunk_mut(&mut [&mut groups], 1, |_, _, g| run(&mut g[0]));
     } else {
         groups.iter_mut().for_each(run);
@@ -172,9 +176,12 @@ mod tests {
             .num_threads(3)
             .build()
             .unwrap();
-        let dim = 96;
-        let weight: Vec<f32> = (0..dim).map(|i| 0.5 + (i as f32 * 0.37).sin()).collect();
-        for rows in [1, 7, 8, 9, 16, 19, 33, 40, 67] {
+        // 96 values a row stay on one thread; 256 (from 32 rows) go to the threads.
+        for (dim, rows) in [96, 256]
+            .into_iter()
+            .flat_map(|dim| [1, 7, 8, 9, 16, 19, 33, 40, 67].map(|rows| (dim, rows)))
+        {
+            let weight: Vec<f32> = (0..dim).map(|i| 0.5 + (i as f32 * 0.37).sin()).collect();
             let x: Vec<f32> = (0..rows * dim)
                 .map(|i| (i as f32 * 0.731).sin() * (1.0 + (i % 13) as f32))
                 .collect();
@@ -185,19 +192,19 @@ mod tests {
             assert_eq!(
                 bits(&in_place),
                 bits(&reference(&x, &weight, 1e-6)),
-                "{rows} rows"
+                "{rows} rows of {dim}"
             );
             let mut hidden = x.clone();
             let normed = pool.install(|| add_and_rms_norm(&mut hidden, None, &weight, 1e-6));
-            assert_eq!(bits(&normed), bits(&in_place), "{rows} rows");
-            assert_eq!(hidden, x, "{rows} rows: no branch, rows unchanged");
+            assert_eq!(bits(&normed), bits(&in_place), "{rows} rows of {dim}");
+            assert_eq!(hidden, x, "{rows} rows of {dim}: no branch, rows unchanged");
             let mut hidden = x.clone();
             let normed = add_and_rms_norm(&mut hidden, Some(&branch), &weight, 1e-6);
-            assert_eq!(bits(&hidden), bits(&sum), "{rows} rows");
+            assert_eq!(bits(&hidden), bits(&sum), "{rows} rows of {dim}");
             assert_eq!(
                 bits(&normed),
                 bits(&reference(&sum, &weight, 1e-6)),
-                "{rows} rows"
+                "{rows} rows of {dim}"
             );
         }
     }
