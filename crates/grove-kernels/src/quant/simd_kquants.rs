@@ -1,4 +1,4 @@
-//! The AVX-512 VNNI kernels' K-quants (Q4_K, Q5_K, Q6_K; `simd_columns.rs` holds the
+//! The AVX-512 VNNI kernels' K-quants (Q3_K, Q4_K, Q5_K, Q6_K; `simd_columns.rs` holds the
 //! strips, the tiles of rows and the 32-weight formats): a super-block's sub-blocks scaled
 //! once for 16 weight rows, its mins (Q4_K, Q5_K) or zero point (Q6_K) in integers.
 // SAFETY (all of the module): as `simd_columns.rs`, whose `Format::unit` these implement.
@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use super::columns::at;
 use super::simd_columns::{
     byte_ints, byte_scales, dots, five_bit_groups, halves, nibble_groups, six_bit_groups,
-    zero_start, Acts, Advance, Format,
+    three_bit_groups, zero_start, Acts, Advance, Format,
 };
 use super::QuantFormat;
 
@@ -20,6 +20,9 @@ pub(super) struct Q5K;
 /// Q6_K; where `EXACT`, with the AMX tiles' rounding, and where `BLOCK_ZERO`, its zero
 /// point once per super-block (`simd_columns::Q6Zero::PerSuperBlock`; `impl Format for Q6K`).
 pub(super) struct Q6K<const EXACT: bool, const BLOCK_ZERO: bool>;
+/// Q3_K, with its zero point once per super-block (as Q6_K's `BLOCK_ZERO`; no AMX kernel
+/// multiplies Q3_K, so none needs its rounding).
+pub(super) struct Q3K;
 
 /// Two neighbouring sub-blocks' bytes of the 16 rows (16 at `p`, then 16), as `vpdpwssd`
 /// multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s two bytes
@@ -202,6 +205,26 @@ unsafe fn with_mins<const R: usize, const EXACT: bool>(
     }
 }
 
+/// `block` less super-block `i`'s zero-point term (Q6_K's, Q3_K's): each row's sixteen
+/// 16-value sums against the 16 rows' signed scales of the unit's 16 sub-blocks, in
+/// integers, converted once and times `zero_d` (the zero point times `d`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn subtract_zero_point<const R: usize>(
+    unit: *const u8,
+    i: usize,
+    x: &Acts<R>,
+    zero_d: __m512,
+    block: &mut [__m512; R],
+) {
+    let scales: [__m512i; 8] =
+        std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::q6k_scales(2 * t))));
+    let zero_sums = paired_sums::<R, 8>(&scales, x, 16 * i);
+    for r in 0..R {
+        block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(zero_sums[r]), zero_d, block[r]);
+    }
+}
+
 impl<const EXACT: bool, const BLOCK_ZERO: bool> Format for Q6K<EXACT, BLOCK_ZERO> {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     const PACES: usize = 8;
@@ -272,15 +295,60 @@ impl<const EXACT: bool, const BLOCK_ZERO: bool> Format for Q6K<EXACT, BLOCK_ZERO
             }
         }
         if BLOCK_ZERO {
-            let scales: [__m512i; 8] =
-                std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::q6k_scales(2 * t))));
-            let zero_sums = paired_sums::<R, 8>(&scales, x, 16 * i);
             // The zero point 32 with `d`: a power of two, exact.
             let d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0));
-            for r in 0..R {
-                block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(zero_sums[r]), d32, block[r]);
+            subtract_zero_point::<R>(unit, i, x, d32, &mut block);
+        }
+        for r in 0..R {
+            acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+        }
+    }
+}
+
+impl Format for Q3K {
+    const FORMAT: QuantFormat = QuantFormat::Q3K;
+    const PACES: usize = 8;
+
+    /// Q6_K's arithmetic with its zero point once per super-block: each 16-weight
+    /// sub-block's sums from zero (below 16 * 16 * 7 * 127 < 2^24: exact as f32) converted
+    /// and multiplied by its scale times `d` into the super-block's f32 sum, where the second
+    /// sub-block of each 32 weights, whose weights decode as `16 q` ([`three_bit_groups`]),
+    /// takes `d / 16` (a power of two: the same products). Then the zero point (4): each
+    /// row's sixteen 16-value sums against the 16 rows' signed scales, eight `vpdpwssd`s (at
+    /// most 16 * 32 * 16 * 127 < 2^24: exact as f32), times `4 d`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize, A: Advance>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut A,
+    ) {
+        let d = halves(unit.add(at::D));
+        let d_16 = _mm512_mul_ps(d, _mm512_set1_ps(1.0 / 16.0));
+        let mut block = [_mm512_setzero_ps(); R];
+        for j in 0..8 {
+            stream.advance();
+            let u = three_bit_groups(unit.add(at::q3k_quants(j)));
+            for half in 0..2 {
+                let sub = 2 * j + half;
+                let scales = _mm512_cvtepi32_ps(byte_ints::<true>(unit.add(at::q6k_scales(sub))));
+                let scales = _mm512_mul_ps(scales, if half == 0 { d } else { d_16 });
+                let zero = [_mm512_setzero_si512(); R];
+                let sums = dots::<R, 4>(zero, x, 256 * i + 16 * sub, |g| u[4 * half + g]);
+                for r in 0..R {
+                    block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
+                }
             }
         }
+        subtract_zero_point::<R>(
+            unit,
+            i,
+            x,
+            _mm512_mul_ps(d, _mm512_set1_ps(4.0)),
+            &mut block,
+        );
         for r in 0..R {
             acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
         }

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 
-const FORMATS: [QuantFormat; 7] = QuantFormat::ALL;
+const FORMATS: [QuantFormat; 8] = QuantFormat::ALL;
 
 /// The formats with an AMX kernel (the others go to the AVX-512 VNNI kernel on an AMX CPU).
 #[cfg(target_arch = "x86_64")]
@@ -26,6 +26,7 @@ fn ggml_dtype(format: QuantFormat) -> GgmlDType {
         QuantFormat::Q4K => GgmlDType::Q4K,
         QuantFormat::Q6K => GgmlDType::Q6K,
         QuantFormat::Q5K => GgmlDType::Q5K,
+        QuantFormat::Q3K => GgmlDType::Q3K,
     }
 }
 
@@ -36,11 +37,13 @@ pub(super) fn random_input(rows: usize, k: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Our decoders against candle's on random blocks as they were made (through the column
+/// layout and back, a wrong decoder would agree with itself).
 #[test]
 fn dequantize_matches_candle() {
     for format in FORMATS {
         let (n, k) = (3, 512);
-        let matrix = QMatrix::random(format, n, k, 1);
+        let matrix = QMatrix::random_in(format, n, k, 1, Layout::Gguf);
         let ours = matrix.dequantize();
         let candle = qtensor_from_ggml(
             ggml_dtype(format),
@@ -616,7 +619,7 @@ fn formats_without_an_amx_kernel_are_handed_to_avx512() {
     let names: Vec<&str> = (Kernel::Amx.handed_on().iter())
         .map(|(name, _)| *name)
         .collect();
-    assert_eq!(names, ["Q5_1", "Q4_0", "Q5_K"]);
+    assert_eq!(names, ["Q5_1", "Q4_0", "Q3_K", "Q5_K"]);
     for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni] {
         assert!(kernel.handed_on().is_empty(), "{kernel:?}");
     }
