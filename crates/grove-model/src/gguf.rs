@@ -326,6 +326,7 @@ impl GgufFile {
             GgmlDType::Q6K => QuantFormat::Q6K,
             GgmlDType::Q5K => QuantFormat::Q5K,
             GgmlDType::Q3K => QuantFormat::Q3K,
+            GgmlDType::Q2K => QuantFormat::Q2K,
             _ => return Ok(None),
         };
         let Some(row_bytes) = format.row_bytes(k) else {

@@ -30,7 +30,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_kquants::{Q3K, Q4K, Q5K, Q6K};
+use super::avx2_kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::columns::{at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::simd_columns::{Acts, Share};
@@ -588,6 +588,7 @@ pub(super) fn dot_strips(
             QuantFormat::Q6K => tiles::<Q6K>(&share, rows),
             QuantFormat::Q5K => tiles::<Q5K>(&share, rows),
             QuantFormat::Q3K => tiles::<Q3K>(&share, rows),
+            QuantFormat::Q2K => tiles::<Q2K>(&share, rows),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The AVX2 kernels' K-quants (Q3_K, Q4_K, Q5_K, Q6_K; `avx2_columns.rs` holds the half
+//! The AVX2 kernels' K-quants (Q2_K-Q6_K; `avx2_columns.rs` holds the half
 //! strips, the tiles of rows and the 32-weight formats): each super-block in integers up to
 //! its end, its sub-blocks widened by their small integer scales, then converted and scaled
 //! once per row.
@@ -20,6 +20,7 @@ pub(super) struct Q4K;
 pub(super) struct Q5K;
 pub(super) struct Q6K;
 pub(super) struct Q3K;
+pub(super) struct Q2K;
 
 impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
@@ -177,14 +178,6 @@ impl Format for Q3K {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
         let quants = unit.add(at::q3k_quants(j) + HALF_VECTOR * half);
-        let (vector, bit) = at::Q3_LOW[g];
-        let low = _mm256_loadu_si256(quants.add(VECTOR * vector).cast());
-        let low = match bit {
-            0 => low,
-            2 => _mm256_srli_epi16::<2>(low),
-            4 => _mm256_srli_epi16::<4>(low),
-            _ => _mm256_srli_epi16::<6>(low),
-        };
         let high = _mm256_loadu_si256(quants.add(at::Q3_HIGH_BITS).cast());
         let high = match at::Q3_HIGH[g] {
             0 => _mm256_slli_epi16::<2>(high),
@@ -197,7 +190,7 @@ impl Format for Q3K {
             _ => _mm256_srli_epi16::<5>(high),
         };
         _mm256_or_si256(
-            _mm256_and_si256(low, _mm256_set1_epi8(3)),
+            crumb_group(quants, g),
             _mm256_and_si256(high, _mm256_set1_epi8(4)),
         )
     }
@@ -257,5 +250,78 @@ unsafe fn signed_sub_blocks<
         let value = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r], zero));
         let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale[r].add(i)));
         acc[r] = _mm256_fmadd_ps(value, scale, acc[r]);
+    }
+}
+
+/// Group `g`'s 2 low bits of the 32 weights at `quants` (Q2_K's, Q3_K's: `at::Q3_LOW`) moved
+/// to bits 0-1 (a 16-bit shift: the bits it moves across bytes fall outside the mask).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn crumb_group(quants: *const u8, g: usize) -> __m256i {
+    let (vector, bit) = at::Q3_LOW[g];
+    let low = _mm256_loadu_si256(quants.add(VECTOR * vector).cast());
+    let low = match bit {
+        0 => low,
+        2 => _mm256_srli_epi16::<2>(low),
+        4 => _mm256_srli_epi16::<4>(low),
+        _ => _mm256_srli_epi16::<6>(low),
+    };
+    _mm256_and_si256(low, _mm256_set1_epi8(3))
+}
+
+impl Format for Q2K {
+    const FORMAT: QuantFormat = QuantFormat::Q2K;
+    // u < 4: 4 * 2 * 3 * 127 < 2^15 (a sub-block's four groups).
+    const ADD: usize = 4;
+    const TILE: usize = 6;
+    const DECODE_ONCE: bool = true;
+    const GROUPS: usize = 64;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
+        crumb_group(unit.add(at::q2k_quants(j) + HALF_VECTOR * half), g)
+    }
+
+    /// In integers up to the super-block as Q4_K's: each 16-weight sub-block's sums widened
+    /// by its 4-bit scale (a byte's low nibble), the mins' term as two sub-blocks' 4-bit mins
+    /// (the high nibbles) against their activation sums (at most 16 x 15 x 16 x 3 x 127 and
+    /// 16 x 15 x 16 x 127: inside 32 bits).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
+        unit: *const u8,
+        half: usize,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m256; R],
+        decoded: *const __m256i,
+    ) {
+        let bytes_at = |sub: usize| unit.add(at::q2k_scales(sub) + HALF * half);
+        let low_nibbles = _mm256_set1_epi16(0x0F);
+        let mut sums = [_mm256_setzero_si256(); R];
+        for j in 0..8 {
+            for sub_half in 0..2 {
+                let sub = 2 * j + sub_half;
+                let scales = _mm256_and_si256(doubled::<false>(bytes_at(sub)), low_nibbles);
+                let at = 256 * i + 16 * sub;
+                sums = dots::<R, 4, { Self::ADD }, false>(sums, x, at, scales, |g| {
+                    weights::<Self, D>(unit, half, decoded, j, 4 * sub_half + g)
+                });
+            }
+        }
+        let mins: [__m256i; 8] = std::array::from_fn(|t| {
+            _mm256_srli_epi16::<4>(paired::<false>(bytes_at(2 * t), bytes_at(2 * t + 1)))
+        });
+        let rows = 2 * HALF * half;
+        let d = halves(unit.add(at::D + rows));
+        let dmin = halves(unit.add(at::DMIN + rows));
+        for r in 0..R {
+            let x_scale = _mm256_set1_ps(*x.scale[r].add(i));
+            let min_sums = _mm256_cvtepi32_ps(paired_sums(x, r, 16 * i, &mins));
+            let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[r]), d);
+            let value = _mm256_fnmadd_ps(min_sums, dmin, scaled);
+            acc[r] = _mm256_fmadd_ps(value, x_scale, acc[r]);
+        }
     }
 }

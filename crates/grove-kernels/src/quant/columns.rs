@@ -36,6 +36,8 @@
 //!                low parts and one of third bits, placed so that each group comes out with
 //!                a mask, a shift shared with another group and one more operation
 //!                ([`at::Q3_LOW`], [`at::Q3_HIGH`])
+//! Q2_K (1344 B): d (16 f16) | dmin (16 f16) | 16 x 16 bytes of a scale (low nibble) and a
+//!                min (high) | per 32 weights: 2 vectors of 2-bit weights as Q3_K's low parts
 //! ```
 //!
 //! Rows past `n` in the last strip are zeros (zero scales: zero outputs, never written out).
@@ -43,7 +45,8 @@
 //! for Q4_K, 2.3% for Q5_K; the
 //! kernels load a sub-block's 16 scales as one vector instead of unpacking 16 rows' bit
 //! fields), and Q3_K's become 16 bytes with 32 aligning its payloads (5.5% more); the other
-//! formats keep GGUF's size (Q6_K's unused 32 bytes align its payloads).
+//! formats keep GGUF's size (Q6_K's unused 32 bytes align its payloads; Q2_K's bytes of a
+//! scale and a min are GGUF's own).
 
 use super::QuantFormat;
 
@@ -58,7 +61,11 @@ pub const VECTOR: usize = STRIP * GROUP;
 pub const fn unit_weights(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => 64,
-        QuantFormat::Q3K | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => 256,
+        QuantFormat::Q2K
+        | QuantFormat::Q3K
+        | QuantFormat::Q4K
+        | QuantFormat::Q5K
+        | QuantFormat::Q6K => 256,
     }
 }
 
@@ -73,6 +80,7 @@ pub const fn unit_bytes(format: QuantFormat) -> usize {
         QuantFormat::Q6K => 3392,
         QuantFormat::Q5K => 2880,
         QuantFormat::Q3K => 1856,
+        QuantFormat::Q2K => 1344,
     }
 }
 
@@ -155,6 +163,15 @@ pub mod at {
     /// 5, 4, so that the vector as it is and shifted right by 1, left by 1 and left by 2 puts
     /// each group's at bit 2 (groups 0-3) or 6 (4-7), where its low bits' third bit goes.
     pub const Q3_HIGH: [u32; 8] = [2, 3, 1, 0, 6, 7, 5, 4];
+    /// Q2_K: sub-block `i`'s (16 weights) 16 bytes of a scale and a min (after `D` and
+    /// `DMIN`).
+    pub const fn q2k_scales(i: usize) -> usize {
+        64 + 16 * i
+    }
+    /// Q2_K: weights `32j..32j + 32`: 2 vectors laid out as Q3_K's low parts ([`Q3_LOW`]).
+    pub const fn q2k_quants(j: usize) -> usize {
+        320 + 128 * j
+    }
 }
 
 /// Bytes of a strip of `k`-weight rows.
@@ -228,6 +245,13 @@ fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
                 }
             }
         }
+        QuantFormat::Q2K => {
+            unit.d[..2].copy_from_slice(&[f16_bits(bytes, 80), f16_bits(bytes, 82)]);
+            unit.sc.copy_from_slice(&bytes[..16]);
+            for (w, u) in unit.u.iter_mut().enumerate() {
+                *u = super::scalar::k_crumb(&bytes[16..80], w);
+            }
+        }
         QuantFormat::Q3K => {
             unit.d[0] = f16_bits(bytes, 108);
             let scales = super::scalar::q3k_scales(&bytes[96..108]);
@@ -289,6 +313,12 @@ fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
                 }
             }
         }
+        QuantFormat::Q2K => {
+            bytes[80..82].copy_from_slice(&unit.d[0].to_le_bytes());
+            bytes[82..84].copy_from_slice(&unit.d[1].to_le_bytes());
+            bytes[..16].copy_from_slice(&unit.sc);
+            write_gguf_crumbs(&unit.u, &mut bytes[16..80]);
+        }
         QuantFormat::Q3K => {
             bytes[108..110].copy_from_slice(&unit.d[0].to_le_bytes());
             let scales = unit.sc.map(|sc| (sc as i8 + 32) as u8);
@@ -298,12 +328,12 @@ fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
                 packed[i % 8] |= (sc & 0x0F) << (4 * (i / 8));
                 packed[8 + i % 4] |= (sc >> 4) << (2 * (i / 4));
             }
-            bytes[..96].fill(0);
+            bytes[..32].fill(0);
             for (w, &u) in unit.u.iter().enumerate() {
                 let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
-                bytes[32 + 32 * h + l] |= (u & 3) << (2 * j);
                 bytes[l] |= (u >> 2) << (4 * h + j);
             }
+            write_gguf_crumbs(&unit.u, &mut bytes[32..96]);
         }
         QuantFormat::Q6K => {
             bytes[208..210].copy_from_slice(&unit.d[0].to_le_bytes());
@@ -318,6 +348,16 @@ fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
                 }
             }
         }
+    }
+}
+
+/// The 2 low bits of a K-quant super-block's 256 values `u` as GGUF's 64 bytes of them
+/// (`scalar::k_crumb`).
+fn write_gguf_crumbs(u: &[u8; 256], crumbs: &mut [u8]) {
+    crumbs.fill(0);
+    for (w, &u) in u.iter().enumerate() {
+        let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
+        crumbs[32 * h + l] |= (u & 3) << (2 * j);
     }
 }
 
@@ -433,27 +473,44 @@ fn read_five_bits(payload: &[u8], p: usize, bits: FifthBits, u: &mut [u8]) {
 /// Writes 32 three-bit weights of the 16 rows (`rows[p].u[from..from + 32]`) as Q3_K's 3
 /// vectors ([`at::Q3_LOW`], [`at::Q3_HIGH`]).
 fn write_three_bits(rows: &[Unit; STRIP], from: usize, out: &mut [u8]) {
-    out[..3 * VECTOR].fill(0);
+    write_crumbs(rows, from, out);
+    out[at::Q3_HIGH_BITS..][..VECTOR].fill(0);
     for byte in 0..VECTOR {
         let (p, i) = (byte / GROUP, byte % GROUP);
         for g in 0..8 {
             let u = rows[p].u[from + GROUP * g + i];
-            let (vector, bit) = at::Q3_LOW[g];
-            out[VECTOR * vector + byte] |= (u & 3) << bit;
             out[at::Q3_HIGH_BITS + byte] |= (u >> 2) << at::Q3_HIGH[g];
+        }
+    }
+}
+
+/// Writes the 2 low bits of 32 weights of the 16 rows as 2 vectors ([`at::Q3_LOW`]).
+fn write_crumbs(rows: &[Unit; STRIP], from: usize, out: &mut [u8]) {
+    out[..2 * VECTOR].fill(0);
+    for byte in 0..VECTOR {
+        let (p, i) = (byte / GROUP, byte % GROUP);
+        for (g, &(vector, bit)) in at::Q3_LOW.iter().enumerate() {
+            out[VECTOR * vector + byte] |= (rows[p].u[from + GROUP * g + i] & 3) << bit;
         }
     }
 }
 
 /// Reads row `p`'s 32 three-bit weights (into `u`) from vectors [`write_three_bits`] wrote.
 fn read_three_bits(vectors: &[u8], p: usize, u: &mut [u8]) {
+    read_crumbs(vectors, p, u);
     for g in 0..8 {
-        let (vector, bit) = at::Q3_LOW[g];
         for i in 0..GROUP {
-            let byte = GROUP * p + i;
-            let low = (vectors[VECTOR * vector + byte] >> bit) & 3;
-            let high = (vectors[at::Q3_HIGH_BITS + byte] >> at::Q3_HIGH[g]) & 1;
-            u[GROUP * g + i] = low | high << 2;
+            let high = (vectors[at::Q3_HIGH_BITS + GROUP * p + i] >> at::Q3_HIGH[g]) & 1;
+            u[GROUP * g + i] |= high << 2;
+        }
+    }
+}
+
+/// Reads row `p`'s 32 weights' 2 low bits (into `u`) from vectors [`write_crumbs`] wrote.
+fn read_crumbs(vectors: &[u8], p: usize, u: &mut [u8]) {
+    for (g, &(vector, bit)) in at::Q3_LOW.iter().enumerate() {
+        for i in 0..GROUP {
+            u[GROUP * g + i] = (vectors[VECTOR * vector + GROUP * p + i] >> bit) & 3;
         }
     }
 }
@@ -509,12 +566,19 @@ fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &
                 }
             }
         }
-        QuantFormat::Q3K | QuantFormat::Q6K => {
+        QuantFormat::Q2K | QuantFormat::Q3K | QuantFormat::Q6K => {
             halves(out, at::D, &|row| row.d[0]);
             for i in 0..16 {
                 for (p, row) in rows.iter().enumerate() {
                     out[at::q6k_scales(i) + p] = row.sc[i];
                 }
+            }
+            if format == QuantFormat::Q2K {
+                halves(out, at::DMIN, &|row| row.d[1]);
+                for j in 0..8 {
+                    write_crumbs(rows, 32 * j, &mut out[at::q2k_quants(j)..]);
+                }
+                return;
             }
             if format == QuantFormat::Q3K {
                 for j in 0..8 {
@@ -582,10 +646,18 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
                 }
             }
         }
-        QuantFormat::Q3K | QuantFormat::Q6K => {
+        QuantFormat::Q2K | QuantFormat::Q3K | QuantFormat::Q6K => {
             row.d[0] = half(at::D);
             for i in 0..16 {
                 row.sc[i] = unit[at::q6k_scales(i) + p];
+            }
+            if format == QuantFormat::Q2K {
+                row.d[1] = half(at::DMIN);
+                for j in 0..8 {
+                    let u = &mut row.u[32 * j..32 * j + 32];
+                    read_crumbs(&unit[at::q2k_quants(j)..], p, u);
+                }
+                return row;
             }
             if format == QuantFormat::Q3K {
                 for j in 0..8 {
@@ -656,6 +728,10 @@ mod tests {
         assert_eq!(at::q6k_quants(8), unit_bytes(QuantFormat::Q6K));
         assert_eq!(at::q3k_quants(8), unit_bytes(QuantFormat::Q3K));
         assert_eq!(at::q3k_quants(0), at::q6k_quants(0));
+        assert_eq!(at::q2k_quants(8), unit_bytes(QuantFormat::Q2K));
+        assert_eq!(at::q2k_scales(16), at::q2k_quants(0));
+        // Q2_K's scales where the shared writer puts Q6_K's.
+        assert_eq!(at::q2k_scales(3), at::q6k_scales(3));
         assert_eq!(at::q5k_quants(8), unit_bytes(QuantFormat::Q5K));
         assert_eq!(at::q5_1_block(2), unit_bytes(QuantFormat::Q5_1));
         assert_eq!(at::q4_block(2), unit_bytes(QuantFormat::Q4_0));
@@ -669,6 +745,7 @@ mod tests {
             QuantFormat::Q5_0,
             QuantFormat::Q5_1,
             QuantFormat::Q4_0,
+            QuantFormat::Q2K,
             QuantFormat::Q3K,
             QuantFormat::Q4K,
             QuantFormat::Q5K,

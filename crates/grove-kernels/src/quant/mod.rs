@@ -1,5 +1,5 @@
-//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K
-//! matrices multiplied without dequantizing them to f32 first.
+//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K and
+//! Q6_K matrices multiplied without dequantizing them to f32 first.
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
@@ -82,15 +82,19 @@ pub enum QuantFormat {
     /// `w = d * (sc - 32) * (q - 4)` with `q < 8` (most tensors of the Q3_K_S, Q3_K_M and
     /// Q3_K_L files, some of Q2_K's).
     Q3K,
+    /// 256 weights: 16 x (4-bit scale, 4-bit min), 256 x 2 bits, f16 scale and min;
+    /// `w = d * sc * q - dmin * m` with `q < 4` (most tensors of the Q2_K files).
+    Q2K,
 }
 
 impl QuantFormat {
     /// Every format kept quantized.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Q8_0,
         Self::Q5_0,
         Self::Q5_1,
         Self::Q4_0,
+        Self::Q2K,
         Self::Q3K,
         Self::Q4K,
         Self::Q5K,
@@ -108,6 +112,7 @@ impl QuantFormat {
             14 => Some(Self::Q6K),
             13 => Some(Self::Q5K),
             11 => Some(Self::Q3K),
+            10 => Some(Self::Q2K),
             _ => None,
         }
     }
@@ -122,6 +127,7 @@ impl QuantFormat {
             Self::Q6K => "Q6_K",
             Self::Q5K => "Q5_K",
             Self::Q3K => "Q3_K",
+            Self::Q2K => "Q2_K",
         }
     }
 
@@ -129,7 +135,7 @@ impl QuantFormat {
     pub fn block_weights(self) -> usize {
         match self {
             Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 => 32,
-            Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => 256,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
     }
 
@@ -149,13 +155,17 @@ impl QuantFormat {
             Self::Q6K => 210,
             Self::Q5K => 176,
             Self::Q3K => 110,
+            Self::Q2K => 84,
         }
     }
 
     /// Whether the AMX kernel multiplies this format; the others go to the AVX-512 VNNI
     /// kernel on an AMX CPU (see [`Kernel::for_format`]).
     pub fn has_amx_kernel(self) -> bool {
-        !matches!(self, Self::Q5_1 | Self::Q4_0 | Self::Q5K | Self::Q3K)
+        !matches!(
+            self,
+            Self::Q5_1 | Self::Q4_0 | Self::Q5K | Self::Q3K | Self::Q2K
+        )
     }
 
     /// Bytes of one row of `k` weights, or `None` when `k` is not a whole number of chunks
@@ -430,6 +440,7 @@ impl QMatrix {
             QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
             QuantFormat::Q3K => &[108],
+            QuantFormat::Q2K => &[80, 82],
         };
         for block in bytes.chunks_exact_mut(size) {
             for &at in scale_fields {

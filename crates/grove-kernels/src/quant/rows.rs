@@ -39,7 +39,7 @@ pub struct QuantizedRows {
     /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
     /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
     pub(super) scaled_sum32: Vec<f32>,
-    /// Q4_K and Q5_K (Q6_K, Q3_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so two
+    /// Q4_K and Q5_K (Q6_K, Q3_K, Q2_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so two
     /// neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
     /// scales (AVX2's Q6_K, and AVX-512's where its zero point comes once per super-block:
     /// `simd_columns::Q6Zero`).
@@ -205,7 +205,7 @@ impl QuantizedRows {
         if kernel != Kernel::Scalar && mins.iter().any(|format| formats.contains(format)) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
         }
-        let sixteen = [QuantFormat::Q6K, QuantFormat::Q3K];
+        let sixteen = [QuantFormat::Q6K, QuantFormat::Q3K, QuantFormat::Q2K];
         if kernel != Kernel::Scalar && sixteen.iter().any(|format| formats.contains(format)) {
             quantized.sum16_i16 = narrow(&quantized.sum16);
         }
@@ -248,7 +248,7 @@ impl QuantizedRows {
                 self.sum16_i16.len() == self.sum16.len()
                     && (avx2 || self.zero_q6.len() == self.sum16.len())
             }
-            QuantFormat::Q3K => self.sum16_i16.len() == self.sum16.len(),
+            QuantFormat::Q3K | QuantFormat::Q2K => self.sum16_i16.len() == self.sum16.len(),
         }
     }
 

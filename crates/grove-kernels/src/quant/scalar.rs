@@ -1,6 +1,7 @@
 //! Portable decoders and dot products: the reference for the SIMD kernels and the fallback on
 //! CPUs without AVX2. Block layouts follow ggml's `block_q8_0`, `block_q5_0`, `block_q5_1`,
-//! `block_q4_0`, `block_q3_K`, `block_q4_K`, `block_q5_K` and `block_q6_K` (little-endian).
+//! `block_q4_0`, `block_q2_K`, `block_q3_K`, `block_q4_K`, `block_q5_K` and `block_q6_K`
+//! (little-endian).
 
 use half::f16;
 
@@ -37,15 +38,21 @@ pub(super) fn q3k_scales(packed: &[u8]) -> [u8; 16] {
     })
 }
 
-/// Q3_K's weight `w` (0..256) of a super-block as `q < 8` (`weight = d * s * (q - 4)`):
-/// in each 128-weight half, byte `l` of the half's 32 low-bit bytes holds weight `32 j + l`'s
-/// 2 low bits at bits `2 j`, and byte `l` of the 32 high-bit bytes its third at bit
-/// `4 h + j` (set: add 4).
+/// The 2 bits of weight `w` (0..256) of a Q2_K or Q3_K super-block whose 64 bytes of 2-bit
+/// values are `crumbs`: in each 128-weight half `h`, byte `l` of the half's 32 holds weight
+/// `32 j + l`'s at bits `2 j`.
+pub(super) fn k_crumb(crumbs: &[u8], w: usize) -> u8 {
+    let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
+    (crumbs[32 * h + l] >> (2 * j)) & 3
+}
+
+/// Q3_K's weight `w` (0..256) of a super-block as `q < 8` (`weight = d * s * (q - 4)`): its
+/// 2 low bits ([`k_crumb`] of the 64 bytes after the 32 of third bits), and its third, bit
+/// `4 h + j` of byte `l` of those 32 (set: add 4).
 pub(super) fn q3k_value(block: &[u8], w: usize) -> u8 {
     let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
-    let low = (block[32 + 32 * h + l] >> (2 * j)) & 3;
     let high = (block[l] >> (4 * h + j)) & 1;
-    low | high << 2
+    k_crumb(&block[32..96], w) | high << 2
 }
 
 /// Decodes chunk `c` (weights `64c .. 64c + 64`) of a row.
@@ -106,6 +113,20 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
                 let scale = d * (f32::from(scales[4 * within + lane / 4]) - 32.0);
                 chunk.scale[lane] = scale;
                 chunk.offset[lane] = 4.0 * scale;
+            }
+        }
+        QuantFormat::Q2K => {
+            let block = &row[(c / 4) * 84..(c / 4 + 1) * 84];
+            let within = c % 4;
+            for (i, u) in chunk.u.iter_mut().enumerate() {
+                *u = k_crumb(&block[16..80], 64 * within + i);
+            }
+            let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
+            for lane in 0..LANES {
+                // Sub-block `w / 16`: its scale in the low nibble, its min in the high.
+                let packed = block[4 * within + lane / 4];
+                chunk.scale[lane] = d * f32::from(packed & 0x0F);
+                chunk.offset[lane] = dmin * f32::from(packed >> 4);
             }
         }
         QuantFormat::Q6K => {
@@ -170,7 +191,11 @@ pub(super) fn decode_block(format: QuantFormat, block: &[u8], u: &mut [u8]) -> f
             nibbles(u, &block[2..18]);
             8.0 * d
         }
-        QuantFormat::Q3K | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => {
+        QuantFormat::Q2K
+        | QuantFormat::Q3K
+        | QuantFormat::Q4K
+        | QuantFormat::Q5K
+        | QuantFormat::Q6K => {
             unreachable!("{} has no 32-weight blocks", format.name())
         }
     }

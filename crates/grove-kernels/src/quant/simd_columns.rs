@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
-use super::simd_kquants::{Q3K, Q4K, Q5K, Q6K};
+use super::simd_kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::{Kernel, QuantFormat, QuantizedRows, ACT_ROWS_PER_BLOCK};
 use crate::threads::OutRows;
 
@@ -37,7 +37,7 @@ pub(super) struct Acts<const R: usize> {
     pub zero: [*const i32; R],
     /// Q5_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
     pub scaled_sums: [*const f32; R],
-    /// Q4_K, Q5_K (Q6_K, Q3_K): each 32 (16) values' sum as 16 bits
+    /// Q4_K, Q5_K (Q6_K, Q3_K, Q2_K): each 32 (16) values' sum as 16 bits
     /// (`QuantizedRows::sum32_i16`), for the mins' (zero point's) term.
     pub sums: [*const i16; R],
 }
@@ -55,8 +55,8 @@ impl<const R: usize> Acts<R> {
             // The mins are added once per super-block (`sums`): these pointers are never read.
             QuantFormat::Q4K | QuantFormat::Q5K => (&[], 32),
             QuantFormat::Q6K => (&acts.zero_q6, 16),
-            // Q3_K's zero point comes once per super-block, as Q6_K's `PerSuperBlock`.
-            QuantFormat::Q3K => (&[], 16),
+            // Q3_K's zero point and Q2_K's mins come once per super-block (`sums`).
+            QuantFormat::Q3K | QuantFormat::Q2K => (&[], 16),
         };
         Self {
             q: std::array::from_fn(|r| acts.q.as_ptr().wrapping_add(row(r, k))),
@@ -68,7 +68,7 @@ impl<const R: usize> Acts<R> {
                 (acts.scaled_sum32.as_ptr()).wrapping_add(row(r, k / 32))
             }),
             sums: std::array::from_fn(|r| match format {
-                QuantFormat::Q6K | QuantFormat::Q3K => {
+                QuantFormat::Q6K | QuantFormat::Q3K | QuantFormat::Q2K => {
                     acts.sum16_i16.as_ptr().wrapping_add(row(r, k / 16))
                 }
                 _ => acts.sum32_i16.as_ptr().wrapping_add(row(r, k / 32)),
@@ -246,15 +246,8 @@ pub(super) unsafe fn six_bit_groups(quants: *const u8) -> [__m512i; 8] {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn three_bit_groups(quants: *const u8) -> [__m512i; 8] {
-    let low: [__m512i; 2] =
-        std::array::from_fn(|v| _mm512_loadu_si512(quants.add(VECTOR * v).cast()));
+    let low = two_bit_groups(quants);
     let high = _mm512_loadu_si512(quants.add(at::Q3_HIGH_BITS).cast());
-    let lows = [
-        low[0],
-        _mm512_srli_epi16::<2>(low[0]),
-        low[1],
-        _mm512_srli_epi16::<2>(low[1]),
-    ];
     let highs = [
         high,
         _mm512_srli_epi16::<1>(high),
@@ -262,9 +255,28 @@ pub(super) unsafe fn three_bit_groups(quants: *const u8) -> [__m512i; 8] {
         _mm512_slli_epi16::<2>(high),
     ];
     std::array::from_fn(|g| {
-        let (low_mask, high_mask) = if g < 4 { (0x03, 0x04) } else { (0x30, 0x40) };
-        let low = _mm512_and_si512(lows[g % 4], _mm512_set1_epi8(low_mask));
-        _mm512_ternarylogic_epi32::<0xF8>(low, highs[g % 4], _mm512_set1_epi8(high_mask))
+        let high_mask = _mm512_set1_epi8(if g < 4 { 0x04 } else { 0x40 });
+        _mm512_ternarylogic_epi32::<0xF8>(low[g], highs[g % 4], high_mask)
+    })
+}
+
+/// The 8 groups of 32 two-bit weights at `quants` (Q2_K's, Q3_K's low parts: `at::Q3_LOW`):
+/// groups 0-3 as `q`, groups 4-7 as `16 q`, each a mask of a vector as it is or shifted right
+/// by 2 (a 16-bit shift: the bits it moves across bytes fall outside the masks).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn two_bit_groups(quants: *const u8) -> [__m512i; 8] {
+    let low: [__m512i; 2] =
+        std::array::from_fn(|v| _mm512_loadu_si512(quants.add(VECTOR * v).cast()));
+    let lows = [
+        low[0],
+        _mm512_srli_epi16::<2>(low[0]),
+        low[1],
+        _mm512_srli_epi16::<2>(low[1]),
+    ];
+    std::array::from_fn(|g| {
+        let mask = _mm512_set1_epi8(if g < 4 { 0x03 } else { 0x30 });
+        _mm512_and_si512(lows[g % 4], mask)
     })
 }
 
@@ -776,6 +788,7 @@ pub(super) fn dot_strips_with(
             }
             QuantFormat::Q6K => tiles::<Q6K<false, false>>(&share, rows),
             QuantFormat::Q3K => tiles::<Q3K>(&share, rows),
+            QuantFormat::Q2K => tiles::<Q2K>(&share, rows),
         }
     }
 }

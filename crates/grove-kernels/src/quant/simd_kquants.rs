@@ -1,4 +1,4 @@
-//! The AVX-512 VNNI kernels' K-quants (Q3_K, Q4_K, Q5_K, Q6_K; `simd_columns.rs` holds the
+//! The AVX-512 VNNI kernels' K-quants (Q2_K-Q6_K; `simd_columns.rs` holds the
 //! strips, the tiles of rows and the 32-weight formats): a super-block's sub-blocks scaled
 //! once for 16 weight rows, its mins (Q4_K, Q5_K) or zero point (Q6_K) in integers.
 // SAFETY (all of the module): as `simd_columns.rs`, whose `Format::unit` these implement.
@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use super::columns::at;
 use super::simd_columns::{
     byte_ints, byte_scales, dots, five_bit_groups, halves, nibble_groups, six_bit_groups,
-    three_bit_groups, zero_start, Acts, Advance, Format,
+    three_bit_groups, two_bit_groups, zero_start, Acts, Advance, Format,
 };
 use super::QuantFormat;
 
@@ -23,6 +23,8 @@ pub(super) struct Q6K<const EXACT: bool, const BLOCK_ZERO: bool>;
 /// Q3_K, with its zero point once per super-block (as Q6_K's `BLOCK_ZERO`; no AMX kernel
 /// multiplies Q3_K, so none needs its rounding).
 pub(super) struct Q3K;
+/// Q2_K, its mins once per super-block.
+pub(super) struct Q2K;
 
 /// Two neighbouring sub-blocks' bytes of the 16 rows (16 at `p`, then 16), as `vpdpwssd`
 /// multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s two bytes
@@ -197,11 +199,28 @@ unsafe fn with_mins<const R: usize, const EXACT: bool>(
     }
     let mins: [__m512i; 4] =
         std::array::from_fn(|t| paired_bytes::<false>(unit.add(at::q4k_mins(2 * t))));
-    let min_sums = paired_sums::<R, 4>(&mins, x, 8 * i);
+    minus_mins_into(unit, &mins, x, i, 8 * i, block, acc);
+}
+
+/// Super-block `i`'s `block` less its mins' term (each row's `2 T` activation sums from
+/// `x.sums[r] + from` against the 16 rows' `mins` in pairs, times `dmin`), times each row's
+/// activation scale, added into `acc`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn minus_mins_into<const R: usize, const T: usize>(
+    unit: *const u8,
+    mins: &[__m512i; T],
+    x: &Acts<R>,
+    i: usize,
+    from: usize,
+    block: [__m512; R],
+    acc: &mut [__m512; R],
+) {
+    let min_sums = paired_sums::<R, T>(mins, x, from);
     let dmin = halves(unit.add(at::DMIN));
     for r in 0..R {
-        block[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), dmin, block[r]);
-        acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
+        let block = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), dmin, block[r]);
+        acc[r] = _mm512_fmadd_ps(block, _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
     }
 }
 
@@ -309,13 +328,10 @@ impl Format for Q3K {
     const FORMAT: QuantFormat = QuantFormat::Q3K;
     const PACES: usize = 8;
 
-    /// Q6_K's arithmetic with its zero point once per super-block: each 16-weight
-    /// sub-block's sums from zero (below 16 * 16 * 7 * 127 < 2^24: exact as f32) converted
-    /// and multiplied by its scale times `d` into the super-block's f32 sum, where the second
-    /// sub-block of each 32 weights, whose weights decode as `16 q` ([`three_bit_groups`]),
-    /// takes `d / 16` (a power of two: the same products). Then the zero point (4): each
-    /// row's sixteen 16-value sums against the 16 rows' signed scales, eight `vpdpwssd`s (at
-    /// most 16 * 32 * 16 * 127 < 2^24: exact as f32), times `4 d`.
+    /// Q6_K's arithmetic with its zero point once per super-block ([`sub_blocks_of_16`]),
+    /// then the zero point (4): each row's sixteen 16-value sums against the 16 rows' signed
+    /// scales, eight `vpdpwssd`s (at most 16 * 32 * 16 * 127 < 2^24: exact as f32), times
+    /// `4 d`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize, A: Advance>(
@@ -326,22 +342,14 @@ impl Format for Q3K {
         stream: &mut A,
     ) {
         let d = halves(unit.add(at::D));
-        let d_16 = _mm512_mul_ps(d, _mm512_set1_ps(1.0 / 16.0));
-        let mut block = [_mm512_setzero_ps(); R];
-        for j in 0..8 {
-            stream.advance();
-            let u = three_bit_groups(unit.add(at::q3k_quants(j)));
-            for half in 0..2 {
-                let sub = 2 * j + half;
-                let scales = _mm512_cvtepi32_ps(byte_ints::<true>(unit.add(at::q6k_scales(sub))));
-                let scales = _mm512_mul_ps(scales, if half == 0 { d } else { d_16 });
-                let zero = [_mm512_setzero_si512(); R];
-                let sums = dots::<R, 4>(zero, x, 256 * i + 16 * sub, |g| u[4 * half + g]);
-                for r in 0..R {
-                    block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
-                }
-            }
-        }
+        let mut block = sub_blocks_of_16(
+            i,
+            x,
+            stream,
+            d,
+            |j| three_bit_groups(unit.add(at::q3k_quants(j))),
+            |sub| byte_ints::<true>(unit.add(at::q6k_scales(sub))),
+        );
         subtract_zero_point::<R>(
             unit,
             i,
@@ -353,4 +361,80 @@ impl Format for Q3K {
             acc[r] = _mm512_fmadd_ps(block[r], _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
         }
     }
+}
+
+impl Format for Q2K {
+    const FORMAT: QuantFormat = QuantFormat::Q2K;
+    const PACES: usize = 8;
+
+    /// The sub-blocks' sums by their 4-bit scales ([`sub_blocks_of_16`]), then the mins once
+    /// per super-block as Q4_K's: each row's sixteen 16-value sums against the 16 rows'
+    /// 4-bit mins, eight `vpdpwssd`s (at most 16 * 15 * 16 * 127 < 2^24: exact as f32), times
+    /// `dmin`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize, A: Advance>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut A,
+    ) {
+        let low_nibbles = _mm512_set1_epi32(0x0F);
+        let block = sub_blocks_of_16(
+            i,
+            x,
+            stream,
+            halves(unit.add(at::D)),
+            |j| two_bit_groups(unit.add(at::q2k_quants(j))),
+            |sub| {
+                _mm512_and_si512(
+                    byte_ints::<false>(unit.add(at::q2k_scales(sub))),
+                    low_nibbles,
+                )
+            },
+        );
+        // Each byte's high nibble, in the 16-bit words that pair two sub-blocks' bytes.
+        let mins: [__m512i; 8] = std::array::from_fn(|t| {
+            _mm512_srli_epi16::<4>(paired_bytes::<false>(unit.add(at::q2k_scales(2 * t))))
+        });
+        minus_mins_into(unit, &mins, x, i, 16 * i, block, acc);
+    }
+}
+
+/// Super-block `i` of a K-quant of 16-weight sub-blocks whose 32-weight pieces decode as two
+/// sub-blocks' groups (`groups(j)`: the first's as `q`, the second's as `16 q`, as
+/// [`two_bit_groups`] and [`three_bit_groups`] give them), before its zero point or mins and
+/// the activation scale: each sub-block's sums from zero (below 16 * 16 * 7 * 127 < 2^24:
+/// exact as f32) converted and multiplied by its integer scales (`scales(sub)`) times `d`,
+/// the second sub-block of each piece by `d / 16` (a power of two: the same products).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn sub_blocks_of_16<const R: usize>(
+    i: usize,
+    x: &Acts<R>,
+    stream: &mut impl Advance,
+    d: __m512,
+    groups: impl Fn(usize) -> [__m512i; 8],
+    scales: impl Fn(usize) -> __m512i,
+) -> [__m512; R] {
+    let d_16 = _mm512_mul_ps(d, _mm512_set1_ps(1.0 / 16.0));
+    let mut block = [_mm512_setzero_ps(); R];
+    for j in 0..8 {
+        stream.advance();
+        let u = groups(j);
+        for half in 0..2 {
+            let sub = 2 * j + half;
+            let scale = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(scales(sub)),
+                if half == 0 { d } else { d_16 },
+            );
+            let zero = [_mm512_setzero_si512(); R];
+            let sums = dots::<R, 4>(zero, x, 256 * i + 16 * sub, |g| u[4 * half + g]);
+            for r in 0..R {
+                block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scale, block[r]);
+            }
+        }
+    }
+    block
 }

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 
-const FORMATS: [QuantFormat; 8] = QuantFormat::ALL;
+const FORMATS: [QuantFormat; 9] = QuantFormat::ALL;
 
 /// The formats with an AMX kernel (the others go to the AVX-512 VNNI kernel on an AMX CPU).
 #[cfg(target_arch = "x86_64")]
@@ -27,6 +27,7 @@ fn ggml_dtype(format: QuantFormat) -> GgmlDType {
         QuantFormat::Q6K => GgmlDType::Q6K,
         QuantFormat::Q5K => GgmlDType::Q5K,
         QuantFormat::Q3K => GgmlDType::Q3K,
+        QuantFormat::Q2K => GgmlDType::Q2K,
     }
 }
 
@@ -619,7 +620,7 @@ fn formats_without_an_amx_kernel_are_handed_to_avx512() {
     let names: Vec<&str> = (Kernel::Amx.handed_on().iter())
         .map(|(name, _)| *name)
         .collect();
-    assert_eq!(names, ["Q5_1", "Q4_0", "Q3_K", "Q5_K"]);
+    assert_eq!(names, ["Q5_1", "Q4_0", "Q2_K", "Q3_K", "Q5_K"]);
     for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni] {
         assert!(kernel.handed_on().is_empty(), "{kernel:?}");
     }
