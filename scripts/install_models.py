@@ -11,10 +11,10 @@ so a second run downloads nothing.
 
 With no model names it installs the two small ones (0.5B and Gemma 3 270M).
 
-No package carries a file of the Q5_K, Q4_0, Q3_K or Q2_K quantizations, so the `-q5_k_m`,
-`-q4_0`, `-q3_k_m`, `-q3_k_s` and `-q2_k` names are made here from a packaged model by
-llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`, requantizing:
-`bash scripts/install_llama_cpp.sh` first). The weights are the source's rounded again, so
+No package carries a file of the Q5_K, Q4_0, Q3_K or Q2_K quantizations or in F16, so the
+`-q5_k_m`, `-q4_0`, `-q3_k_m`, `-q3_k_s`, `-q2_k` and `-f16` names are made here from a
+packaged model by llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`,
+requantizing: `bash scripts/install_llama_cpp.sh` first). The weights are the source's rounded again, so
 they only stand for the real file's layout: the tensor types and blocks llama.cpp writes.
 """
 
@@ -77,6 +77,12 @@ DERIVED = {
         "file": "qwen2.5-coder-1.5b-q2_k.gguf",
         "from": "qwen2.5-coder-1.5b",
         "ftype": "LLAMA_FTYPE_MOSTLY_Q2_K",
+    },
+    # F16: every matrix in f16 (from the Q8_0 file's values, so only its layout is real).
+    "qwen2.5-coder-0.5b-f16": {
+        "file": "qwen2.5-coder-0.5b-instruct-f16.gguf",
+        "from": "qwen2.5-coder-0.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_F16",
     },
     # The 0.5B's rows of 896 are not whole super-blocks: Q3_K only for the MLP's down
     # projections (rows of 4864), llama.cpp's fallback Q4_0 for the rest, Q8_0 for the head.

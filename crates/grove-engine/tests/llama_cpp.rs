@@ -371,6 +371,13 @@ fn qwen2_5_coder_0_5b_q3_k_s_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-q3_k_s.gguf")
 }
 
+/// F16 (`install_models.py qwen2.5-coder-0.5b-f16`): every matrix kept in f16 (dense strips,
+/// widened exactly), the embedding too.
+#[test]
+fn qwen2_5_coder_0_5b_f16_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-f16.gguf")
+}
+
 /// Q3_K_M (`install_models.py qwen2.5-coder-1.5b-q3_k_m`): Q3_K for the queries, keys, MLP
 /// gates and ups, Q4_K, Q5_K and Q6_K for the rest.
 #[test]

@@ -1,6 +1,7 @@
 //! Dense f32 weights in column strips, the layout of `quant::columns` without the blocks: rows
 //! in strips of [`STRIP`], and for each input `i` the 16 rows' weights `i` side by side
-//! (bfloat16 weights: for each pair of inputs, the 16 rows' two weights side by side).
+//! (bfloat16 weights: for each pair of inputs, the 16 rows' two weights side by side; f16
+//! weights as f32's).
 //!
 //! A product then broadcasts one activation value and multiplies it into 16 outputs with one
 //! fused multiply-add, each weight vector loaded once for every activation row of a tile, and
@@ -21,10 +22,12 @@ pub(crate) mod dot;
 
 pub use dot::Bf16Arithmetic;
 
-/// A stored weight: f32, or a bfloat16 from a bfloat16 checkpoint. A bfloat16 is the high half
-/// of an f32, so widening it is exact: products read half the bytes and give the f32 copy's
-/// bits (decoding is a stream over the weights).
+/// A stored weight: f32, or a bfloat16 or f16 from a checkpoint or GGUF file that stores
+/// them. Widening either to f32 is exact: products read half the bytes and give the f32
+/// copy's bits (decoding is a stream over the weights).
 pub trait Weight: Copy + Default + Send + Sync + 'static {
+    /// How the SIMD loads widen it.
+    const STORED: Stored;
     fn value(self) -> f32;
     /// Where input `i` of a strip's row `p` lies in the strip.
     fn at(i: usize, p: usize) -> usize;
@@ -32,8 +35,17 @@ pub trait Weight: Copy + Default + Send + Sync + 'static {
     fn strip_len(k: usize) -> usize;
 }
 
+/// How a [`Weight`] is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    F32,
+    Bf16,
+    F16,
+}
+
 /// `[k, 16]`: each input's 16 weights, one vector.
 impl Weight for f32 {
+    const STORED: Stored = Stored::F32;
     #[inline(always)]
     fn value(self) -> f32 {
         self
@@ -52,6 +64,7 @@ impl Weight for f32 {
 /// last pair ends in zeros. A bfloat16 widens by its bits alone (not `to_f32`, which quiets
 /// NaNs), as the SIMD loads do.
 impl Weight for half::bf16 {
+    const STORED: Stored = Stored::Bf16;
     #[inline(always)]
     fn value(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
@@ -65,11 +78,29 @@ impl Weight for half::bf16 {
     }
 }
 
+/// `[k, 16]` as f32's: each input's 16 weights in 32 bytes, which `vcvtph2ps` widens to one
+/// f32 vector (exactly).
+impl Weight for half::f16 {
+    const STORED: Stored = Stored::F16;
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn at(i: usize, p: usize) -> usize {
+        i * STRIP + p
+    }
+    fn strip_len(k: usize) -> usize {
+        STRIP * k
+    }
+}
+
 /// A strip matrix's weights, as the checkpoint stored them.
 #[derive(Debug, Clone)]
 enum Values {
     F32(Vec<f32>),
     Bf16(Vec<half::bf16>),
+    F16(Vec<half::f16>),
 }
 
 /// Weight rows per strip: one f32 lane of a 512-bit vector each.
@@ -125,11 +156,17 @@ impl DenseStrips {
         Self { n, k, values }
     }
 
-    /// Bytes per stored weight: 4, or 2 for bfloat16.
+    /// The `[n, k]` row-major f16 matrix `weight` in strips, kept in f16.
+    pub fn new_f16(weight: &[half::f16], n: usize, k: usize) -> Self {
+        let values = Values::F16(in_strips(weight, n, k));
+        Self { n, k, values }
+    }
+
+    /// Bytes per stored weight: 4, or 2 for bfloat16 and f16.
     pub fn weight_bytes(&self) -> usize {
         match self.values {
             Values::F32(_) => 4,
-            Values::Bf16(_) => 2,
+            Values::Bf16(_) | Values::F16(_) => 2,
         }
     }
 
@@ -154,6 +191,7 @@ impl DenseStrips {
         match &self.values {
             Values::F32(values) => read(values, j, self.k, out),
             Values::Bf16(values) => read(values, j, self.k, out),
+            Values::F16(values) => read(values, j, self.k, out),
         }
     }
 
@@ -179,6 +217,9 @@ impl DenseStrips {
                 })
             }
             Values::Bf16(values) => self.matmul_values(values, rows, |strips, w, out| {
+                product(strips, k, w, x, rows, out)
+            }),
+            Values::F16(values) => self.matmul_values(values, rows, |strips, w, out| {
                 product(strips, k, w, x, rows, out)
             }),
         }
@@ -276,7 +317,7 @@ fn product_portable<W: Weight>(
 /// the weights), the same fused multiply-adds per lane in the same order, so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn product_avx2<W: Weight>(
     strips: &[W],
     k: usize,
@@ -339,7 +380,7 @@ fn for_each_tile<W: Copy>(
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn strip_tile_avx2<W: Weight, const R: usize>(
     strip: &[W],
     k: usize,
@@ -417,7 +458,8 @@ unsafe fn ask_ahead_pair<W: Weight>(p: *const W, i: usize) {
 }
 
 /// Inputs `i` and `i + 1` (`i` even) of rows `h..h + 8` of the strip at `p`, as f32 (a
-/// bfloat16 pair widened: the even one's bits shifted to the high half, the odd one's masked).
+/// bfloat16 pair widened: the even one's bits shifted to the high half, the odd one's masked;
+/// f16 by `vcvtph2ps`).
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 #[inline(always)]
@@ -427,14 +469,21 @@ unsafe fn pair8<W: Weight>(
     h: usize,
 ) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
     use std::arch::x86_64::*;
-    if std::mem::size_of::<W>() == 4 {
-        let at = |i| _mm256_loadu_ps(p.add(W::at(i, h)).cast());
-        (at(i), at(i + 1))
-    } else {
-        let pairs = _mm256_loadu_si256(p.add(W::at(i, h)).cast());
-        let odd = _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff_0000_u32 as i32));
-        let even = _mm256_slli_epi32::<16>(pairs);
-        (_mm256_castsi256_ps(even), _mm256_castsi256_ps(odd))
+    match W::STORED {
+        Stored::F32 => {
+            let at = |i| _mm256_loadu_ps(p.add(W::at(i, h)).cast());
+            (at(i), at(i + 1))
+        }
+        Stored::F16 => {
+            let at = |i| _mm256_cvtph_ps(_mm_loadu_si128(p.add(W::at(i, h)).cast()));
+            (at(i), at(i + 1))
+        }
+        Stored::Bf16 => {
+            let pairs = _mm256_loadu_si256(p.add(W::at(i, h)).cast());
+            let odd = _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff_0000_u32 as i32));
+            let even = _mm256_slli_epi32::<16>(pairs);
+            (_mm256_castsi256_ps(even), _mm256_castsi256_ps(odd))
+        }
     }
 }
 
@@ -444,10 +493,10 @@ unsafe fn pair8<W: Weight>(
 #[inline(always)]
 unsafe fn one8<W: Weight>(p: *const W, i: usize, h: usize) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
-    if std::mem::size_of::<W>() == 4 {
-        _mm256_loadu_ps(p.add(W::at(i, h)).cast())
-    } else {
-        pair8(p, i, h).0
+    match W::STORED {
+        Stored::F32 => _mm256_loadu_ps(p.add(W::at(i, h)).cast()),
+        Stored::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(W::at(i, h)).cast())),
+        Stored::Bf16 => pair8(p, i, h).0,
     }
 }
 
@@ -542,14 +591,21 @@ unsafe fn pair16<W: Weight>(
     i: usize,
 ) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
     use std::arch::x86_64::*;
-    if std::mem::size_of::<W>() == 4 {
-        let at = |i| _mm512_loadu_ps(p.add(W::at(i, 0)).cast());
-        (at(i), at(i + 1))
-    } else {
-        let pairs = _mm512_loadu_si512(p.add(W::at(i, 0)).cast());
-        let odd = _mm512_and_si512(pairs, _mm512_set1_epi32(0xffff_0000_u32 as i32));
-        let even = _mm512_slli_epi32::<16>(pairs);
-        (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
+    match W::STORED {
+        Stored::F32 => {
+            let at = |i| _mm512_loadu_ps(p.add(W::at(i, 0)).cast());
+            (at(i), at(i + 1))
+        }
+        Stored::F16 => {
+            let at = |i| _mm512_cvtph_ps(_mm256_loadu_si256(p.add(W::at(i, 0)).cast()));
+            (at(i), at(i + 1))
+        }
+        Stored::Bf16 => {
+            let pairs = _mm512_loadu_si512(p.add(W::at(i, 0)).cast());
+            let odd = _mm512_and_si512(pairs, _mm512_set1_epi32(0xffff_0000_u32 as i32));
+            let even = _mm512_slli_epi32::<16>(pairs);
+            (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
+        }
     }
 }
 
@@ -559,145 +615,12 @@ unsafe fn pair16<W: Weight>(
 #[inline(always)]
 unsafe fn one16<W: Weight>(p: *const W, i: usize) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    if std::mem::size_of::<W>() == 4 {
-        _mm512_loadu_ps(p.add(W::at(i, 0)).cast())
-    } else {
-        pair16(p, i).0
+    match W::STORED {
+        Stored::F32 => _mm512_loadu_ps(p.add(W::at(i, 0)).cast()),
+        Stored::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(W::at(i, 0)).cast())),
+        Stored::Bf16 => pair16(p, i).0,
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn wave(n: usize, seed: f32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32 + seed) * 0.713).sin()).collect()
-    }
-
-    /// Each of `[rows, n]` `values` within 1e-4 of the exact sum over inputs `e` of
-    /// `term(r, j, e)`.
-    pub(super) fn assert_near_exact(
-        values: &[f32],
-        n: usize,
-        k: usize,
-        term: impl Fn(usize, usize, usize) -> f64,
-    ) {
-        for (i, &value) in values.iter().enumerate() {
-            let (r, j) = (i / n, i % n);
-            let exact: f64 = (0..k).map(|e| term(r, j, e)).sum();
-            assert!(
-                (f64::from(value) - exact).abs() < 1e-4,
-                "{value} vs {exact}"
-            );
-        }
-    }
-
-    fn f32_values(strips: &DenseStrips) -> &[f32] {
-        match &strips.values {
-            Values::F32(values) => values,
-            Values::Bf16(_) => panic!("bfloat16 strips"),
-        }
-    }
-
-    /// Weights kept in bfloat16 give the bits of the same weights widened to f32 in f32
-    /// arithmetic, in every tile (the kernel at this CPU's level and the reference), from half
-    /// the bytes.
-    #[test]
-    fn bfloat16_strips_give_the_bits_of_their_f32_values() {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let (n, k) = (37, 33);
-        let halves: Vec<half::bf16> = wave(n * k, 4.0)
-            .iter()
-            .map(|v| half::bf16::from_bits((v.to_bits() >> 16) as u16))
-            .collect();
-        let widened: Vec<f32> = halves.iter().map(|h| h.value()).collect();
-        let (narrow, wide) = (
-            DenseStrips::new_bf16(&halves, n, k),
-            DenseStrips::new(&widened, n, k),
-        );
-        assert_eq!((narrow.weight_bytes(), wide.weight_bytes()), (2, 4));
-        let mut row = vec![0f32; k];
-        narrow.row(n - 1, &mut row);
-        assert_eq!(row, widened[(n - 1) * k..]);
-        for rows in [1, 2, 3, 4, 7, 8, 9, 17] {
-            let x = wave(rows * k, rows as f32);
-            assert_eq!(
-                bits(&narrow.matmul_in(&x, rows, Bf16Arithmetic::Widened)),
-                bits(&wide.matmul(&x, rows)),
-                "{rows} rows"
-            );
-            let mut reference = vec![0f32; rows * n];
-            let Values::Bf16(values) = &narrow.values else {
-                unreachable!()
-            };
-            product_portable(values, k, n, &x, rows, OutRows::block(&mut reference, rows));
-            assert_eq!(
-                bits(&reference),
-                bits(&wide.matmul(&x, rows)),
-                "{rows} rows"
-            );
-        }
-    }
-
-    /// Every row count 1..=20 (every tile and remainder), odd `k`, a last strip of 5 rows and
-    /// several tasks: the same bits as the reference, and each row as when multiplied alone.
-    #[test]
-    fn products_equal_the_reference_bit_for_bit_in_any_tile() {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (n, k) in [(37, 33), (133, 64)] {
-            let weight = wave(n * k, 1.0);
-            let strips = DenseStrips::new(&weight, n, k);
-            let mut row = vec![0f32; k];
-            strips.row(n - 1, &mut row);
-            assert_eq!(row, weight[(n - 1) * k..]);
-            for rows in 1..=20 {
-                let x = wave(rows * k, rows as f32);
-                let ours = strips.matmul(&x, rows);
-                let mut reference = vec![0f32; rows * n];
-                let block = OutRows::block(&mut reference, rows);
-                product_portable(f32_values(&strips), k, n, &x, rows, block);
-                assert_eq!(bits(&ours), bits(&reference), "[{n}, {k}] x {rows}");
-                for r in 0..rows {
-                    let alone = strips.matmul(&x[r * k..(r + 1) * k], 1);
-                    assert_eq!(bits(&alone), bits(&ours[r * n..(r + 1) * n]), "row {r}");
-                }
-                // And close to the plain product.
-                assert_near_exact(&ours, n, k, |r, j, e| {
-                    f64::from(x[r * k + e]) * f64::from(weight[j * k + e])
-                });
-            }
-        }
-    }
-
-    /// The AVX2 build of the reference gives its bits, f32 and bfloat16 weights (the AVX-512
-    /// one is checked above at this CPU's level).
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn the_avx2_product_has_the_reference_bits() {
-        let avx2 = crate::cpu::Level::supported() >= crate::cpu::Level::Avx2;
-        if crate::skip_without("avx2", avx2, "the_avx2_product_has_the_reference_bits") {
-            return;
-        }
-        fn check<W: Weight>(values: &[W], n: usize, k: usize, x: &[f32], rows: usize) {
-            let (mut ours, mut reference) = (vec![0f32; rows * n], vec![0f32; rows * n]);
-            // SAFETY: AVX2 and FMA were found on this CPU (`Level::supported`).
-            #[allow(unsafe_code)]
-            unsafe {
-                product_avx2(values, k, n, x, rows, OutRows::block(&mut ours, rows))
-            };
-            product_portable(values, k, n, x, rows, OutRows::block(&mut reference, rows));
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&ours), bits(&reference), "{} bytes", size_of::<W>());
-        }
-        let (n, k, rows) = (37, 33, 5);
-        let weight = wave(n * k, 2.0);
-        let x = wave(rows * k, 3.0);
-        let strips = DenseStrips::new(&weight, n, k);
-        check(f32_values(&strips), n, k, &x, rows);
-        let halves: Vec<half::bf16> = weight.iter().map(|&v| half::bf16::from_f32(v)).collect();
-        let Values::Bf16(values) = DenseStrips::new_bf16(&halves, n, k).values else {
-            unreachable!()
-        };
-        check(&values, n, k, &x, rows);
-    }
-}
+mod tests;

@@ -372,8 +372,42 @@ impl GgufFile {
         })
     }
 
+    /// Tells the kernel this process is done with tensor `hf_name`'s bytes in the file for
+    /// now (their whole pages leave the resident set; a later read faults them in again):
+    /// for a tensor copied into a form of its own, so the file and its copy are not both
+    /// resident.
+    pub fn release(&self, hf_name: &str) {
+        let Some(info) =
+            (self.name_in_file(hf_name)).and_then(|n| self.content.tensor_infos.get(&n))
+        else {
+            return;
+        };
+        let start = self.content.tensor_data_offset as usize + info.offset as usize;
+        let bytes = Bytes::Mapped {
+            map: self.map.clone(),
+            start,
+            len: data_bytes(info),
+        };
+        bytes.release_all();
+    }
+
     /// The tensor `hf_name`, dequantized to f32 in HF layout.
     pub fn tensor(&self, hf_name: &str, device: &Device) -> Result<Tensor, ModelError> {
+        self.tensor_in(hf_name, device, false)
+    }
+
+    /// [`GgufFile::tensor`], but an F16 or BF16 tensor in its own type (its values exactly,
+    /// from half the bytes: the dense products multiply it as it is stored).
+    pub fn tensor_as_stored(&self, hf_name: &str, device: &Device) -> Result<Tensor, ModelError> {
+        self.tensor_in(hf_name, device, true)
+    }
+
+    fn tensor_in(
+        &self,
+        hf_name: &str,
+        device: &Device,
+        halves_stay: bool,
+    ) -> Result<Tensor, ModelError> {
         let error = |message: String| ModelError::Weights {
             path: self.path.clone(),
             message,
@@ -386,7 +420,20 @@ impl GgufFile {
             .tensor_infos
             .get(&name)
             .ok_or_else(|| error(format!("missing tensor `{name}`")))?;
-        let tensor = self.dequantized(&name, info, device)?;
+        let half = match info.ggml_dtype {
+            GgmlDType::F16 => Some(DType::F16),
+            GgmlDType::BF16 => Some(DType::BF16),
+            _ => None,
+        };
+        let tensor = match half.filter(|_| halves_stay) {
+            Some(dtype) => {
+                let start = self.content.tensor_data_offset as usize + info.offset as usize;
+                let bytes = &self.map[start..start + data_bytes(info)];
+                Tensor::from_raw_buffer(bytes, dtype, info.shape.dims(), device)
+                    .map_err(|e| self.weights_error(&name, e))?
+            }
+            None => self.dequantized(&name, info, device)?,
+        };
         if self.architecture == "gemma3" && name.ends_with("norm.weight") {
             // llama.cpp's converter folds Gemma's `1 + w` into its norm weights; served under
             // HF names they are given back in HF's form (the decoder adds the 1).

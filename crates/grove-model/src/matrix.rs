@@ -18,15 +18,20 @@ pub enum Matrix {
 impl Matrix {
     /// The matrix `weight` (`[out, in]`), copied into column strips (`grove_kernels::strips`:
     /// one kernel for any number of rows, so a verify's rows get a decode step's bits). A
-    /// bfloat16 tensor stays bfloat16 (exactly its f32 values, from half the bytes); any other
-    /// type becomes f32.
+    /// bfloat16 or f16 tensor stays so (exactly its f32 values, from half the bytes); any
+    /// other type becomes f32.
     pub fn dense(weight: &Tensor) -> candle_core::Result<Self> {
         let (n, k) = weight.dims2()?;
-        let strips = if weight.dtype() == DType::BF16 {
-            let halves = weight.flatten_all()?.to_vec1::<half::bf16>()?;
-            DenseStrips::new_bf16(&halves, n, k)
-        } else {
-            with_host_values(weight, |values| DenseStrips::new(values, n, k))?
+        let strips = match weight.dtype() {
+            DType::BF16 => {
+                let halves = weight.flatten_all()?.to_vec1::<half::bf16>()?;
+                DenseStrips::new_bf16(&halves, n, k)
+            }
+            DType::F16 => {
+                let halves = weight.flatten_all()?.to_vec1::<half::f16>()?;
+                DenseStrips::new_f16(&halves, n, k)
+            }
+            _ => with_host_values(weight, |values| DenseStrips::new(values, n, k))?,
         };
         Ok(Self::Dense(Arc::new(strips)))
     }

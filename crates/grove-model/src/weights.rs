@@ -129,8 +129,13 @@ impl Weights {
                 })?;
             return Ok(Matrix::Quantized(std::sync::Arc::new(matrix)));
         }
-        // Bfloat16 checkpoints' matrices stay bfloat16 (`Matrix::dense`).
-        Ok(Matrix::dense(&self.get_as_stored(name, shape)?)?)
+        // Bfloat16 checkpoints' matrices stay bfloat16, F16 ones f16 (`Matrix::dense`).
+        let matrix = Matrix::dense(&self.get_as_stored(name, shape)?)?;
+        if let Source::Gguf(file) = &self.tensors {
+            // The strips are a copy: the file's pages need not stay resident beside them.
+            file.release(name);
+        }
+        Ok(matrix)
     }
 
     /// Loads `name` as f32 and checks its shape.
@@ -143,8 +148,8 @@ impl Weights {
             })
     }
 
-    /// Loads `name` in its file's type (GGUF tensors without a kernel: f32) and checks its
-    /// shape.
+    /// Loads `name` in its file's type (GGUF tensors without a kernel: f32, but F16 and BF16
+    /// in their own) and checks its shape.
     fn get_as_stored(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
         let error = |message: String| ModelError::Weights {
             path: self.directory.clone(),
@@ -157,7 +162,7 @@ impl Weights {
             Source::Safetensors(tensors) => tensors
                 .load(name, &self.device)
                 .map_err(|e| error(format!("tensor `{name}`: {e}")))?,
-            Source::Gguf(file) => file.tensor(name, &self.device)?,
+            Source::Gguf(file) => file.tensor_as_stored(name, &self.device)?,
         };
         if tensor.dims() != shape {
             return Err(error(format!(

@@ -9,6 +9,8 @@ use candle_core::{DType, Device, Tensor};
 use grove_kv::{KvDtype, PagePool};
 use grove_model::config::Family;
 use grove_model::gguf::GgufFile;
+use grove_model::matrix::Matrix;
+use grove_model::weights::Weights;
 use grove_model::{Decoder, ForwardBatch, LogitRows, Model, Segment};
 use grove_testkit::gguf_writer::write_gguf;
 use grove_testkit::random_checkpoint::RandomCheckpoint;
@@ -93,6 +95,8 @@ fn gguf_checkpoints_compute_what_their_safetensors_compute() {
             (GgmlDType::F32, KvDtype::F16, 5e-3 * scale),
             (GgmlDType::Q8_0, KvDtype::F16, 0.05 * scale),
             (GgmlDType::F32, KvDtype::Bf16, 4e-2 * scale),
+            // F16 matrices, kept in f16: the weights rounded to halves.
+            (GgmlDType::F16, KvDtype::F32, 5e-3 * scale),
         ] {
             let path = dir.path().join(format!("model-{dtype:?}.gguf"));
             write_gguf(dir.path(), &spec, arch, dtype, &path);
@@ -110,6 +114,17 @@ fn gguf_checkpoints_compute_what_their_safetensors_compute() {
                     "{arch} {dtype:?}: the {kv} cache rounded nothing"
                 );
             }
+        }
+        // F16 matrices stay f16 (half the bytes of the f32 copies they were).
+        let path = dir.path().join("model-F16.gguf");
+        let weights = Weights::gguf(GgufFile::open(&path).unwrap(), &path, &Device::Cpu);
+        let shape = [spec.intermediate_size, spec.hidden_size];
+        match weights
+            .matrix("model.layers.0.mlp.up_proj.weight", &shape)
+            .unwrap()
+        {
+            Matrix::Dense(strips) => assert_eq!(strips.weight_bytes(), 2, "{arch}"),
+            Matrix::Quantized(_) => panic!("{arch}: an F16 matrix was quantized"),
         }
         // Its tokenizer comes from the metadata.
         let file = GgufFile::open(&dir.path().join("model-F32.gguf")).unwrap();
@@ -312,6 +327,7 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
         GgmlDType::Q4K,
         GgmlDType::Q5K,
         GgmlDType::Q6K,
+        GgmlDType::F16,
     ];
     let bf16 = [
         (GgmlDType::Q8_0, KvDtype::Bf16),

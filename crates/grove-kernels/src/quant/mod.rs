@@ -218,6 +218,12 @@ impl Bytes {
         let _ = range;
     }
 
+    /// [`Bytes::release`] of all these bytes: for a matrix copied out of a file in a form of
+    /// the caller's (the dense strips).
+    pub fn release_all(&self) {
+        self.release(0..self.as_slice().len());
+    }
+
     #[cfg(unix)]
     fn release_pages(&self, range: std::ops::Range<usize>) {
         const PAGE: usize = 4096;
