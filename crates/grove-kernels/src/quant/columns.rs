@@ -188,10 +188,11 @@ pub fn strips(n: usize) -> usize {
 #[derive(Clone, Copy)]
 struct Unit {
     u: [u8; 256],
-    /// f16 bits: the 32-weight formats' two blocks' scales (Q5_1: then their mins), Q4_K/Q5_K
-    /// `d` and `dmin`, Q6_K `d`.
+    /// f16 bits: the 32-weight formats' two blocks' scales (Q5_1: then their mins), Q2_K, Q4_K
+    /// and Q5_K `d` and `dmin`, Q3_K and Q6_K `d`.
     d: [u16; 4],
-    /// Q4_K/Q5_K: scales 0-7 and mins 0-7 (6 bits each); Q6_K: the 16 scales (i8 bits).
+    /// Q4_K/Q5_K: scales 0-7 and mins 0-7 (6 bits each); Q6_K: the 16 scales (i8 bits); Q3_K:
+    /// the 16 scales less 32 (i8 bits); Q2_K: GGUF's 16 bytes of a scale and a min.
     sc: [u8; 16],
 }
 
