@@ -39,10 +39,10 @@ pub struct QuantizedRows {
     /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
     /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
     pub(super) scaled_sum32: Vec<f32>,
-    /// Q4_K and Q5_K (Q6_K, Q3_K, Q2_K): `sum32` (`sum16`) as 16-bit values (at most 32 * 127), so two
-    /// neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against two mins or
-    /// scales (AVX2's Q6_K, and AVX-512's where its zero point comes once per super-block:
-    /// `simd_columns::Q6Zero`).
+    /// Q4_K and Q5_K (Q6_K, Q3_K, Q2_K): `sum32` (`sum16`) as 16-bit values (at most
+    /// 32 * 127), so two neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against
+    /// two mins or scales (AVX2's Q6_K, and AVX-512's where its zero point comes once per
+    /// super-block: `simd_columns::Q6Zero`; Q3_K's zero point and Q2_K's mins, always).
     pub(super) sum32_i16: Vec<i16>,
     pub(super) sum16_i16: Vec<i16>,
     /// What the AMX kernel's lanes read per block, side by side ([`Side`]): made once, by the
