@@ -212,9 +212,9 @@ impl Format for Q3K {
 }
 
 /// A unit of 16-weight sub-blocks with signed scales (Q6_K's header) and the zero point
-/// `2^ZERO_SHIFT` (`ADD` is `F::ADD`), in integers up to the super-block: each sub-block's sums widened by its
-/// scale, the zero point as two sub-blocks' scales against their activation sums, converted
-/// once and scaled by `d` and the row's activation scale.
+/// `2^ZERO_SHIFT` (`ADD` is `F::ADD`), in integers up to the super-block: each sub-block's
+/// sums widened by its scale, the zero point as two sub-blocks' scales against their
+/// activation sums, converted once and scaled by `d` and the row's activation scale.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn signed_sub_blocks<
