@@ -59,8 +59,12 @@ impl GgufFile {
             path: path.to_owned(),
             source,
         })?;
-        let content = Content::read(&mut BufReader::new(&file))
-            .map_err(|e| error(format!("not a readable GGUF file: {e}")))?;
+        let content = Content::read(&mut BufReader::new(&file)).map_err(|e| {
+            error(match unknown_tensor_type(&e.to_string()) {
+                Some(message) => message,
+                None => format!("not a readable GGUF file: {e}"),
+            })
+        })?;
         let map = grove_kernels::memory::map_read_only(&file).map_err(|source| ModelError::Io {
             path: path.to_owned(),
             source,
@@ -492,6 +496,39 @@ impl GgufFile {
     pub fn tokenizer(&self) -> Result<TextTokenizer, ModelError> {
         crate::gguf_tokenizer::build(&self.content.metadata, &self.path)
     }
+}
+
+/// The message for the reader's error about a tensor type it has no reader for (candle's
+/// "unknown dtype for tensor N", where N is the type id): the type by ggml's name and the
+/// types grove loads. `None` for any other error.
+fn unknown_tensor_type(reader_error: &str) -> Option<String> {
+    // Only the id's digits: with `RUST_BACKTRACE` set, a backtrace follows them.
+    let rest = reader_error.strip_prefix("unknown dtype for tensor ")?;
+    let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let id: u32 = rest[..digits].parse().ok()?;
+    // ggml's type ids (`enum ggml_type`) of the types files carry.
+    let name = match id {
+        9 => "Q8_1",
+        15 => "Q8_K",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24..=28 => "an integer or f64 type",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => "not a type this reader knows",
+    };
+    Some(format!(
+        "tensor type {id} ({name}) is not supported: grove loads files of F32, F16, BF16, Q8_0, \
+         Q5_0, Q5_1, Q4_0, Q4_1 and Q2_K-Q6_K tensors (not yet the IQ and ternary types)"
+    ))
 }
 
 /// Bytes of a tensor's data in the file.

@@ -165,7 +165,14 @@ fn bad_gguf_files_give_clear_errors() {
     let mut unknown = bytes.clone();
     unknown[type_at..type_at + 4].copy_from_slice(&99u32.to_le_bytes());
     let message = error("type.gguf", &unknown);
-    assert!(message.contains("99"), "{message}");
+    assert!(message.contains("type 99 ("), "{message}");
+    // One of the IQ types (an IQ4_XS file's), named.
+    unknown[type_at..type_at + 4].copy_from_slice(&23u32.to_le_bytes());
+    let message = error("iq4_xs.gguf", &unknown);
+    assert!(
+        message.contains("tensor type 23 (IQ4_XS) is not supported"),
+        "{message}"
+    );
     let message = error("header.gguf", &bytes[..40]);
     assert!(message.contains("not a readable GGUF file"), "{message}");
     // A missing metadata key is named.
