@@ -31,31 +31,27 @@ fn f32_values(strips: &DenseStrips) -> &[f32] {
     }
 }
 
-/// Weights kept in f16 give the bits of the same weights widened to f32, in every tile (the
-/// kernel at this CPU's level, `vcvtph2ps`, and the reference), from half the bytes.
-#[test]
-fn f16_strips_give_the_bits_of_their_f32_values() {
+/// `halves` (`[37, 33]`, widened by [`Weight::value`]) kept half-width in `narrow` give the
+/// bits of the same weights widened to f32, in every tile (the kernel at this CPU's level and
+/// the reference), from half the bytes; `narrow_product` multiplies by `narrow` in f32
+/// arithmetic.
+fn half_width_strips_give_their_f32_bits<W: Weight>(
+    halves: &[W],
+    narrow: &DenseStrips,
+    values: &[W],
+    narrow_product: impl Fn(&[f32], usize) -> Vec<f32>,
+) {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let (n, k) = (37, 33);
-    let halves: Vec<half::f16> = wave(n * k, 5.0)
-        .iter()
-        .map(|&v| half::f16::from_f32(v))
-        .collect();
-    let widened: Vec<f32> = halves.iter().map(|h| h.to_f32()).collect();
-    let (narrow, wide) = (
-        DenseStrips::new_f16(&halves, n, k),
-        DenseStrips::new(&widened, n, k),
-    );
+    let widened: Vec<f32> = halves.iter().map(|h| h.value()).collect();
+    let wide = DenseStrips::new(&widened, n, k);
     assert_eq!((narrow.weight_bytes(), wide.weight_bytes()), (2, 4));
     let mut row = vec![0f32; k];
     narrow.row(n - 1, &mut row);
     assert_eq!(row, widened[(n - 1) * k..]);
-    let Values::F16(values) = &narrow.values else {
-        unreachable!()
-    };
     for rows in [1, 2, 3, 4, 7, 8, 9, 17] {
         let x = wave(rows * k, rows as f32);
-        let ours = narrow.matmul(&x, rows);
+        let ours = narrow_product(&x, rows);
         assert_eq!(bits(&ours), bits(&wide.matmul(&x, rows)), "{rows} rows");
         let mut reference = vec![0f32; rows * n];
         product_portable(values, k, n, &x, rows, OutRows::block(&mut reference, rows));
@@ -63,44 +59,34 @@ fn f16_strips_give_the_bits_of_their_f32_values() {
     }
 }
 
-/// Weights kept in bfloat16 give the bits of the same weights widened to f32 in f32
-/// arithmetic, in every tile (the kernel at this CPU's level and the reference), from half
-/// the bytes.
+/// Weights kept in f16 (widened by `vcvtph2ps` in the SIMD kernels).
+#[test]
+fn f16_strips_give_the_bits_of_their_f32_values() {
+    let halves: Vec<half::f16> = (wave(37 * 33, 5.0).iter())
+        .map(|&v| half::f16::from_f32(v))
+        .collect();
+    let narrow = DenseStrips::new_f16(&halves, 37, 33);
+    let Values::F16(values) = &narrow.values else {
+        unreachable!()
+    };
+    half_width_strips_give_their_f32_bits(&halves, &narrow, values, |x, rows| {
+        narrow.matmul(x, rows)
+    });
+}
+
+/// Weights kept in bfloat16, in f32 arithmetic.
 #[test]
 fn bfloat16_strips_give_the_bits_of_their_f32_values() {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let (n, k) = (37, 33);
-    let halves: Vec<half::bf16> = wave(n * k, 4.0)
-        .iter()
+    let halves: Vec<half::bf16> = (wave(37 * 33, 4.0).iter())
         .map(|v| half::bf16::from_bits((v.to_bits() >> 16) as u16))
         .collect();
-    let widened: Vec<f32> = halves.iter().map(|h| h.value()).collect();
-    let (narrow, wide) = (
-        DenseStrips::new_bf16(&halves, n, k),
-        DenseStrips::new(&widened, n, k),
-    );
-    assert_eq!((narrow.weight_bytes(), wide.weight_bytes()), (2, 4));
-    let mut row = vec![0f32; k];
-    narrow.row(n - 1, &mut row);
-    assert_eq!(row, widened[(n - 1) * k..]);
-    for rows in [1, 2, 3, 4, 7, 8, 9, 17] {
-        let x = wave(rows * k, rows as f32);
-        assert_eq!(
-            bits(&narrow.matmul_in(&x, rows, Bf16Arithmetic::Widened)),
-            bits(&wide.matmul(&x, rows)),
-            "{rows} rows"
-        );
-        let mut reference = vec![0f32; rows * n];
-        let Values::Bf16(values) = &narrow.values else {
-            unreachable!()
-        };
-        product_portable(values, k, n, &x, rows, OutRows::block(&mut reference, rows));
-        assert_eq!(
-            bits(&reference),
-            bits(&wide.matmul(&x, rows)),
-            "{rows} rows"
-        );
-    }
+    let narrow = DenseStrips::new_bf16(&halves, 37, 33);
+    let Values::Bf16(values) = &narrow.values else {
+        unreachable!()
+    };
+    half_width_strips_give_their_f32_bits(&halves, &narrow, values, |x, rows| {
+        narrow.matmul_in(x, rows, Bf16Arithmetic::Widened)
+    });
 }
 
 /// Every row count 1..=20 (every tile and remainder), odd `k`, a last strip of 5 rows and
