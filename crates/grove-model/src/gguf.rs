@@ -70,7 +70,7 @@ impl GgufFile {
             source,
         })?;
         for (name, info) in &content.tensor_infos {
-            let end = content.tensor_data_offset as usize + info.offset as usize + data_bytes(info);
+            let end = data_range(&content, info).end;
             if end > map.len() {
                 return Err(error(format!(
                     "tensor `{name}` ends at byte {end}, past the end of the file ({} bytes): \
@@ -244,7 +244,7 @@ impl GgufFile {
             .tensor_infos
             .iter()
             .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
-            .map(|(_, info)| data_bytes(info) as u64)
+            .map(|(_, info)| data_range(&self.content, info).len() as u64)
             .sum()
     }
 
@@ -336,10 +336,9 @@ impl GgufFile {
         let Some(row_bytes) = format.row_bytes(k) else {
             return Ok(None);
         };
-        let start = self.content.tensor_data_offset as usize + info.offset as usize;
         let mut bytes = Bytes::Mapped {
             map: self.map.clone(),
-            start,
+            start: data_range(&self.content, info).start,
             len: n * row_bytes,
         };
         if let Some(heads) = self.permuted_heads(&name)? {
@@ -386,11 +385,11 @@ impl GgufFile {
         else {
             return;
         };
-        let start = self.content.tensor_data_offset as usize + info.offset as usize;
+        let range = data_range(&self.content, info);
         let bytes = Bytes::Mapped {
             map: self.map.clone(),
-            start,
-            len: data_bytes(info),
+            start: range.start,
+            len: range.len(),
         };
         bytes.release_all();
     }
@@ -431,8 +430,7 @@ impl GgufFile {
         };
         let tensor = match half.filter(|_| halves_stay) {
             Some(dtype) => {
-                let start = self.content.tensor_data_offset as usize + info.offset as usize;
-                let bytes = &self.map[start..start + data_bytes(info)];
+                let bytes = &self.map[data_range(&self.content, info)];
                 Tensor::from_raw_buffer(bytes, dtype, info.shape.dims(), device)
                     .map_err(|e| self.weights_error(&name, e))?
             }
@@ -458,11 +456,9 @@ impl GgufFile {
         info: &TensorInfo,
         device: &Device,
     ) -> Result<Tensor, ModelError> {
-        let start = self.content.tensor_data_offset as usize + info.offset as usize;
-        let len = data_bytes(info);
         qtensor_from_ggml(
             info.ggml_dtype,
-            &self.map[start..start + len],
+            &self.map[data_range(&self.content, info)],
             info.shape.dims().to_vec(),
             device,
         )
@@ -531,9 +527,11 @@ fn unknown_tensor_type(reader_error: &str) -> Option<String> {
     ))
 }
 
-/// Bytes of a tensor's data in the file.
-fn data_bytes(info: &TensorInfo) -> usize {
-    info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()
+/// Where a tensor's data lies in the file.
+fn data_range(content: &Content, info: &TensorInfo) -> std::ops::Range<usize> {
+    let start = content.tensor_data_offset as usize + info.offset as usize;
+    let len = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+    start..start + len
 }
 
 /// Undoes llama.cpp's Q/K row permutation (`[heads, 2, d/2] -> [heads, d/2, 2]` on rows), back
