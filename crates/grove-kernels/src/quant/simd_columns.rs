@@ -513,16 +513,16 @@ pub(super) struct Share<'a> {
     pub stride: usize,
 }
 
-/// Strips `s..s + S` of the share against its activation rows `start..start + R`.
+/// Strips `s..s + S` of the share against its activation rows `start..start + R` (`x`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn pass<F: Format, const R: usize, const S: usize, A: Advance>(
     share: &Share<'_>,
+    x: &Acts<R>,
     s: usize,
     start: usize,
     stream: &mut A,
 ) {
-    let x = Acts::<R>::new(share.acts, F::FORMAT, share.first + start);
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
     let unit_bytes = columns::unit_bytes(F::FORMAT);
     let strips: [*const u8; S] =
@@ -530,7 +530,7 @@ unsafe fn pass<F: Format, const R: usize, const S: usize, A: Advance>(
     let mut acc = [[_mm512_setzero_ps(); R]; S];
     for i in 0..units {
         let at = strips.map(|strip| strip.add(i * unit_bytes));
-        F::units::<R, S, A>(at, i, &x, &mut acc, stream);
+        F::units::<R, S, A>(at, i, x, &mut acc, stream);
     }
     for t in 0..S {
         let rows = if s + t + 1 == share.count {
@@ -546,28 +546,53 @@ unsafe fn pass<F: Format, const R: usize, const S: usize, A: Advance>(
     }
 }
 
-/// [`pass`] of `rows` rows: every count a tile of its own. A paired product has at least
-/// [`PAIRED_FROM`] rows in blocks of at most [`PAIRED_ROWS`] as even as they come, so every
-/// block has 4 to 6 rows (9 rows: 4 and 5; more: over 3.6 a block) and no other count is
-/// compiled.
+/// Every strip of the share against activation rows `first..first + R`, a pass each: their
+/// activations' places found once for all of the strips.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn pass_of<F: Format, const S: usize, A: Advance>(
+unsafe fn strips_of<F: Format, const R: usize>(
     share: &Share<'_>,
-    s: usize,
     first: usize,
-    rows: usize,
-    stream: &mut A,
+    stream: &mut Stream,
 ) {
-    match rows {
-        6 => pass::<F, 6, S, A>(share, s, first, stream),
-        5 => pass::<F, 5, S, A>(share, s, first, stream),
-        4 => pass::<F, 4, S, A>(share, s, first, stream),
-        _ => unreachable!("a paired pass of {rows} rows"),
+    let x = Acts::<R>::new(share.acts, F::FORMAT, share.first + first);
+    for s in 0..share.count {
+        pass::<F, R, 1, Stream>(share, &x, s, first, stream);
     }
 }
 
-const _: () = assert!(PAIRED_FROM >= 9 && PAIRED_ROWS == 6, "pass_of's row counts");
+/// [`strips_of`] two strips a pass (a share of an odd count takes its last alone). The first
+/// block's passes (`next` none) ask for each strip's weights ahead ([`Pair`]); the blocks after
+/// it, the next share's into L2 (`next`), as [`tiles`]' do.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn pairs_of<F: Format, const R: usize>(
+    share: &Share<'_>,
+    first: usize,
+    mut next: Option<&mut Stream>,
+) {
+    let x = Acts::<R>::new(share.acts, F::FORMAT, share.first + first);
+    let strip_len =
+        share.acts.k / columns::unit_weights(F::FORMAT) * columns::unit_bytes(F::FORMAT);
+    let step = columns::unit_bytes(F::FORMAT).div_ceil(F::PACES);
+    for s in (0..share.count).step_by(2) {
+        let at = |t: usize| Stream::new(share.strips.add((s + t) * strip_len), strip_len, step);
+        match (next.as_deref_mut(), s + 1 < share.count) {
+            (Some(next), true) => pass::<F, R, 2, Stream>(share, &x, s, first, next),
+            (Some(next), false) => pass::<F, R, 1, Stream>(share, &x, s, first, next),
+            (None, true) => {
+                let mut pair = Pair([at(0), at(1)]);
+                pass::<F, R, 2, Pair>(share, &x, s, first, &mut pair);
+            }
+            (None, false) => pass::<F, R, 1, Stream>(share, &x, s, first, &mut at(0)),
+        }
+    }
+}
+
+const _: () = assert!(
+    PAIRED_FROM >= 9 && PAIRED_ROWS == 6,
+    "paired_tiles' row counts"
+);
 
 /// Activation rows `0..rows` of the share against its strips, in blocks of at most
 /// [`ACT_ROWS_PER_BLOCK`] rows, each block one tile of its row count (1 to 8: a verify of 5
@@ -599,18 +624,16 @@ unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
             let advances = share.count * units * F::PACES;
             Stream::into_l2(from, part, part.div_ceil(advances))
         };
-        for s in 0..share.count {
-            let stream = &mut stream;
-            match block_rows {
-                8 => pass::<F, 8, 1, Stream>(share, s, first, stream),
-                7 => pass::<F, 7, 1, Stream>(share, s, first, stream),
-                6 => pass::<F, 6, 1, Stream>(share, s, first, stream),
-                5 => pass::<F, 5, 1, Stream>(share, s, first, stream),
-                4 => pass::<F, 4, 1, Stream>(share, s, first, stream),
-                3 => pass::<F, 3, 1, Stream>(share, s, first, stream),
-                2 => pass::<F, 2, 1, Stream>(share, s, first, stream),
-                _ => pass::<F, 1, 1, Stream>(share, s, first, stream),
-            }
+        let stream = &mut stream;
+        match block_rows {
+            8 => strips_of::<F, 8>(share, first, stream),
+            7 => strips_of::<F, 7>(share, first, stream),
+            6 => strips_of::<F, 6>(share, first, stream),
+            5 => strips_of::<F, 5>(share, first, stream),
+            4 => strips_of::<F, 4>(share, first, stream),
+            3 => strips_of::<F, 3>(share, first, stream),
+            2 => strips_of::<F, 2>(share, first, stream),
+            _ => strips_of::<F, 1>(share, first, stream),
         }
     }
 }
@@ -630,10 +653,7 @@ const PAIRED_ROWS: usize = 6;
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn paired_tiles<F: Format>(share: &Share<'_>, rows: usize) {
     let units = share.acts.k / columns::unit_weights(F::FORMAT);
-    let unit_bytes = columns::unit_bytes(F::FORMAT);
-    let strip_len = units * unit_bytes;
-    let len = share.count * strip_len;
-    let step = unit_bytes.div_ceil(F::PACES);
+    let len = share.count * units * columns::unit_bytes(F::FORMAT);
     let blocks = rows.div_ceil(PAIRED_ROWS);
     for block in 0..blocks {
         let first = block * rows / blocks;
@@ -644,17 +664,14 @@ unsafe fn paired_tiles<F: Format>(share: &Share<'_>, rows: usize) {
             let advances = share.count.div_ceil(2) * units * F::PACES;
             Stream::into_l2(from, part, part.div_ceil(advances))
         });
-        for s in (0..share.count).step_by(2) {
-            let at = |t: usize| Stream::new(share.strips.add((s + t) * strip_len), strip_len, step);
-            match (&mut next, s + 1 < share.count) {
-                (Some(next), true) => pass_of::<F, 2, Stream>(share, s, first, block_rows, next),
-                (Some(next), false) => pass_of::<F, 1, Stream>(share, s, first, block_rows, next),
-                (None, true) => {
-                    let mut pair = Pair([at(0), at(1)]);
-                    pass_of::<F, 2, Pair>(share, s, first, block_rows, &mut pair);
-                }
-                (None, false) => pass_of::<F, 1, Stream>(share, s, first, block_rows, &mut at(0)),
-            }
+        // At least PAIRED_FROM rows in blocks of at most PAIRED_ROWS as even as they come:
+        // every block has 4 to 6 rows (9 rows: 4 and 5; more: over 3.6 a block), and no other
+        // count is compiled.
+        match block_rows {
+            6 => pairs_of::<F, 6>(share, first, next.as_mut()),
+            5 => pairs_of::<F, 5>(share, first, next.as_mut()),
+            4 => pairs_of::<F, 4>(share, first, next.as_mut()),
+            _ => unreachable!("a paired block of {block_rows} rows"),
         }
     }
 }
