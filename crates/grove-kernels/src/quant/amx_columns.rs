@@ -695,7 +695,9 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
         | QuantFormat::Q4_0
         | QuantFormat::Q5K
         | QuantFormat::Q3K
-        | QuantFormat::Q2K => {
+        | QuantFormat::Q2K
+        | QuantFormat::Iq4Nl
+        | QuantFormat::Iq4Xs => {
             unreachable!(
                 "{} goes to the AVX-512 VNNI kernel (Kernel::for_format)",
                 format.name()

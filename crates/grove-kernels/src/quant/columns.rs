@@ -38,6 +38,9 @@
 //!                ([`at::Q3_LOW`], [`at::Q3_HIGH`])
 //! Q2_K (1344 B): d (16 f16) | dmin (16 f16) | 16 x 16 bytes of a scale (low nibble) and a
 //!                min (high) | per 32 weights: 2 vectors of 2-bit weights as Q3_K's low parts
+//! IQ4_NL (576 B): Q4_0's, the nibbles indices into `IQ4_VALUES`
+//! IQ4_XS (2240 B): d (16 f16) | 32 bytes unused | 8 x 16 scales `sc - 32` (i8) | per
+//!                sub-block of 32: 4 nibble vectors of indices
 //! ```
 //!
 //! Rows past `n` in the last strip are zeros (zero scales: zero outputs, never written out).
@@ -46,9 +49,13 @@
 //! kernels load a sub-block's 16 scales as one vector instead of unpacking 16 rows' bit
 //! fields), and Q3_K's become 16 bytes with 32 aligning its payloads (5.5% more); the other
 //! formats keep GGUF's size (Q6_K's unused 32 bytes align its payloads; Q2_K's bytes of a
-//! scale and a min are GGUF's own).
+//! scale and a min are GGUF's own) but IQ4_XS, whose 12 bits of scales a sub-block become a
+//! byte a row and whose header is aligned (2.9% more).
+
+mod gguf;
 
 use super::QuantFormat;
+use gguf::{f16_bits, read_gguf, write_gguf};
 
 /// Weight rows per strip: one 32-bit lane of a 512-bit vector each.
 pub const STRIP: usize = 16;
@@ -60,12 +67,17 @@ pub const VECTOR: usize = STRIP * GROUP;
 /// Weights per unit.
 pub const fn unit_weights(format: QuantFormat) -> usize {
     match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => 64,
+        QuantFormat::Q8_0
+        | QuantFormat::Q5_0
+        | QuantFormat::Q5_1
+        | QuantFormat::Q4_0
+        | QuantFormat::Iq4Nl => 64,
         QuantFormat::Q2K
         | QuantFormat::Q3K
         | QuantFormat::Q4K
         | QuantFormat::Q5K
-        | QuantFormat::Q6K => 256,
+        | QuantFormat::Q6K
+        | QuantFormat::Iq4Xs => 256,
     }
 }
 
@@ -75,12 +87,13 @@ pub const fn unit_bytes(format: QuantFormat) -> usize {
         QuantFormat::Q8_0 => 1088,
         QuantFormat::Q5_0 => 704,
         QuantFormat::Q5_1 => 768,
-        QuantFormat::Q4_0 => 576,
+        QuantFormat::Q4_0 | QuantFormat::Iq4Nl => 576,
         QuantFormat::Q4K => 2368,
         QuantFormat::Q6K => 3392,
         QuantFormat::Q5K => 2880,
         QuantFormat::Q3K => 1856,
         QuantFormat::Q2K => 1344,
+        QuantFormat::Iq4Xs => 2240,
     }
 }
 
@@ -172,6 +185,14 @@ pub mod at {
     pub const fn q2k_quants(j: usize) -> usize {
         320 + 128 * j
     }
+    /// IQ4_XS: sub-block `j`'s 16 scales less 32 (i8, after `D` and 32 unused bytes).
+    pub const fn iq4xs_scales(j: usize) -> usize {
+        64 + 16 * j
+    }
+    /// IQ4_XS: sub-block `j`'s 4 nibble vectors of indices.
+    pub const fn iq4xs_quants(j: usize) -> usize {
+        192 + 256 * j
+    }
 }
 
 /// Bytes of a strip of `k`-weight rows.
@@ -192,7 +213,8 @@ struct Unit {
     /// and Q5_K `d` and `dmin`, Q3_K and Q6_K `d`.
     d: [u16; 4],
     /// Q4_K/Q5_K: scales 0-7 and mins 0-7 (6 bits each); Q6_K: the 16 scales (i8 bits); Q3_K:
-    /// the 16 scales less 32 (i8 bits); Q2_K: GGUF's 16 bytes of a scale and a min.
+    /// the 16 scales less 32 (i8 bits); Q2_K: GGUF's 16 bytes of a scale and a min; IQ4_XS:
+    /// the 8 scales less 32 (i8 bits).
     sc: [u8; 16],
 }
 
@@ -202,189 +224,6 @@ impl Unit {
         d: [0; 4],
         sc: [0; 16],
     };
-}
-
-fn f16_bits(bytes: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([bytes[at], bytes[at + 1]])
-}
-
-/// Unit `i` of a GGUF row, decoded.
-fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
-    let size = unit_weights(format) / format.block_weights() * format.block_bytes();
-    let bytes = &row[i * size..(i + 1) * size];
-    let mut unit = Unit::ZERO;
-    match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
-            for (b, block) in bytes.chunks_exact(format.block_bytes()).enumerate() {
-                unit.d[b] = f16_bits(block, 0);
-                if format == QuantFormat::Q5_1 {
-                    unit.d[2 + b] = f16_bits(block, 2);
-                }
-                super::scalar::decode_block(format, block, &mut unit.u[32 * b..32 * b + 32]);
-            }
-        }
-        QuantFormat::Q4K | QuantFormat::Q5K => {
-            unit.d[..2].copy_from_slice(&[f16_bits(bytes, 0), f16_bits(bytes, 2)]);
-            for j in 0..8 {
-                let (scale, min) = super::scalar::q4k_scale_min(&bytes[4..16], j);
-                (unit.sc[j], unit.sc[8 + j]) = (scale, min);
-            }
-            let five = format == QuantFormat::Q5K;
-            let nibbles = if five { 48 } else { 16 };
-            for c in 0..4 {
-                for (i, &q) in bytes[nibbles + 32 * c..][..32].iter().enumerate() {
-                    unit.u[64 * c + i] = q & 0x0F;
-                    unit.u[64 * c + 32 + i] = q >> 4;
-                }
-            }
-            if five {
-                // Bit s of byte i: weight i of sub-block s.
-                for (i, &bits) in bytes[16..48].iter().enumerate() {
-                    for s in 0..8 {
-                        unit.u[32 * s + i] |= ((bits >> s) & 1) << 4;
-                    }
-                }
-            }
-        }
-        QuantFormat::Q2K => {
-            unit.d[..2].copy_from_slice(&[f16_bits(bytes, 80), f16_bits(bytes, 82)]);
-            unit.sc.copy_from_slice(&bytes[..16]);
-            for (w, u) in unit.u.iter_mut().enumerate() {
-                *u = super::scalar::k_crumb(&bytes[16..80], w);
-            }
-        }
-        QuantFormat::Q3K => {
-            unit.d[0] = f16_bits(bytes, 108);
-            let scales = super::scalar::q3k_scales(&bytes[96..108]);
-            unit.sc = scales.map(|sc| (sc as i8 - 32) as u8);
-            for (w, u) in unit.u.iter_mut().enumerate() {
-                *u = super::scalar::q3k_value(bytes, w);
-            }
-        }
-        QuantFormat::Q6K => {
-            unit.d[0] = f16_bits(bytes, 208);
-            unit.sc.copy_from_slice(&bytes[192..208]);
-            for h in 0..2 {
-                let (low, top) = (&bytes[64 * h..], &bytes[128 + 32 * h..]);
-                for l in 0..32 {
-                    let w = 128 * h + l;
-                    unit.u[w] = (low[l] & 0x0F) | (top[l] & 3) << 4;
-                    unit.u[w + 32] = (low[l + 32] & 0x0F) | ((top[l] >> 2) & 3) << 4;
-                    unit.u[w + 64] = (low[l] >> 4) | ((top[l] >> 4) & 3) << 4;
-                    unit.u[w + 96] = (low[l + 32] >> 4) | ((top[l] >> 6) & 3) << 4;
-                }
-            }
-        }
-    }
-    unit
-}
-
-/// The inverse of [`read_gguf`]: unit `i` of a GGUF row written from `unit`.
-fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: usize) {
-    let size = unit_weights(format) / format.block_weights() * format.block_bytes();
-    let bytes = &mut row[i * size..(i + 1) * size];
-    match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
-            for (b, block) in bytes.chunks_exact_mut(format.block_bytes()).enumerate() {
-                block[..2].copy_from_slice(&unit.d[b].to_le_bytes());
-                write_gguf_block(format, &unit.u[32 * b..32 * b + 32], unit.d[2 + b], block);
-            }
-        }
-        QuantFormat::Q4K | QuantFormat::Q5K => {
-            bytes[..2].copy_from_slice(&unit.d[0].to_le_bytes());
-            bytes[2..4].copy_from_slice(&unit.d[1].to_le_bytes());
-            let (scales, mins) = unit.sc.split_at(8);
-            let packed = &mut bytes[4..16];
-            for j in 0..4 {
-                packed[j] = scales[j] | (scales[j + 4] >> 4) << 6;
-                packed[j + 4] = mins[j] | (mins[j + 4] >> 4) << 6;
-                packed[j + 8] = (scales[j + 4] & 0x0F) | (mins[j + 4] & 0x0F) << 4;
-            }
-            let five = format == QuantFormat::Q5K;
-            let nibbles = if five { 48 } else { 16 };
-            for c in 0..4 {
-                for i in 0..32 {
-                    let (low, high) = (unit.u[64 * c + i], unit.u[64 * c + 32 + i]);
-                    bytes[nibbles + 32 * c + i] = (low & 0x0F) | (high & 0x0F) << 4;
-                }
-            }
-            if five {
-                for i in 0..32 {
-                    bytes[16 + i] = (0..8).fold(0, |bits, s| bits | (unit.u[32 * s + i] >> 4) << s);
-                }
-            }
-        }
-        QuantFormat::Q2K => {
-            bytes[80..82].copy_from_slice(&unit.d[0].to_le_bytes());
-            bytes[82..84].copy_from_slice(&unit.d[1].to_le_bytes());
-            bytes[..16].copy_from_slice(&unit.sc);
-            write_gguf_crumbs(&unit.u, &mut bytes[16..80]);
-        }
-        QuantFormat::Q3K => {
-            bytes[108..110].copy_from_slice(&unit.d[0].to_le_bytes());
-            let scales = unit.sc.map(|sc| (sc as i8 + 32) as u8);
-            let packed = &mut bytes[96..108];
-            packed.fill(0);
-            for (i, &sc) in scales.iter().enumerate() {
-                packed[i % 8] |= (sc & 0x0F) << (4 * (i / 8));
-                packed[8 + i % 4] |= (sc >> 4) << (2 * (i / 4));
-            }
-            bytes[..32].fill(0);
-            for (w, &u) in unit.u.iter().enumerate() {
-                let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
-                bytes[l] |= (u >> 2) << (4 * h + j);
-            }
-            write_gguf_crumbs(&unit.u, &mut bytes[32..96]);
-        }
-        QuantFormat::Q6K => {
-            bytes[208..210].copy_from_slice(&unit.d[0].to_le_bytes());
-            bytes[192..208].copy_from_slice(&unit.sc);
-            for h in 0..2 {
-                for l in 0..32 {
-                    let w = 128 * h + l;
-                    let u = [w, w + 32, w + 64, w + 96].map(|w| unit.u[w]);
-                    bytes[64 * h + l] = (u[0] & 0x0F) | (u[2] & 0x0F) << 4;
-                    bytes[64 * h + l + 32] = (u[1] & 0x0F) | (u[3] & 0x0F) << 4;
-                    bytes[128 + 32 * h + l] = (0..4).fold(0, |top, s| top | (u[s] >> 4) << (2 * s));
-                }
-            }
-        }
-    }
-}
-
-/// The 2 low bits of a K-quant super-block's 256 values `u` as GGUF's 64 bytes of them
-/// (`scalar::k_crumb`).
-fn write_gguf_crumbs(u: &[u8; 256], crumbs: &mut [u8]) {
-    crumbs.fill(0);
-    for (w, &u) in u.iter().enumerate() {
-        let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
-        crumbs[32 * h + l] |= (u & 3) << (2 * j);
-    }
-}
-
-/// A 32-weight block's values `u` (and Q5_1's min, f16 bits) as GGUF's bytes after the scale.
-fn write_gguf_block(format: QuantFormat, u: &[u8], min: u16, block: &mut [u8]) {
-    let (high, nibbles) = match format {
-        QuantFormat::Q8_0 => {
-            for (q, &u) in block[2..].iter_mut().zip(u) {
-                *q = u ^ 0x80;
-            }
-            return;
-        }
-        QuantFormat::Q5_0 => (Some(2), 6),
-        QuantFormat::Q5_1 => {
-            block[2..4].copy_from_slice(&min.to_le_bytes());
-            (Some(4), 8)
-        }
-        _ => (None, 2),
-    };
-    if let Some(at) = high {
-        let bits = (0..32).fold(0u32, |h, j| h | u32::from(u[j] >> 4) << j);
-        block[at..at + 4].copy_from_slice(&bits.to_le_bytes());
-    }
-    for j in 0..16 {
-        block[nibbles + j] = (u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4;
-    }
 }
 
 /// The byte of a nibble vector (row `p`, weight `i` of its group) for groups `t` and `t + 4`
@@ -525,7 +364,11 @@ fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &
         }
     };
     match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
+        QuantFormat::Q8_0
+        | QuantFormat::Q5_0
+        | QuantFormat::Q5_1
+        | QuantFormat::Q4_0
+        | QuantFormat::Iq4Nl => {
             for b in 0..2 {
                 halves(out, at::block_scales(b), &|row| row.d[b]);
                 match format {
@@ -565,6 +408,15 @@ fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &
                 } else {
                     write_nibbles(rows, 32 * j, &mut out[at::q4k_quants(j)..]);
                 }
+            }
+        }
+        QuantFormat::Iq4Xs => {
+            halves(out, at::D, &|row| row.d[0]);
+            for j in 0..8 {
+                for (p, row) in rows.iter().enumerate() {
+                    out[at::iq4xs_scales(j) + p] = row.sc[j];
+                }
+                write_nibbles(rows, 32 * j, &mut out[at::iq4xs_quants(j)..]);
             }
         }
         QuantFormat::Q2K | QuantFormat::Q3K | QuantFormat::Q6K => {
@@ -612,7 +464,11 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
     let mut row = Unit::ZERO;
     let half = |at: usize| f16_bits(unit, at + 2 * p);
     match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
+        QuantFormat::Q8_0
+        | QuantFormat::Q5_0
+        | QuantFormat::Q5_1
+        | QuantFormat::Q4_0
+        | QuantFormat::Iq4Nl => {
             for b in 0..2 {
                 row.d[b] = half(at::block_scales(b));
                 let u = &mut row.u[32 * b..32 * b + 32];
@@ -645,6 +501,17 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
                 } else {
                     read_nibbles(&unit[at::q4k_quants(j)..], p, u);
                 }
+            }
+        }
+        QuantFormat::Iq4Xs => {
+            row.d[0] = half(at::D);
+            for j in 0..8 {
+                row.sc[j] = unit[at::iq4xs_scales(j) + p];
+                read_nibbles(
+                    &unit[at::iq4xs_quants(j)..],
+                    p,
+                    &mut row.u[32 * j..32 * j + 32],
+                );
             }
         }
         QuantFormat::Q2K | QuantFormat::Q3K | QuantFormat::Q6K => {
@@ -740,6 +607,8 @@ mod tests {
         assert_eq!(at::q5_block(1) - at::q5_block(0), at::Q5_BITS + 64);
         assert_eq!(at::q6k_scales(16), at::q6k_quants(0));
         assert_eq!(at::q4k_mins(8), at::q4k_quants(0));
+        assert_eq!(at::iq4xs_scales(8), at::iq4xs_quants(0));
+        assert_eq!(at::iq4xs_quants(8), unit_bytes(QuantFormat::Iq4Xs));
         // Every group vector starts on a cache line where the unit does.
         for format in [
             QuantFormat::Q8_0,
@@ -751,6 +620,8 @@ mod tests {
             QuantFormat::Q4K,
             QuantFormat::Q5K,
             QuantFormat::Q6K,
+            QuantFormat::Iq4Nl,
+            QuantFormat::Iq4Xs,
         ] {
             assert_eq!(unit_bytes(format) % 64, 0, "{}", format.name());
         }

@@ -1,5 +1,5 @@
-//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K and
-//! Q6_K matrices multiplied without dequantizing them to f32 first.
+//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K,
+//! Q6_K, IQ4_NL and IQ4_XS matrices multiplied without dequantizing them to f32 first.
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
@@ -34,6 +34,8 @@ mod rows;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+#[cfg(target_arch = "x86_64")]
+mod simd_blocks;
 #[cfg(target_arch = "x86_64")]
 mod simd_columns;
 #[cfg(target_arch = "x86_64")]
@@ -85,11 +87,23 @@ pub enum QuantFormat {
     /// 256 weights: 16 x (4-bit scale, 4-bit min), 256 x 2 bits, f16 scale and min;
     /// `w = d * sc * q - dmin * m` with `q < 4` (most tensors of the Q2_K files).
     Q2K,
+    /// 32 weights: f16 scale, 32 x 4-bit indices into [`IQ4_VALUES`]; `w = d * IQ4_VALUES[q]`
+    /// (Q4_0's bytes, a non-uniform grid of values; most tensors of IQ4_NL files, and the
+    /// IQ4_XS files' where rows are not whole super-blocks).
+    Iq4Nl,
+    /// 256 weights: f16 scale, 8 x 6-bit scales, 256 x 4-bit indices into [`IQ4_VALUES`];
+    /// `w = d * (sc - 32) * IQ4_VALUES[q]` (most tensors of IQ4_XS files).
+    Iq4Xs,
 }
+
+/// The 16 values of IQ4_NL's and IQ4_XS's 4-bit indices (ggml's `kvalues_iq4nl`).
+pub const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 impl QuantFormat {
     /// Every format kept quantized.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::Q8_0,
         Self::Q5_0,
         Self::Q5_1,
@@ -99,6 +113,8 @@ impl QuantFormat {
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
+        Self::Iq4Nl,
+        Self::Iq4Xs,
     ];
 
     /// The format of ggml type id `id`, if there is a kernel for it.
@@ -113,6 +129,8 @@ impl QuantFormat {
             13 => Some(Self::Q5K),
             11 => Some(Self::Q3K),
             10 => Some(Self::Q2K),
+            20 => Some(Self::Iq4Nl),
+            23 => Some(Self::Iq4Xs),
             _ => None,
         }
     }
@@ -128,14 +146,16 @@ impl QuantFormat {
             Self::Q5K => "Q5_K",
             Self::Q3K => "Q3_K",
             Self::Q2K => "Q2_K",
+            Self::Iq4Nl => "IQ4_NL",
+            Self::Iq4Xs => "IQ4_XS",
         }
     }
 
     /// Weights per block.
     pub fn block_weights(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 => 32,
-            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => 256,
+            Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 | Self::Iq4Nl => 32,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => 256,
         }
     }
 
@@ -156,6 +176,8 @@ impl QuantFormat {
             Self::Q5K => 176,
             Self::Q3K => 110,
             Self::Q2K => 84,
+            Self::Iq4Nl => 18,
+            Self::Iq4Xs => 136,
         }
     }
 
@@ -164,7 +186,7 @@ impl QuantFormat {
     pub fn has_amx_kernel(self) -> bool {
         !matches!(
             self,
-            Self::Q5_1 | Self::Q4_0 | Self::Q5K | Self::Q3K | Self::Q2K
+            Self::Q5_1 | Self::Q4_0 | Self::Q5K | Self::Q3K | Self::Q2K | Self::Iq4Nl | Self::Iq4Xs
         )
     }
 
@@ -442,7 +464,11 @@ impl QMatrix {
         let size = format.block_bytes();
         let mut bytes: Vec<u8> = (0..blocks * size).map(|_| rng.random()).collect();
         let scale_fields: &[usize] = match format {
-            QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q4_0 => &[0],
+            QuantFormat::Q8_0
+            | QuantFormat::Q5_0
+            | QuantFormat::Q4_0
+            | QuantFormat::Iq4Nl
+            | QuantFormat::Iq4Xs => &[0],
             QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
             QuantFormat::Q3K => &[108],

@@ -24,9 +24,9 @@ pub struct QuantizedRows {
     pub(super) sum16: Vec<i32>,
     /// `[rows, k / 32]`: sums of 32 consecutive values.
     pub(super) sum32: Vec<i32>,
-    /// `[rows, k / 32]` for Q8_0 on AVX-512 CPUs (else empty): where the column kernel's
-    /// integer sums of a block start, minus the zero point (128) times the block's values' sum
-    /// (a broadcast load, no arithmetic, per block and row).
+    /// `[rows, k / 32]` for Q8_0 and IQ4_NL on AVX-512 CPUs (else empty): where the column
+    /// kernel's integer sums of a block start, minus the zero point (128) times the block's
+    /// values' sum (a broadcast load, no arithmetic, per block and row).
     pub(super) zero_q8: Vec<i32>,
     /// The same for Q5_0 (zero point 16) and Q4_0 (8).
     pub(super) zero_q5: Vec<i32>,
@@ -39,7 +39,7 @@ pub struct QuantizedRows {
     /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
     /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
     pub(super) scaled_sum32: Vec<f32>,
-    /// Q4_K and Q5_K (Q6_K, Q3_K, Q2_K): `sum32` (`sum16`) as 16-bit values (at most
+    /// Q4_K, Q5_K and IQ4_XS (Q6_K, Q3_K, Q2_K): `sum32` (`sum16`) as 16-bit values (at most
     /// 32 * 127), so two neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against
     /// two mins or scales (AVX2's Q6_K, and AVX-512's where its zero point comes once per
     /// super-block: `simd_columns::Q6Zero`; Q3_K's zero point and Q2_K's mins, always).
@@ -201,7 +201,7 @@ impl QuantizedRows {
         let kernel = self.kernel;
         let quantized = self;
         let narrow = |sums: &[i32]| sums.iter().map(|&sum| sum as i16).collect();
-        let mins = [QuantFormat::Q4K, QuantFormat::Q5K];
+        let mins = [QuantFormat::Q4K, QuantFormat::Q5K, QuantFormat::Iq4Xs];
         if kernel != Kernel::Scalar && mins.iter().any(|format| formats.contains(format)) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
         }
@@ -211,7 +211,7 @@ impl QuantizedRows {
         }
         if kernel == Kernel::Avx512Vnni {
             let times = |zero: i32, sums: &[i32]| sums.iter().map(|&sum| -zero * sum).collect();
-            if formats.contains(&QuantFormat::Q8_0) {
+            if formats.contains(&QuantFormat::Q8_0) || formats.contains(&QuantFormat::Iq4Nl) {
                 quantized.zero_q8 = times(128, &quantized.sum32);
             }
             if formats.contains(&QuantFormat::Q6K) {
@@ -239,11 +239,15 @@ impl QuantizedRows {
     pub(super) fn ready_for(&self, format: QuantFormat) -> bool {
         let avx2 = self.kernel == Kernel::Avx2;
         match format {
-            QuantFormat::Q8_0 => avx2 || self.zero_q8.len() == self.sum32.len(),
+            QuantFormat::Q8_0 | QuantFormat::Iq4Nl => {
+                avx2 || self.zero_q8.len() == self.sum32.len()
+            }
             QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
             QuantFormat::Q4_0 => self.zero_q4.len() == self.sum32.len(),
             QuantFormat::Q5_1 => self.scaled_sum32.len() == self.sum32.len(),
-            QuantFormat::Q4K | QuantFormat::Q5K => self.sum32_i16.len() == self.sum32.len(),
+            QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Iq4Xs => {
+                self.sum32_i16.len() == self.sum32.len()
+            }
             QuantFormat::Q6K => {
                 self.sum16_i16.len() == self.sum16.len()
                     && (avx2 || self.zero_q6.len() == self.sum16.len())

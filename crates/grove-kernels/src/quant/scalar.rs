@@ -1,11 +1,11 @@
 //! Portable decoders and dot products: the reference for the SIMD kernels and the fallback on
 //! CPUs without AVX2. Block layouts follow ggml's `block_q8_0`, `block_q5_0`, `block_q5_1`,
-//! `block_q4_0`, `block_q2_K`, `block_q3_K`, `block_q4_K`, `block_q5_K` and `block_q6_K`
-//! (little-endian).
+//! `block_q4_0`, `block_q2_K`, `block_q3_K`, `block_q4_K`, `block_q5_K`, `block_q6_K`,
+//! `block_iq4_nl` and `block_iq4_xs` (little-endian).
 
 use half::f16;
 
-use super::{DecodedChunk, QuantFormat, QuantizedRows, CHUNK, LANE, LANES};
+use super::{DecodedChunk, QuantFormat, QuantizedRows, CHUNK, IQ4_VALUES, LANE, LANES};
 
 pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
@@ -55,6 +55,21 @@ pub(super) fn q3k_value(block: &[u8], w: usize) -> u8 {
     k_crumb(&block[32..96], w) | high << 2
 }
 
+/// IQ4_NL's and IQ4_XS's value of index `q` (< 16) as `u = value + 128`, unsigned (the
+/// offset, 128 times the scale, takes the 128 back).
+pub(super) fn iq4_u(q: u8) -> u8 {
+    (i16::from(IQ4_VALUES[usize::from(q)]) + 128) as u8
+}
+
+/// IQ4_XS's scale of sub-block `j` (0..8, 32 weights) less 32: its low 4 bits a nibble of
+/// byte `4 + j / 2` (the low one for even `j`), its high 2 bits bits `2 j` of the 16-bit
+/// word at byte 2.
+pub(super) fn iq4xs_scale(block: &[u8], j: usize) -> i8 {
+    let low = (block[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+    let high = (u16::from_le_bytes([block[2], block[3]]) >> (2 * j)) & 3;
+    (low | (high as u8) << 4) as i8 - 32
+}
+
 /// Decodes chunk `c` (weights `64c .. 64c + 64`) of a row.
 pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> DecodedChunk {
     let mut chunk = DecodedChunk {
@@ -63,7 +78,11 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
         offset: [0.0; LANES],
     };
     match format {
-        QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q4_0 => {
+        QuantFormat::Q8_0
+        | QuantFormat::Q5_0
+        | QuantFormat::Q5_1
+        | QuantFormat::Q4_0
+        | QuantFormat::Iq4Nl => {
             // Two 32-weight blocks per chunk.
             let block_bytes = format.block_bytes();
             for half in 0..2 {
@@ -129,6 +148,24 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
                 chunk.offset[lane] = dmin * f32::from(packed >> 4);
             }
         }
+        QuantFormat::Iq4Xs => {
+            let block = &row[(c / 4) * 136..(c / 4 + 1) * 136];
+            let d = f16_at(block, 0);
+            for half in 0..2 {
+                // Sub-block `j`'s 16 bytes: weight `l`'s index in byte `l`'s low nibble,
+                // weight `l + 16`'s in its high one.
+                let j = 2 * (c % 4) + half;
+                let u = &mut chunk.u[32 * half..32 * half + 32];
+                for (l, &q) in block[8 + 16 * j..8 + 16 * j + 16].iter().enumerate() {
+                    (u[l], u[l + 16]) = (iq4_u(q & 0x0F), iq4_u(q >> 4));
+                }
+                let scale = d * f32::from(iq4xs_scale(block, j));
+                for lane in 8 * half..8 * half + 8 {
+                    chunk.scale[lane] = scale;
+                    chunk.offset[lane] = 128.0 * scale;
+                }
+            }
+        }
         QuantFormat::Q6K => {
             let block = &row[(c / 4) * 210..(c / 4 + 1) * 210];
             let within = c % 4;
@@ -191,11 +228,19 @@ pub(super) fn decode_block(format: QuantFormat, block: &[u8], u: &mut [u8]) -> f
             nibbles(u, &block[2..18]);
             8.0 * d
         }
+        QuantFormat::Iq4Nl => {
+            nibbles(u, &block[2..18]);
+            for value in u.iter_mut() {
+                *value = iq4_u(*value);
+            }
+            128.0 * d
+        }
         QuantFormat::Q2K
         | QuantFormat::Q3K
         | QuantFormat::Q4K
         | QuantFormat::Q5K
-        | QuantFormat::Q6K => {
+        | QuantFormat::Q6K
+        | QuantFormat::Iq4Xs => {
             unreachable!("{} has no 32-weight blocks", format.name())
         }
     }

@@ -7,10 +7,11 @@
 //! 16 rows, and nothing is reduced horizontally: the sums end in the lanes of the outputs.
 //! With one activation row (a decode step) each block's dots alternate between two sums, so
 //! consecutive `vpdpbusd`s do not wait on each other; with more, the rows give that.
-//! The formats whose weights decode in a few instructions (Q8_0, Q5_0, Q4_0) take two strips
-//! a pass in products of many rows, so each activation broadcast feeds two `vpdpbusd`s: on a
-//! CPU that issues two a cycle against two vector loads (Zen 5), a broadcast a `vpdpbusd`
-//! held those products to their loads' pace.
+//! The formats' units are in `simd_blocks.rs` (the 32-weight formats) and `simd_kquants.rs`.
+//! The formats whose weights decode in a few instructions (Q8_0, Q5_0, Q4_0, IQ4_NL) take two
+//! strips a pass in products of many rows, so each activation broadcast feeds two
+//! `vpdpbusd`s: on a CPU that issues two a cycle against two vector loads (Zen 5), a
+//! broadcast a `vpdpbusd` held those products to their loads' pace.
 // SAFETY (all of the module): every function is compiled for the features
 // `cpu::Level::Avx512` has, and reached only where that level is allowed (`Kernel::detect`);
 // every pointer is inside a strip `QMatrix::new` sized (`columns::strip_bytes`) or an
@@ -22,7 +23,8 @@ use std::arch::x86_64::*;
 
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
-use super::simd_kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
+use super::simd_blocks::{Iq4Nl, Q4_0, Q5_0, Q5_1, Q8_0};
+use super::simd_kquants::{Iq4Xs, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::{Kernel, QuantFormat, QuantizedRows, ACT_ROWS_PER_BLOCK};
 use crate::threads::OutRows;
 
@@ -31,13 +33,13 @@ pub(super) struct Acts<const R: usize> {
     pub q: [*const i8; R],
     /// One per block (32 or 256 values).
     pub scale: [*const f32; R],
-    /// Q8_0, Q5_0, Q4_0 (Q6_K): where a block's (16-weight sub-block's) integer sums start,
+    /// Q8_0, Q5_0, Q4_0, IQ4_NL (Q6_K): where a block's (16-weight sub-block's) sums start,
     /// minus the zero point times the activations' sum (`QuantizedRows::zero_q8`; never read
     /// by AVX2's Q8_0).
     pub zero: [*const i32; R],
     /// Q5_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
     pub scaled_sums: [*const f32; R],
-    /// Q4_K, Q5_K (Q6_K, Q3_K, Q2_K): each 32 (16) values' sum as 16 bits
+    /// Q4_K, Q5_K, IQ4_XS (Q6_K, Q3_K, Q2_K): each 32 (16) values' sum as 16 bits
     /// (`QuantizedRows::sum32_i16`), for the mins' (zero point's) term.
     pub sums: [*const i16; R],
 }
@@ -48,12 +50,12 @@ impl<const R: usize> Acts<R> {
         let k = acts.k;
         let row = |r: usize, per_row: usize| (start + r) * per_row;
         let (zero, per): (&[i32], usize) = match format {
-            QuantFormat::Q8_0 => (&acts.zero_q8, 32),
+            QuantFormat::Q8_0 | QuantFormat::Iq4Nl => (&acts.zero_q8, 32),
             QuantFormat::Q5_0 => (&acts.zero_q5, 32),
             QuantFormat::Q4_0 => (&acts.zero_q4, 32),
             QuantFormat::Q5_1 => (&[], 32),
             // The mins are added once per super-block (`sums`): these pointers are never read.
-            QuantFormat::Q4K | QuantFormat::Q5K => (&[], 32),
+            QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Iq4Xs => (&[], 32),
             QuantFormat::Q6K => (&acts.zero_q6, 16),
             // Q3_K's zero point and Q2_K's mins come once per super-block (`sums`).
             QuantFormat::Q3K | QuantFormat::Q2K => (&[], 16),
@@ -97,7 +99,7 @@ pub(super) unsafe fn dots<const R: usize, const G: usize>(
 /// set the pace (`cpu::two_vnni_a_cycle`); two strips halve them.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn strips_dots<const R: usize, const S: usize, const G: usize>(
+pub(super) unsafe fn strips_dots<const R: usize, const S: usize, const G: usize>(
     start: [[__m512i; R]; S],
     x: &Acts<R>,
     at: usize,
@@ -173,6 +175,16 @@ pub(super) unsafe fn byte_ints<const SIGNED: bool>(p: *const u8) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn byte_scales(p: *const u8, d: __m512) -> __m512 {
     _mm512_mul_ps(_mm512_cvtepi32_ps(byte_ints::<false>(p)), d)
+}
+
+/// IQ4_NL's and IQ4_XS's 16 values plus 128 (`scalar::iq4_u`) in each 128-bit lane:
+/// `vpshufb` of it by a vector of indices gives their values as unsigned bytes, the zero point
+/// 128 taken back as Q8_0's.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn iq4_table() -> __m512i {
+    let values: [u8; 16] = std::array::from_fn(|q| super::scalar::iq4_u(q as u8));
+    _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr().cast()))
 }
 
 /// The 8 groups of 32 weights in 4 nibble vectors at `p` (low nibbles groups 0-3, high 4-7).
@@ -343,160 +355,6 @@ impl Advance for Pair {
     unsafe fn advance(&mut self) {
         self.0[0].advance();
         self.0[1].advance();
-    }
-}
-
-struct Q8_0;
-struct Q5_0;
-struct Q5_1;
-struct Q4_0;
-
-/// A 32-weight block's sums scaled into `acc`: by each strip's 16 rows' scales at
-/// `scales[s]` and each row's activation scale of block `b`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn scale_block<const R: usize, const S: usize>(
-    sums: [[__m512i; R]; S],
-    scales: [*const u8; S],
-    x: &Acts<R>,
-    b: usize,
-    acc: &mut [[__m512; R]; S],
-) {
-    let rows: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(*x.scale[r].add(b)));
-    for s in 0..S {
-        let d = halves(scales[s]);
-        for r in 0..R {
-            let scale = _mm512_mul_ps(d, rows[r]);
-            acc[s][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[s][r]), scale, acc[s][r]);
-        }
-    }
-}
-
-/// The two 32-weight blocks of `S` strips' units stored as `q + zero` (Q8_0, Q5_0, Q4_0):
-/// block `b`'s sums start at the activations' sum times `-zero` ([`zero_start`], one
-/// broadcast for the strips), and `decoder(s, b)` gives strip `s`'s group `g` weight vector
-/// where [`strips_dots`] asks for it.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-unsafe fn zero_point_blocks<const R: usize, const S: usize, D: Fn(usize) -> __m512i>(
-    units: [*const u8; S],
-    i: usize,
-    x: &Acts<R>,
-    acc: &mut [[__m512; R]; S],
-    stream: &mut impl Advance,
-    decoder: impl Fn(usize, usize) -> D,
-) {
-    for b in 0..2 {
-        stream.advance();
-        let block = 2 * i + b;
-        let start = zero_start::<R>(x, block);
-        let decoders: [D; S] = std::array::from_fn(|s| decoder(s, b));
-        let sums = strips_dots::<R, S, 8>([start; S], x, 32 * block, |s, g| decoders[s](g));
-        let scales = units.map(|unit| unit.add(at::block_scales(b)));
-        scale_block(sums, scales, x, block, acc);
-    }
-}
-
-impl Format for Q8_0 {
-    const FORMAT: QuantFormat = QuantFormat::Q8_0;
-    const PACES: usize = 2;
-    const PAIRED: bool = true;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn units<const R: usize, const S: usize, A: Advance>(
-        units: [*const u8; S],
-        i: usize,
-        x: &Acts<R>,
-        acc: &mut [[__m512; R]; S],
-        stream: &mut A,
-    ) {
-        // Stored as q + 128.
-        zero_point_blocks(units, i, x, acc, stream, |s, b| {
-            let vectors = units[s].add(at::q8_block(b));
-            move |g| _mm512_loadu_si512(vectors.add(VECTOR * g).cast())
-        });
-    }
-}
-
-impl Format for Q5_0 {
-    const FORMAT: QuantFormat = QuantFormat::Q5_0;
-    const PACES: usize = 2;
-    const PAIRED: bool = true;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn units<const R: usize, const S: usize, A: Advance>(
-        units: [*const u8; S],
-        i: usize,
-        x: &Acts<R>,
-        acc: &mut [[__m512; R]; S],
-        stream: &mut A,
-    ) {
-        let sixteen = _mm512_set1_epi8(16);
-        zero_point_blocks(units, i, x, acc, stream, |s, b| {
-            let quants = units[s].add(at::q5_block(b));
-            let low = nibble_groups(quants);
-            let bits = quants.add(at::Q5_BITS).cast::<u64>();
-            move |g| {
-                // The fifth bit of every byte is one bit of a mask register.
-                let fifth: __mmask64 = bits.add(g).read_unaligned();
-                _mm512_mask_add_epi8(low[g], fifth, low[g], sixteen)
-            }
-        });
-    }
-}
-
-impl Format for Q5_1 {
-    const FORMAT: QuantFormat = QuantFormat::Q5_1;
-    const PACES: usize = 2;
-
-    /// Q5_0's sums from zero, then each block's 16 mins times the activations' scaled sum.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn unit<const R: usize, A: Advance>(
-        unit: *const u8,
-        i: usize,
-        x: &Acts<R>,
-        acc: &mut [__m512; R],
-        stream: &mut A,
-    ) {
-        for b in 0..2 {
-            stream.advance();
-            let block = 2 * i + b;
-            let u = five_bit_groups(unit.add(at::q5_1_block(b)));
-            let zero = [_mm512_setzero_si512(); R];
-            let sums = dots::<R, 8>(zero, x, 32 * block, |g| u[g]);
-            let scales = [unit.add(at::block_scales(b))];
-            scale_block([sums], scales, x, block, std::array::from_mut(acc));
-            let mins = halves(unit.add(at::block_mins(b)));
-            for r in 0..R {
-                let sum = _mm512_set1_ps(*x.scaled_sums[r].add(block));
-                acc[r] = _mm512_fmadd_ps(mins, sum, acc[r]);
-            }
-        }
-    }
-}
-
-impl Format for Q4_0 {
-    const FORMAT: QuantFormat = QuantFormat::Q4_0;
-    const PACES: usize = 2;
-    const PAIRED: bool = true;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-    unsafe fn units<const R: usize, const S: usize, A: Advance>(
-        units: [*const u8; S],
-        i: usize,
-        x: &Acts<R>,
-        acc: &mut [[__m512; R]; S],
-        stream: &mut A,
-    ) {
-        // Stored as q + 8.
-        zero_point_blocks(units, i, x, acc, stream, |s, b| {
-            let u = nibble_groups(units[s].add(at::q4_block(b)));
-            move |g| u[g]
-        });
     }
 }
 
@@ -806,6 +664,8 @@ pub(super) fn dot_strips_with(
             QuantFormat::Q6K => tiles::<Q6K<false, false>>(&share, rows),
             QuantFormat::Q3K => tiles::<Q3K>(&share, rows),
             QuantFormat::Q2K => tiles::<Q2K>(&share, rows),
+            QuantFormat::Iq4Nl => tiles::<Iq4Nl>(&share, rows),
+            QuantFormat::Iq4Xs => tiles::<Iq4Xs>(&share, rows),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The AVX-512 VNNI kernels' K-quants (Q2_K-Q6_K; `simd_columns.rs` holds the strips, the
+//! The AVX-512 VNNI kernels' K-quants (Q2_K-Q6_K, IQ4_XS; `simd_columns.rs` holds the strips, the
 //! tiles of rows and the 32-weight formats): a super-block's sub-blocks scaled once for 16
 //! weight rows, its mins (Q2_K, Q4_K, Q5_K) or zero point (Q3_K, Q6_K) in integers.
 // SAFETY (all of the module): as `simd_columns.rs`, whose `Format::unit` these implement.
@@ -9,8 +9,8 @@ use std::arch::x86_64::*;
 
 use super::columns::at;
 use super::simd_columns::{
-    byte_ints, byte_scales, dots, five_bit_groups, halves, nibble_groups, six_bit_groups,
-    three_bit_groups, two_bit_groups, zero_start, Acts, Advance, Format,
+    byte_ints, byte_scales, dots, five_bit_groups, halves, iq4_table, nibble_groups,
+    six_bit_groups, three_bit_groups, two_bit_groups, zero_start, Acts, Advance, Format,
 };
 use super::QuantFormat;
 
@@ -25,6 +25,8 @@ pub(super) struct Q6K<const EXACT: bool, const BLOCK_ZERO: bool>;
 pub(super) struct Q3K;
 /// Q2_K, its mins once per super-block.
 pub(super) struct Q2K;
+/// IQ4_XS, its zero point once per super-block as Q4_K's mins.
+pub(super) struct Iq4Xs;
 
 /// Two neighbouring sub-blocks' bytes of the 16 rows (16 at `p`, then 16), as `vpdpwssd`
 /// multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s two bytes
@@ -199,7 +201,8 @@ unsafe fn with_mins<const R: usize, const EXACT: bool>(
     }
     let mins: [__m512i; 4] =
         std::array::from_fn(|t| paired_bytes::<false>(unit.add(at::q4k_mins(2 * t))));
-    minus_mins_into(unit, &mins, x, i, 8 * i, block, acc);
+    let dmin = halves(unit.add(at::DMIN));
+    minus_mins_into(&mins, x, i, 8 * i, dmin, block, acc);
 }
 
 /// Super-block `i`'s `block` less its mins' term (each row's `2 T` activation sums from
@@ -208,16 +211,15 @@ unsafe fn with_mins<const R: usize, const EXACT: bool>(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 unsafe fn minus_mins_into<const R: usize, const T: usize>(
-    unit: *const u8,
     mins: &[__m512i; T],
     x: &Acts<R>,
     i: usize,
     from: usize,
+    dmin: __m512,
     block: [__m512; R],
     acc: &mut [__m512; R],
 ) {
     let min_sums = paired_sums::<R, T>(mins, x, from);
-    let dmin = halves(unit.add(at::DMIN));
     for r in 0..R {
         let block = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sums[r]), dmin, block[r]);
         acc[r] = _mm512_fmadd_ps(block, _mm512_set1_ps(*x.scale[r].add(i)), acc[r]);
@@ -398,7 +400,8 @@ impl Format for Q2K {
         let mins: [__m512i; 8] = std::array::from_fn(|t| {
             _mm512_srli_epi16::<4>(paired_bytes::<false>(unit.add(at::q2k_scales(2 * t))))
         });
-        minus_mins_into(unit, &mins, x, i, 16 * i, block, acc);
+        let dmin = halves(unit.add(at::DMIN));
+        minus_mins_into(&mins, x, i, 16 * i, dmin, block, acc);
     }
 }
 
@@ -437,4 +440,45 @@ unsafe fn sub_blocks_of_16<const R: usize>(
         }
     }
     block
+}
+
+impl Format for Iq4Xs {
+    const FORMAT: QuantFormat = QuantFormat::Iq4Xs;
+    const PACES: usize = 8;
+
+    /// Q4_K's arithmetic (`with_mins`): each sub-block's indices looked up as their values
+    /// plus 128 (unsigned, below 2^8), their sums (below 32 * 241 * 127 < 2^24: exact as f32)
+    /// times the signed scale times `d`. The 128 comes once per super-block as Q4_K's mins:
+    /// each row's eight 32-value sums against the 16 rows' signed scales, four `vpdpwssd`s (at
+    /// most 8 * 32 * 32 * 127 < 2^24), times `128 d` (exact).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize, A: Advance>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut A,
+    ) {
+        let table = iq4_table();
+        let d = halves(unit.add(at::D));
+        let mut block = [_mm512_setzero_ps(); R];
+        for j in 0..8 {
+            stream.advance();
+            let signed = byte_ints::<true>(unit.add(at::iq4xs_scales(j)));
+            let scales = _mm512_mul_ps(_mm512_cvtepi32_ps(signed), d);
+            let u = nibble_groups(unit.add(at::iq4xs_quants(j)));
+            let zero = [_mm512_setzero_si512(); R];
+            let sums = dots::<R, 8>(zero, x, 256 * i + 32 * j, |g| {
+                _mm512_shuffle_epi8(table, u[g])
+            });
+            for r in 0..R {
+                block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
+            }
+        }
+        let scales: [__m512i; 4] =
+            std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::iq4xs_scales(2 * t))));
+        let zero_d = _mm512_mul_ps(d, _mm512_set1_ps(128.0));
+        minus_mins_into(&scales, x, i, 8 * i, zero_d, block, acc);
+    }
 }

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 
-const FORMATS: [QuantFormat; 9] = QuantFormat::ALL;
+const FORMATS: [QuantFormat; 11] = QuantFormat::ALL;
 
 /// The formats with an AMX kernel (the others go to the AVX-512 VNNI kernel on an AMX CPU).
 #[cfg(target_arch = "x86_64")]
@@ -17,8 +17,9 @@ pub(super) fn amx_formats() -> impl Iterator<Item = QuantFormat> + Clone {
         .filter(|&format| format.has_amx_kernel())
 }
 
-fn ggml_dtype(format: QuantFormat) -> GgmlDType {
-    match format {
+/// Candle's type of `format`, where candle has one (not the IQ types).
+fn ggml_dtype(format: QuantFormat) -> Option<GgmlDType> {
+    Some(match format {
         QuantFormat::Q8_0 => GgmlDType::Q8_0,
         QuantFormat::Q5_0 => GgmlDType::Q5_0,
         QuantFormat::Q5_1 => GgmlDType::Q5_1,
@@ -28,7 +29,8 @@ fn ggml_dtype(format: QuantFormat) -> GgmlDType {
         QuantFormat::Q5K => GgmlDType::Q5K,
         QuantFormat::Q3K => GgmlDType::Q3K,
         QuantFormat::Q2K => GgmlDType::Q2K,
-    }
+        QuantFormat::Iq4Nl | QuantFormat::Iq4Xs => return None,
+    })
 }
 
 pub(super) fn random_input(rows: usize, k: usize, seed: u64) -> Vec<f32> {
@@ -39,28 +41,71 @@ pub(super) fn random_input(rows: usize, k: usize, seed: u64) -> Vec<f32> {
 }
 
 /// Our decoders against candle's on random blocks as they were made (through the column
-/// layout and back, a wrong decoder would agree with itself).
+/// layout and back, a wrong decoder would agree with itself). Candle has no IQ types:
+/// [`iq4_blocks_decode_as_ggml_defines_them`] holds those.
 #[test]
 fn dequantize_matches_candle() {
     for format in FORMATS {
+        let Some(dtype) = ggml_dtype(format) else {
+            continue;
+        };
         let (n, k) = (3, 512);
         let matrix = QMatrix::random_in(format, n, k, 1, Layout::Gguf);
         let ours = matrix.dequantize();
-        let candle = qtensor_from_ggml(
-            ggml_dtype(format),
-            &matrix.to_bytes(),
-            vec![n, k],
-            &Device::Cpu,
-        )
-        .and_then(|q| q.dequantize(&Device::Cpu))
-        .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
-        .expect("candle dequantizes");
+        let candle = qtensor_from_ggml(dtype, &matrix.to_bytes(), vec![n, k], &Device::Cpu)
+            .and_then(|q| q.dequantize(&Device::Cpu))
+            .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+            .expect("candle dequantizes");
         for (i, (a, b)) in ours.iter().zip(&candle).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-6 * b.abs().max(1.0),
                 "{} element {i}: ours {a}, candle {b}",
                 format.name()
             );
+        }
+    }
+}
+
+/// IQ4_NL and IQ4_XS blocks decoded as ggml's `dequantize_row_iq4_nl` and
+/// `dequantize_row_iq4_xs` define them, written out here from their bytes: random blocks,
+/// every weight, in GGUF's layout and through the column layout.
+#[test]
+fn iq4_blocks_decode_as_ggml_defines_them() {
+    let values = |q: u8| f32::from(IQ4_VALUES[usize::from(q)]);
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let (n, k) = (19, 512);
+    for format in [QuantFormat::Iq4Nl, QuantFormat::Iq4Xs] {
+        let matrix = QMatrix::random_in(format, n, k, 5, Layout::Gguf);
+        let bytes = matrix.to_bytes();
+        let mut expected = Vec::new();
+        for block in bytes.chunks_exact(format.block_bytes()) {
+            let d = f16(block);
+            if format == QuantFormat::Iq4Nl {
+                let qs = &block[2..18];
+                expected.extend(qs.iter().map(|&q| d * values(q & 15)));
+                expected.extend(qs.iter().map(|&q| d * values(q >> 4)));
+                continue;
+            }
+            let scales_h = u16::from_le_bytes([block[2], block[3]]);
+            for ib in 0..8 {
+                let low = (block[4 + ib / 2] >> (4 * (ib % 2))) & 15;
+                let ls = i32::from(low) | (i32::from(scales_h >> (2 * ib)) & 3) << 4;
+                let dl = d * (ls - 32) as f32;
+                let qs = &block[8 + 16 * ib..8 + 16 * ib + 16];
+                expected.extend(qs.iter().map(|&q| dl * values(q & 15)));
+                expected.extend(qs.iter().map(|&q| dl * values(q >> 4)));
+            }
+        }
+        for layout in [Layout::Gguf, Layout::Columns(FifthBits::Masks)] {
+            let ours = in_layout(&matrix, layout).dequantize();
+            assert_eq!(ours.len(), expected.len());
+            for (i, (a, b)) in ours.iter().zip(&expected).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                    "{} {layout:?} element {i}: ours {a}, ggml's {b}",
+                    format.name()
+                );
+            }
         }
     }
 }
@@ -402,6 +447,8 @@ fn one_pass_over_several_matrices_equals_one_at_a_time() {
         (QuantFormat::Q5K, 100),
         (QuantFormat::Q5_1, 50),
         (QuantFormat::Q4_0, 70),
+        (QuantFormat::Iq4Nl, 90),
+        (QuantFormat::Iq4Xs, 20),
     ]
     .into_iter()
     .enumerate()
@@ -620,7 +667,10 @@ fn formats_without_an_amx_kernel_are_handed_to_avx512() {
     let names: Vec<&str> = (Kernel::Amx.handed_on().iter())
         .map(|(name, _)| *name)
         .collect();
-    assert_eq!(names, ["Q5_1", "Q4_0", "Q2_K", "Q3_K", "Q5_K"]);
+    assert_eq!(
+        names,
+        ["Q5_1", "Q4_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS"]
+    );
     for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni] {
         assert!(kernel.handed_on().is_empty(), "{kernel:?}");
     }
