@@ -392,6 +392,21 @@ fn qwen2_5_coder_1_5b_q2_k_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-q2_k.gguf")
 }
 
+/// IQ4_XS (`install_models.py qwen2.5-coder-0.5b-iq4_xs`): IQ4_XS for most MLP down
+/// projections, IQ4_NL (its fallback for rows that are not whole super-blocks) for the other
+/// matrices and the embedding, Q5_1 and Q5_K for the attention values, the Q8_0 head.
+#[test]
+fn qwen2_5_coder_0_5b_iq4_xs_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-iq4_xs.gguf")
+}
+
+/// IQ4_XS (`install_models.py qwen2.5-coder-1.5b-iq4_xs`): every matrix but the attention
+/// values (Q5_K) and the head (Q6_K).
+#[test]
+fn qwen2_5_coder_1_5b_iq4_xs_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b-iq4_xs.gguf")
+}
+
 /// Each architecture's forward pass against llama.cpp's, where no real file is installed:
 /// seeded random qwen2, qwen3 (q/k norms, heads wider than hidden / heads) and llama (Llama
 /// 3.1's RoPE factors, the Q/K permutation) checkpoints written as F32 GGUF files

@@ -1,34 +1,35 @@
 //! GGUF files (llama.cpp's format): metadata -> the same `DecoderConfig` as HF checkpoints,
 //! tensors under llama.cpp's names served under HF names, and the tokenizer rebuilt from
-//! `tokenizer.ggml.*` metadata. The file is memory-mapped: matrices in a format with a kernel
-//! (`quant`) stay quantized (K-quants in the mapping; Q8_0 and Q5_0 copied into the AVX-512
-//! kernels' layout where they run, their mapped pages released); everything else (norms,
-//! biases, other formats) is dequantized to f32. The decoder, the forward contract and
-//! speculation run on GGUF targets unchanged.
+//! `tokenizer.ggml.*` metadata. The file is memory-mapped and its header read by
+//! `gguf_header`: matrices in a format with a kernel (`quant`, the IQ4 types too) stay
+//! quantized (copied into the kernels' column layout, their mapped pages released), F16 and
+//! BF16 matrices stay half-width (`tensor_as_stored`); everything else (norms, biases, other
+//! formats) is dequantized to f32. The decoder, the forward contract and speculation run on
+//! GGUF targets unchanged.
 //!
 //! Architectures: `qwen2`, `llama` (whose Q/K rows llama.cpp's converter permutes for its
 //! interleaved RoPE; they are permuted back to HF's rotate-half order here) and `gemma3`.
 
 use std::fs::File;
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
-use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
+use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 
 use crate::config::{DecoderConfig, RopeScaling};
+use crate::gguf_header::{Header, TensorInfo, TensorType};
 use crate::tokenizer::TextTokenizer;
 use crate::ModelError;
-use grove_kernels::quant::{Bytes, MatrixUse, QMatrix, QuantFormat};
+use grove_kernels::quant::{Bytes, Layout, MatrixUse, QMatrix};
 
 /// An opened GGUF file: its metadata and tensor index (tensors are read on demand).
 pub struct GgufFile {
     path: PathBuf,
-    content: Content,
+    header: Header,
     architecture: String,
     map: Arc<memmap2::Mmap>,
 }
@@ -59,18 +60,14 @@ impl GgufFile {
             path: path.to_owned(),
             source,
         })?;
-        let content = Content::read(&mut BufReader::new(&file)).map_err(|e| {
-            error(match unknown_tensor_type(&e.to_string()) {
-                Some(message) => message,
-                None => format!("not a readable GGUF file: {e}"),
-            })
-        })?;
         let map = grove_kernels::memory::map_read_only(&file).map_err(|source| ModelError::Io {
             path: path.to_owned(),
             source,
         })?;
-        for (name, info) in &content.tensor_infos {
-            let end = data_range(&content, info).end;
+        let header =
+            Header::read(&map).map_err(|e| error(format!("not a readable GGUF file: {e}")))?;
+        for (name, info) in &header.tensors {
+            let end = data_range(&header, info).end;
             if end > map.len() {
                 return Err(error(format!(
                     "tensor `{name}` ends at byte {end}, past the end of the file ({} bytes): \
@@ -79,13 +76,13 @@ impl GgufFile {
                 )));
             }
         }
-        let architecture = match content.metadata.get("general.architecture") {
+        let architecture = match header.metadata.get("general.architecture") {
             Some(Value::String(a)) => a.clone(),
             _ => return Err(error("missing metadata key `general.architecture`".into())),
         };
         Ok(Self {
             path: path.to_owned(),
-            content,
+            header,
             architecture,
             map: Arc::new(map),
         })
@@ -97,7 +94,7 @@ impl GgufFile {
 
     /// The model's name as the file states it (`general.name`), if it does.
     pub fn name(&self) -> Option<&str> {
-        match self.content.metadata.get("general.name") {
+        match self.header.metadata.get("general.name") {
             Some(Value::String(name)) if !name.trim().is_empty() => Some(name.trim()),
             _ => None,
         }
@@ -111,7 +108,7 @@ impl GgufFile {
     }
 
     fn meta(&self, key: &str) -> Option<&Value> {
-        self.content.metadata.get(key)
+        self.header.metadata.get(key)
     }
 
     fn meta_u64(&self, key: &str) -> Result<u64, ModelError> {
@@ -156,12 +153,11 @@ impl GgufFile {
             }
         }
         let vocab = self
-            .content
-            .tensor_infos
+            .header
+            .tensors
             .get("token_embd.weight")
             .ok_or_else(|| self.config_error("missing tensor `token_embd.weight`".into()))?
-            .shape
-            .dims()[0];
+            .dims[0];
         let mut config = json!({
             "model_type": if arch == "gemma3" { "gemma3_text" } else { arch },
             "vocab_size": vocab,
@@ -174,11 +170,10 @@ impl GgufFile {
             "rms_norm_eps": self.meta_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
             "rope_theta": self.meta_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
             "max_position_embeddings": self.meta_u64(&key("context_length"))?,
-            "tie_word_embeddings": !self.content.tensor_infos.contains_key("output.weight"),
+            "tie_word_embeddings": !self.header.tensors.contains_key("output.weight"),
         });
         if arch == "llama" {
-            config["attention_bias"] =
-                json!(self.content.tensor_infos.contains_key("blk.0.attn_q.bias"));
+            config["attention_bias"] = json!(self.header.tensors.contains_key("blk.0.attn_q.bias"));
         }
         if arch == "gemma3" {
             // What llama.cpp assumes for Gemma 3 files, which do not record it: every 6th
@@ -215,14 +210,14 @@ impl GgufFile {
     /// Llama 3.1's scaling (Llama 3.1 and 3.2 files carry it).
     fn rope_factors(&self, head_dim: usize) -> Result<Option<Vec<f64>>, ModelError> {
         const NAME: &str = "rope_freqs.weight";
-        let Some(info) = self.content.tensor_infos.get(NAME) else {
+        let Some(info) = self.header.tensors.get(NAME) else {
             return Ok(None);
         };
         let wanted = head_dim / 2;
-        if info.shape.dims() != [wanted] {
+        if info.dims != [wanted] {
             return Err(self.config_error(format!(
                 "tensor `{NAME}` has shape {:?}; the heads' {head_dim} dimensions need [{wanted}]",
-                info.shape.dims()
+                info.dims
             )));
         }
         let factors = self
@@ -239,12 +234,12 @@ impl GgufFile {
     /// Bytes of weights one decode step reads: every tensor but the token embeddings (of which
     /// a step reads one row), plus the embeddings again when they double as the LM head.
     pub fn weight_bytes_per_token(&self) -> u64 {
-        let tied = !self.content.tensor_infos.contains_key("output.weight");
-        self.content
-            .tensor_infos
+        let tied = !self.header.tensors.contains_key("output.weight");
+        self.header
+            .tensors
             .iter()
             .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
-            .map(|(_, info)| data_range(&self.content, info).len() as u64)
+            .map(|(_, info)| info.bytes() as u64)
             .sum()
     }
 
@@ -302,7 +297,7 @@ impl GgufFile {
 
     pub fn contains(&self, hf_name: &str) -> bool {
         self.name_in_file(hf_name)
-            .is_some_and(|n| self.content.tensor_infos.contains_key(&n))
+            .is_some_and(|n| self.header.tensors.contains_key(&n))
     }
 
     /// The matrix `hf_name` kept in its block format, when that format has a kernel and its
@@ -315,30 +310,21 @@ impl GgufFile {
         let Some(name) = self.name_in_file(hf_name) else {
             return Ok(None);
         };
-        let Some(info) = self.content.tensor_infos.get(&name) else {
+        let Some(info) = self.header.tensors.get(&name) else {
             return Ok(None);
         };
-        let &[n, k] = info.shape.dims() else {
+        let &[n, k] = info.dims.as_slice() else {
             return Ok(None);
         };
-        let format = match info.ggml_dtype {
-            GgmlDType::Q8_0 => QuantFormat::Q8_0,
-            GgmlDType::Q5_0 => QuantFormat::Q5_0,
-            GgmlDType::Q5_1 => QuantFormat::Q5_1,
-            GgmlDType::Q4_0 => QuantFormat::Q4_0,
-            GgmlDType::Q4K => QuantFormat::Q4K,
-            GgmlDType::Q6K => QuantFormat::Q6K,
-            GgmlDType::Q5K => QuantFormat::Q5K,
-            GgmlDType::Q3K => QuantFormat::Q3K,
-            GgmlDType::Q2K => QuantFormat::Q2K,
-            _ => return Ok(None),
+        let Some(format) = info.kind.quant_format() else {
+            return Ok(None);
         };
         let Some(row_bytes) = format.row_bytes(k) else {
             return Ok(None);
         };
         let mut bytes = Bytes::Mapped {
             map: self.map.clone(),
-            start: data_range(&self.content, info).start,
+            start: data_range(&self.header, info).start,
             len: n * row_bytes,
         };
         if let Some(heads) = self.permuted_heads(&name)? {
@@ -380,12 +366,11 @@ impl GgufFile {
     /// for a tensor copied into a form of its own, so the file and its copy are not both
     /// resident.
     pub fn release(&self, hf_name: &str) {
-        let Some(info) =
-            (self.name_in_file(hf_name)).and_then(|n| self.content.tensor_infos.get(&n))
+        let Some(info) = (self.name_in_file(hf_name)).and_then(|n| self.header.tensors.get(&n))
         else {
             return;
         };
-        let range = data_range(&self.content, info);
+        let range = data_range(&self.header, info);
         let bytes = Bytes::Mapped {
             map: self.map.clone(),
             start: range.start,
@@ -419,19 +404,19 @@ impl GgufFile {
             .name_in_file(hf_name)
             .ok_or_else(|| error(format!("no GGUF name for `{hf_name}`")))?;
         let info = self
-            .content
-            .tensor_infos
+            .header
+            .tensors
             .get(&name)
             .ok_or_else(|| error(format!("missing tensor `{name}`")))?;
-        let half = match info.ggml_dtype {
-            GgmlDType::F16 => Some(DType::F16),
-            GgmlDType::BF16 => Some(DType::BF16),
+        let half = match info.kind {
+            TensorType::Candle(GgmlDType::F16) => Some(DType::F16),
+            TensorType::Candle(GgmlDType::BF16) => Some(DType::BF16),
             _ => None,
         };
         let tensor = match half.filter(|_| halves_stay) {
             Some(dtype) => {
-                let bytes = &self.map[data_range(&self.content, info)];
-                Tensor::from_raw_buffer(bytes, dtype, info.shape.dims(), device)
+                let bytes = &self.map[data_range(&self.header, info)];
+                Tensor::from_raw_buffer(bytes, dtype, &info.dims, device)
                     .map_err(|e| self.weights_error(&name, e))?
             }
             None => self.dequantized(&name, info, device)?,
@@ -456,15 +441,40 @@ impl GgufFile {
         info: &TensorInfo,
         device: &Device,
     ) -> Result<Tensor, ModelError> {
-        qtensor_from_ggml(
-            info.ggml_dtype,
-            &self.map[data_range(&self.content, info)],
-            info.shape.dims().to_vec(),
-            device,
-        )
-        .and_then(|q| q.dequantize(device))
-        .and_then(|t| t.to_dtype(DType::F32))
-        .map_err(|e| self.weights_error(name, e))
+        let bytes = &self.map[data_range(&self.header, info)];
+        let dtype = match info.kind {
+            TensorType::Candle(dtype) => dtype,
+            // Types only grove's kernels read: their own decoder.
+            TensorType::Grove(format) => {
+                let &[n, k] = info.dims.as_slice() else {
+                    return Err(ModelError::Weights {
+                        path: self.path.clone(),
+                        message: format!(
+                            "tensor `{name}`: a {} tensor of shape {:?} (matrices only)",
+                            format.name(),
+                            info.dims
+                        ),
+                    });
+                };
+                let matrix = QMatrix::with_layout(
+                    format,
+                    n,
+                    k,
+                    Bytes::Owned(Arc::new(bytes.to_vec())),
+                    Layout::Gguf,
+                )
+                .map_err(|message| ModelError::Weights {
+                    path: self.path.clone(),
+                    message: format!("tensor `{name}`: {message}"),
+                })?;
+                return Tensor::from_vec(matrix.dequantize(), (n, k), device)
+                    .map_err(|e| self.weights_error(name, e));
+            }
+        };
+        qtensor_from_ggml(dtype, bytes, info.dims.clone(), device)
+            .and_then(|q| q.dequantize(device))
+            .and_then(|t| t.to_dtype(DType::F32))
+            .map_err(|e| self.weights_error(name, e))
     }
 
     fn weights_error(&self, name: &str, e: candle_core::Error) -> ModelError {
@@ -479,10 +489,10 @@ impl GgufFile {
     /// stay on the heap beside the weights copied into the kernels' layout while they load,
     /// and count in the peak resident memory (Gemma 3 270M in `grove bench`: 303 MB).
     pub fn without_tokenizer(mut self) -> Self {
-        self.content.metadata.retain(|key, value| {
+        self.header.metadata.retain(|key, value| {
             !(key.starts_with("tokenizer.") && matches!(value, Value::Array(_)))
         });
-        self.content.metadata.shrink_to_fit();
+        self.header.metadata.shrink_to_fit();
         grove_kernels::memory::release_freed_memory();
         self
     }
@@ -490,48 +500,14 @@ impl GgufFile {
     /// The tokenizer described by `tokenizer.ggml.*` (a `gpt2` byte-level BPE) and the chat
     /// template in `tokenizer.chat_template`.
     pub fn tokenizer(&self) -> Result<TextTokenizer, ModelError> {
-        crate::gguf_tokenizer::build(&self.content.metadata, &self.path)
+        crate::gguf_tokenizer::build(&self.header.metadata, &self.path)
     }
 }
 
-/// The message for the reader's error about a tensor type it has no reader for (candle's
-/// "unknown dtype for tensor N", where N is the type id): the type by ggml's name and the
-/// types grove loads. `None` for any other error.
-fn unknown_tensor_type(reader_error: &str) -> Option<String> {
-    // Only the id's digits: with `RUST_BACKTRACE` set, a backtrace follows them.
-    let rest = reader_error.strip_prefix("unknown dtype for tensor ")?;
-    let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-    let id: u32 = rest[..digits].parse().ok()?;
-    // ggml's type ids (`enum ggml_type`) of the types files carry.
-    let name = match id {
-        9 => "Q8_1",
-        15 => "Q8_K",
-        16 => "IQ2_XXS",
-        17 => "IQ2_XS",
-        18 => "IQ3_XXS",
-        19 => "IQ1_S",
-        20 => "IQ4_NL",
-        21 => "IQ3_S",
-        22 => "IQ2_S",
-        23 => "IQ4_XS",
-        24..=28 => "an integer or f64 type",
-        29 => "IQ1_M",
-        34 => "TQ1_0",
-        35 => "TQ2_0",
-        39 => "MXFP4",
-        _ => "not a type this reader knows",
-    };
-    Some(format!(
-        "tensor type {id} ({name}) is not supported: grove loads files of F32, F16, BF16, Q8_0, \
-         Q5_0, Q5_1, Q4_0, Q4_1 and Q2_K-Q6_K tensors (not yet the IQ and ternary types)"
-    ))
-}
-
 /// Where a tensor's data lies in the file.
-fn data_range(content: &Content, info: &TensorInfo) -> std::ops::Range<usize> {
-    let start = content.tensor_data_offset as usize + info.offset as usize;
-    let len = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-    start..start + len
+fn data_range(header: &Header, info: &TensorInfo) -> std::ops::Range<usize> {
+    let start = header.data_offset + info.offset;
+    start..start + info.bytes()
 }
 
 /// Undoes llama.cpp's Q/K row permutation (`[heads, 2, d/2] -> [heads, d/2, 2]` on rows), back

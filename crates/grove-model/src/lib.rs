@@ -11,6 +11,7 @@ pub mod dflash;
 pub mod drafter_manifest;
 pub mod forward;
 pub mod gguf;
+mod gguf_header;
 mod gguf_tokenizer;
 pub mod layer_stack;
 pub mod layers;
