@@ -441,40 +441,38 @@ impl GgufFile {
         info: &TensorInfo,
         device: &Device,
     ) -> Result<Tensor, ModelError> {
-        let bytes = &self.map[data_range(&self.header, info)];
-        let dtype = match info.kind {
-            TensorType::Candle(dtype) => dtype,
-            // Types only grove's kernels read: their own decoder.
+        let range = data_range(&self.header, info);
+        match info.kind {
+            TensorType::Candle(dtype) => {
+                qtensor_from_ggml(dtype, &self.map[range], info.dims.clone(), device)
+                    .and_then(|q| q.dequantize(device))
+                    .and_then(|t| t.to_dtype(DType::F32))
+                    .map_err(|e| self.weights_error(name, e))
+            }
+            // A type only grove's kernels read: their decoder, on the mapped blocks.
             TensorType::Grove(format) => {
-                let &[n, k] = info.dims.as_slice() else {
-                    return Err(ModelError::Weights {
-                        path: self.path.clone(),
-                        message: format!(
-                            "tensor `{name}`: a {} tensor of shape {:?} (matrices only)",
-                            format.name(),
-                            info.dims
-                        ),
-                    });
-                };
-                let matrix = QMatrix::with_layout(
-                    format,
-                    n,
-                    k,
-                    Bytes::Owned(Arc::new(bytes.to_vec())),
-                    Layout::Gguf,
-                )
-                .map_err(|message| ModelError::Weights {
+                let error = |message: String| ModelError::Weights {
                     path: self.path.clone(),
                     message: format!("tensor `{name}`: {message}"),
-                })?;
-                return Tensor::from_vec(matrix.dequantize(), (n, k), device)
-                    .map_err(|e| self.weights_error(name, e));
+                };
+                let &[n, k] = info.dims.as_slice() else {
+                    let dims = &info.dims;
+                    return Err(error(format!(
+                        "{} of shape {dims:?}, not a matrix",
+                        format.name()
+                    )));
+                };
+                let bytes = Bytes::Mapped {
+                    map: self.map.clone(),
+                    start: range.start,
+                    len: range.len(),
+                };
+                let matrix =
+                    QMatrix::with_layout(format, n, k, bytes, Layout::Gguf).map_err(error)?;
+                Tensor::from_vec(matrix.dequantize(), (n, k), device)
+                    .map_err(|e| self.weights_error(name, e))
             }
-        };
-        qtensor_from_ggml(dtype, bytes, info.dims.clone(), device)
-            .and_then(|q| q.dequantize(device))
-            .and_then(|t| t.to_dtype(DType::F32))
-            .map_err(|e| self.weights_error(name, e))
+        }
     }
 
     fn weights_error(&self, name: &str, e: candle_core::Error) -> ModelError {

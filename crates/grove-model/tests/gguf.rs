@@ -340,9 +340,17 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
         (GgmlDType::Q8_0, KvDtype::Bf16),
         (GgmlDType::Q4K, KvDtype::Bf16),
     ];
+    let mut files = Vec::new();
     for (dtype, kv_dtype) in formats.map(|f| (f, KvDtype::F16)).into_iter().chain(bf16) {
         let file = dir.path().join(format!("model-{dtype:?}.gguf"));
         write_gguf(dir.path(), &spec, "qwen2", dtype, &file);
+        files.push((format!("{dtype:?}"), file, kv_dtype));
+    }
+    // IQ4_NL, which candle cannot write: the Q4_0 file's blocks retyped.
+    let iq4_nl = dir.path().join("model-IQ4_NL.gguf");
+    retyped_as_iq4_nl(&dir.path().join("model-Q4_0.gguf"), &iq4_nl);
+    files.push(("IQ4_NL".into(), iq4_nl, KvDtype::F16));
+    for (dtype, file, kv_dtype) in files {
         let model = Decoder::load(&file, &Device::Cpu)
             .unwrap()
             .with_kv_dtype(kv_dtype);
@@ -391,8 +399,64 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
             assert_eq!(
                 bits(tree.logits_row(node).unwrap()),
                 bits(chain.logits_row(path_tokens.len() - 1).unwrap()),
-                "{dtype:?}, {kv_dtype} KV, node {node}"
+                "{dtype}, {kv_dtype} KV, node {node}"
             );
         }
     }
+}
+
+/// `from` (a file whose matrices are Q4_0) with every Q4_0 tensor's type set to IQ4_NL, whose
+/// blocks have Q4_0's size and layout (an f16 scale, 16 bytes of nibbles): the same bytes, read
+/// as indices into IQ4_NL's values.
+fn retyped_as_iq4_nl(from: &std::path::Path, to: &std::path::Path) {
+    let mut bytes = std::fs::read(from).unwrap();
+    let content = gguf_file::Content::read(&mut std::fs::File::open(from).unwrap()).unwrap();
+    let mut retyped = 0;
+    for (name, info) in &content.tensor_infos {
+        if info.ggml_dtype != GgmlDType::Q4_0 {
+            continue;
+        }
+        // The entry: the name (with its length), the rank, the dims (u64 each), the type.
+        let mut entry = (name.len() as u64).to_le_bytes().to_vec();
+        entry.extend(name.as_bytes());
+        let at = bytes.windows(entry.len()).position(|w| w == entry).unwrap() + entry.len();
+        let type_at = at + 4 + 8 * info.shape.rank();
+        assert_eq!(bytes[type_at..type_at + 4], 2u32.to_le_bytes(), "{name}");
+        bytes[type_at..type_at + 4].copy_from_slice(&20u32.to_le_bytes());
+        retyped += 1;
+    }
+    assert!(retyped > 0, "no Q4_0 tensor in {from:?}");
+    std::fs::write(to, bytes).unwrap();
+}
+
+/// An IQ4_NL file's matrices load into the kernels, and read as f32 (the loader's route for
+/// a tensor it does not multiply) they are the same values.
+#[test]
+fn iq4_nl_tensors_load_quantized_and_as_f32_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = RandomCheckpoint {
+        hidden_size: 256,
+        intermediate_size: 512,
+        ..checkpoint(Family::Qwen2)
+    };
+    spec.write(dir.path()).unwrap();
+    let q4_0 = dir.path().join("model-Q4_0.gguf");
+    write_gguf(dir.path(), &spec, "qwen2", GgmlDType::Q4_0, &q4_0);
+    let path = dir.path().join("model-IQ4_NL.gguf");
+    retyped_as_iq4_nl(&q4_0, &path);
+    let file = GgufFile::open(&path).unwrap();
+    let name = "model.layers.1.mlp.down_proj.weight";
+    let matrix = file
+        .quantized(name, grove_kernels::quant::MatrixUse::Products)
+        .unwrap()
+        .expect("kept quantized");
+    assert_eq!(matrix.format().name(), "IQ4_NL");
+    assert_eq!(matrix.dims(), (spec.hidden_size, spec.intermediate_size));
+    let values = file.tensor(name, &Device::Cpu).unwrap();
+    assert_eq!(values.dims(), [spec.hidden_size, spec.intermediate_size]);
+    let values: Vec<f32> = values.flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(values, matrix.dequantize());
+    // The model runs on it.
+    let model = Decoder::load(&path, &Device::Cpu).unwrap();
+    assert!(max_abs(&logits(&model, &[1, 2, 3])).is_finite());
 }

@@ -1,6 +1,7 @@
-//! The AVX-512 VNNI kernels' K-quants (Q2_K-Q6_K, IQ4_XS; `simd_columns.rs` holds the strips, the
-//! tiles of rows and the 32-weight formats): a super-block's sub-blocks scaled once for 16
-//! weight rows, its mins (Q2_K, Q4_K, Q5_K) or zero point (Q3_K, Q6_K) in integers.
+//! The AVX-512 VNNI kernels' K-quants and IQ4_XS (`simd_columns.rs` holds the strips and the
+//! tiles of rows, `simd_blocks.rs` the 32-weight formats): a super-block's sub-blocks scaled
+//! once for 16 weight rows, its mins (Q2_K, Q4_K, Q5_K) or zero point (Q3_K, Q6_K, IQ4_XS) in
+//! integers.
 // SAFETY (all of the module): as `simd_columns.rs`, whose `Format::unit` these implement.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)]
