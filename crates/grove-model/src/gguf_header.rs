@@ -109,14 +109,8 @@ pub struct TensorInfo {
     pub dims: Vec<usize>,
     /// From the start of the data section.
     pub offset: usize,
-}
-
-impl TensorInfo {
-    /// Bytes of the tensor's data (whole blocks: checked when the header is read).
-    pub fn bytes(&self) -> usize {
-        let (weights, bytes) = self.kind.block();
-        self.dims.iter().product::<usize>() / weights * bytes
-    }
+    /// Bytes of the tensor's data: whole blocks, inside the file (checked by [`Header::read`]).
+    pub bytes: usize,
 }
 
 /// A GGUF file's metadata and tensor index.
@@ -169,10 +163,21 @@ impl Header {
             Some(Value::U32(a)) if *a > 0 => *a as usize,
             Some(other) => return Err(format!("`general.alignment` is {other:?}")),
         };
+        let data_offset = at.at.next_multiple_of(alignment);
+        for (name, info) in &tensors {
+            let end =
+                (data_offset.checked_add(info.offset)).and_then(|s| s.checked_add(info.bytes));
+            if !end.is_some_and(|end| end <= file.len()) {
+                return Err(format!(
+                    "tensor `{name}` ends past the end of the file ({} bytes): truncated?",
+                    file.len()
+                ));
+            }
+        }
         Ok(Self {
             metadata,
             tensors,
-            data_offset: at.at.next_multiple_of(alignment),
+            data_offset,
         })
     }
 }
@@ -274,16 +279,21 @@ impl<'a> Cursor<'a> {
         let kind = TensorType::from_id(self.u32()?)?;
         let offset = self.u64()?;
         let offset = usize::try_from(offset).map_err(|_| format!("an offset of {offset}"))?;
-        let (weights, _) = kind.block();
-        let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        if !elements
-            .is_some_and(|n| n.is_multiple_of(weights) && dims[dims.len() - 1] % weights == 0)
-        {
+        let (weights, block_bytes) = kind.block();
+        if dims[dims.len() - 1] % weights != 0 {
             return Err(format!(
                 "shape {dims:?} is not whole blocks of {weights} of its type {kind:?}"
             ));
         }
-        Ok(TensorInfo { kind, dims, offset })
+        let bytes = (dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)))
+            .and_then(|elements| (elements / weights).checked_mul(block_bytes))
+            .ok_or_else(|| format!("shape {dims:?} has more bytes than memory holds"))?;
+        Ok(TensorInfo {
+            kind,
+            dims,
+            offset,
+            bytes,
+        })
     }
 }
 
@@ -333,9 +343,11 @@ mod tests {
         metadata.extend(string("a"));
         metadata.extend(string("bc"));
         // IQ4_XS: [512, 3] in GGUF's order, [3, 512] in ours.
-        let bytes = header(3, 2, &metadata, &tensor(&[512, 3], 23, 128));
+        let mut bytes = header(3, 2, &metadata, &tensor(&[512, 3], 23, 128));
+        let data_offset = bytes.len().next_multiple_of(64);
+        bytes.resize(data_offset + 128 + 3 * 2 * 136, 0);
         let header = Header::read(&bytes).expect("a valid header");
-        assert_eq!(header.data_offset, bytes.len().next_multiple_of(64));
+        assert_eq!(header.data_offset, data_offset);
         let names = header.metadata["names"].to_vec().expect("an array");
         assert_eq!(names.len(), 2);
         assert_eq!(names[1].to_string().expect("a string"), "bc");
@@ -343,8 +355,14 @@ mod tests {
         assert_eq!(w.kind, TensorType::Grove(QuantFormat::Iq4Xs));
         assert_eq!(w.kind.quant_format(), Some(QuantFormat::Iq4Xs));
         assert_eq!(
-            (w.dims.as_slice(), w.offset, w.bytes()),
+            (w.dims.as_slice(), w.offset, w.bytes),
             (&[3, 512][..], 128, 3 * 2 * 136)
+        );
+        // One byte short of the tensor's end.
+        let short = Header::read(&bytes[..bytes.len() - 1]).expect_err("refused");
+        assert!(
+            short.contains("tensor `w` ends past the end of the file"),
+            "{short}"
         );
     }
 
@@ -377,5 +395,33 @@ mod tests {
             unknown.contains("metadata `k`: unknown value type 99"),
             "{unknown}"
         );
+    }
+
+    /// Every byte of a header set to a few values, and the header cut at every length: read
+    /// or refused, never a panic (nor an allocation a count asks for but the file cannot hold).
+    #[test]
+    fn damaged_headers_never_panic() {
+        let mut metadata = string("general.alignment");
+        metadata.extend(4u32.to_le_bytes());
+        metadata.extend(32u32.to_le_bytes());
+        metadata.extend(string("tokens"));
+        metadata.extend(9u32.to_le_bytes());
+        metadata.extend(8u32.to_le_bytes());
+        metadata.extend(3u64.to_le_bytes());
+        for token in ["a", "bb", "ccc"] {
+            metadata.extend(string(token));
+        }
+        let mut bytes = header(3, 2, &metadata, &tensor(&[64, 2], 20, 0));
+        bytes.resize(bytes.len().next_multiple_of(32) + 2 * 2 * 18, 7);
+        assert!(Header::read(&bytes).is_ok());
+        let end = bytes.len() - 2 * 2 * 18;
+        for at in 0..end {
+            for value in [0x00, 0x01, 0x7F, 0x80, 0xFF, bytes[at].wrapping_add(1)] {
+                let mut damaged = bytes.clone();
+                damaged[at] = value;
+                let _ = Header::read(&damaged);
+            }
+            let _ = Header::read(&bytes[..at]);
+        }
     }
 }
