@@ -167,7 +167,7 @@ impl Header {
         for (name, info) in &tensors {
             let end =
                 (data_offset.checked_add(info.offset)).and_then(|s| s.checked_add(info.bytes));
-            if !end.is_some_and(|end| end <= file.len()) {
+            if end.is_none_or(|end| end > file.len()) {
                 return Err(format!(
                     "tensor `{name}` ends past the end of the file ({} bytes): truncated?",
                     file.len()
