@@ -11,9 +11,9 @@ so a second run downloads nothing.
 
 With no model names it installs the two small ones (0.5B and Gemma 3 270M).
 
-No package carries a file of the Q5_K, Q4_0, Q3_K, Q2_K or IQ4_XS quantizations or in F16,
-so the `-q5_k_m`, `-q4_0`, `-q3_k_m`, `-q3_k_s`, `-q2_k`, `-iq4_xs` and `-f16` names are made
-here from a packaged model by llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`,
+No package carries a file of the Q5_K, Q4_0, Q4_1, Q3_K, Q2_K or IQ4_XS quantizations or in
+F16, so the `-q5_k_m`, `-q4_0`, `-q4_1`, `-q3_k_m`, `-q3_k_s`, `-q2_k`, `-iq4_xs` and `-f16`
+names are made here from a packaged model by llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`,
 requantizing: `bash scripts/install_llama_cpp.sh` first). The weights are the source's rounded again, so
 they only stand for the real file's layout: the tensor types and blocks llama.cpp writes.
 """
@@ -90,6 +90,11 @@ DERIVED = {
         "file": "qwen2.5-coder-0.5b-instruct-q3_k_s.gguf",
         "from": "qwen2.5-coder-0.5b",
         "ftype": "LLAMA_FTYPE_MOSTLY_Q3_K_S",
+    },
+    "qwen2.5-coder-0.5b-q4_1": {
+        "file": "qwen2.5-coder-0.5b-instruct-q4_1.gguf",
+        "from": "qwen2.5-coder-0.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_Q4_1",
     },
     # IQ4_XS: IQ4_XS where a row is whole super-blocks (the 0.5B: most MLP down projections),
     # llama.cpp's fallback IQ4_NL for the other matrices and the embedding, Q5_1 and Q5_K for

@@ -392,6 +392,13 @@ fn qwen2_5_coder_1_5b_q2_k_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-q2_k.gguf")
 }
 
+/// Q4_1 (`install_models.py qwen2.5-coder-0.5b-q4_1`): every matrix and the embedding, the
+/// Q8_0 head.
+#[test]
+fn qwen2_5_coder_0_5b_q4_1_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-q4_1.gguf")
+}
+
 /// IQ4_XS (`install_models.py qwen2.5-coder-0.5b-iq4_xs`): IQ4_XS for most MLP down
 /// projections, IQ4_NL (its fallback for rows that are not whole super-blocks) for the other
 /// matrices and the embedding, Q5_1 and Q5_K for the attention values, the Q8_0 head.

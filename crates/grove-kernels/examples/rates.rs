@@ -2,8 +2,8 @@
 //! 1, 4, 8 and 16 activation rows (best of five): the in-cache rates of docs/benchmarks.md.
 //! `RAYON_NUM_THREADS=1 taskset -c 0 cargo run --release -p grove-kernels --example rates`;
 //! `QN`, `QK` set the matrix (512 x 1024: in L2), `ROWS` the row counts (`1,4,8,16`),
-//! `FORMATS` the formats by name (all eleven: `Q8_0,Q5_0,Q5_1,Q4_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS`),
-//! for example to run one under `perf stat`.
+//! `FORMATS` the formats by name (all twelve: `Q8_0,Q5_0,Q5_1,Q4_0,Q4_1,Q2_K,Q3_K,Q4_K,Q5_K,`
+//! `Q6_K,IQ4_NL,IQ4_XS`), for example to run one under `perf stat`.
 
 use grove_kernels::quant::{Kernel, QMatrix, QuantFormat};
 use std::time::Instant;

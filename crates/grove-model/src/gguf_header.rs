@@ -58,6 +58,7 @@ impl TensorType {
                 GgmlDType::Q5_0 => Some(QuantFormat::Q5_0),
                 GgmlDType::Q5_1 => Some(QuantFormat::Q5_1),
                 GgmlDType::Q4_0 => Some(QuantFormat::Q4_0),
+                GgmlDType::Q4_1 => Some(QuantFormat::Q4_1),
                 GgmlDType::Q4K => Some(QuantFormat::Q4K),
                 GgmlDType::Q6K => Some(QuantFormat::Q6K),
                 GgmlDType::Q5K => Some(QuantFormat::Q5K),

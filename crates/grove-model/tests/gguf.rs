@@ -329,6 +329,7 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
         GgmlDType::Q5_0,
         GgmlDType::Q5_1,
         GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
         GgmlDType::Q2K,
         GgmlDType::Q3K,
         GgmlDType::Q4K,

@@ -693,6 +693,7 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
         QuantFormat::Q6K => run::<Planes<Q6K>, T>(tiles, share, rows),
         QuantFormat::Q5_1
         | QuantFormat::Q4_0
+        | QuantFormat::Q4_1
         | QuantFormat::Q5K
         | QuantFormat::Q3K
         | QuantFormat::Q2K

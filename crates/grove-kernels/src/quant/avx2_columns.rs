@@ -244,6 +244,7 @@ pub(super) unsafe fn weights<F: Format, const D: bool>(
 struct Q8_0;
 struct Q5_0;
 struct Q5_1;
+struct Q4_1;
 struct Q4_0;
 struct Iq4Nl;
 
@@ -377,7 +378,6 @@ impl Format for Q5_1 {
         five_bit_group(unit.add(at::q5_1_block(b)), half, g)
     }
 
-    /// Q5_0's sums from zero, then each block's min times the activations' scaled sum.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unit<const R: usize, const D: bool>(
@@ -388,13 +388,56 @@ impl Format for Q5_1 {
         acc: &mut [__m256; R],
         decoded: *const __m256i,
     ) {
-        two_blocks::<Self, R, D, { Self::ADD }, false, false>(unit, half, i, x, acc, decoded);
-        for b in 0..2 {
-            let min = halves(unit.add(at::block_mins(b) + 2 * HALF * half));
-            for r in 0..R {
-                let sum = _mm256_set1_ps(*x.scaled_sums[r].add(2 * i + b));
-                acc[r] = _mm256_fmadd_ps(min, sum, acc[r]);
-            }
+        with_block_mins::<Self, R, D, { Self::ADD }>(unit, half, i, x, acc, decoded);
+    }
+}
+
+impl Format for Q4_1 {
+    const FORMAT: QuantFormat = QuantFormat::Q4_1;
+    // u < 16: 8 * 2 * 15 * 127 < 2^15.
+    const ADD: usize = 8;
+    const TILE: usize = 4;
+    const DECODE_ONCE: bool = false;
+    const GROUPS: usize = 16;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(unit: *const u8, half: usize, b: usize, g: usize) -> __m256i {
+        nibble_group(unit.add(at::q4_1_block(b) + HALF_VECTOR * half), g)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unit<const R: usize, const D: bool>(
+        unit: *const u8,
+        half: usize,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m256; R],
+        decoded: *const __m256i,
+    ) {
+        with_block_mins::<Self, R, D, { Self::ADD }>(unit, half, i, x, acc, decoded);
+    }
+}
+
+/// A Q5_1 or Q4_1 unit (`ADD` is `F::ADD`): the sums from zero, then each block's min times
+/// the activations' scaled sum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn with_block_mins<F: Format, const R: usize, const D: bool, const ADD: usize>(
+    unit: *const u8,
+    half: usize,
+    i: usize,
+    x: &Acts<R>,
+    acc: &mut [__m256; R],
+    decoded: *const __m256i,
+) {
+    two_blocks::<F, R, D, ADD, false, false>(unit, half, i, x, acc, decoded);
+    for b in 0..2 {
+        let min = halves(unit.add(at::block_mins(b) + 2 * HALF * half));
+        for r in 0..R {
+            let sum = _mm256_set1_ps(*x.scaled_sums[r].add(2 * i + b));
+            acc[r] = _mm256_fmadd_ps(min, sum, acc[r]);
         }
     }
 }
@@ -626,6 +669,7 @@ pub(super) fn dot_strips(
             QuantFormat::Q8_0 => tiles::<Q8_0>(&share, rows),
             QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
             QuantFormat::Q5_1 => tiles::<Q5_1>(&share, rows),
+            QuantFormat::Q4_1 => tiles::<Q4_1>(&share, rows),
             QuantFormat::Q4_0 => tiles::<Q4_0>(&share, rows),
             QuantFormat::Q4K => tiles::<Q4K>(&share, rows),
             QuantFormat::Q6K => tiles::<Q6K>(&share, rows),

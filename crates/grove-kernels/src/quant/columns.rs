@@ -25,6 +25,7 @@
 //! Q5_1 (768 B):  scales | mins (the same)        | per block: 4 nibble vectors as Q5_0's, then
 //!                one vector of fifth bits (bit g of byte b: group g's byte b)
 //! Q4_0 (576 B):  scales                          | per block: 4 nibble vectors
+//! Q4_1 (640 B):  scales | mins (as Q5_1's)       | per block: 4 nibble vectors
 //! Q4_K (2368 B): d (16 f16) | dmin (16 f16) | 8 x 16 scales | 8 x 16 mins (a byte each) |
 //!                per sub-block of 32: 4 nibble vectors as Q5_0's
 //! Q5_K (2880 B): Q4_K's header | per sub-block of 32: 4 nibble vectors and a vector of
@@ -71,6 +72,7 @@ pub const fn unit_weights(format: QuantFormat) -> usize {
         | QuantFormat::Q5_0
         | QuantFormat::Q5_1
         | QuantFormat::Q4_0
+        | QuantFormat::Q4_1
         | QuantFormat::Iq4Nl => 64,
         QuantFormat::Q2K
         | QuantFormat::Q3K
@@ -88,6 +90,7 @@ pub const fn unit_bytes(format: QuantFormat) -> usize {
         QuantFormat::Q5_0 => 704,
         QuantFormat::Q5_1 => 768,
         QuantFormat::Q4_0 | QuantFormat::Iq4Nl => 576,
+        QuantFormat::Q4_1 => 640,
         QuantFormat::Q4K => 2368,
         QuantFormat::Q6K => 3392,
         QuantFormat::Q5K => 2880,
@@ -123,6 +126,10 @@ pub mod at {
     /// Q4_0: block `b`'s nibble vectors.
     pub const fn q4_block(b: usize) -> usize {
         64 + 256 * b
+    }
+    /// Q4_1: block `b`'s nibble vectors (after the scales and Q5_1's [`block_mins`]).
+    pub const fn q4_1_block(b: usize) -> usize {
+        128 + 256 * b
     }
     /// K-quants: the 16 rows' `d` (f16); Q4_K's and Q5_K's `dmin` follow at 32.
     pub const D: usize = 0;
@@ -368,6 +375,7 @@ fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &
         | QuantFormat::Q5_0
         | QuantFormat::Q5_1
         | QuantFormat::Q4_0
+        | QuantFormat::Q4_1
         | QuantFormat::Iq4Nl => {
             for b in 0..2 {
                 halves(out, at::block_scales(b), &|row| row.d[b]);
@@ -389,6 +397,10 @@ fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &
                         halves(out, at::block_mins(b), &|row| row.d[2 + b]);
                         let out = &mut out[at::q5_1_block(b)..];
                         write_five_bits(rows, 32 * b, FifthBits::Planes, out);
+                    }
+                    QuantFormat::Q4_1 => {
+                        halves(out, at::block_mins(b), &|row| row.d[2 + b]);
+                        write_nibbles(rows, 32 * b, &mut out[at::q4_1_block(b)..]);
                     }
                     _ => write_nibbles(rows, 32 * b, &mut out[at::q4_block(b)..]),
                 }
@@ -468,6 +480,7 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
         | QuantFormat::Q5_0
         | QuantFormat::Q5_1
         | QuantFormat::Q4_0
+        | QuantFormat::Q4_1
         | QuantFormat::Iq4Nl => {
             for b in 0..2 {
                 row.d[b] = half(at::block_scales(b));
@@ -484,6 +497,10 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
                         row.d[2 + b] = half(at::block_mins(b));
                         let payload = &unit[at::q5_1_block(b)..];
                         read_five_bits(payload, p, FifthBits::Planes, u);
+                    }
+                    QuantFormat::Q4_1 => {
+                        row.d[2 + b] = half(at::block_mins(b));
+                        read_nibbles(&unit[at::q4_1_block(b)..], p, u);
                     }
                     _ => read_nibbles(&unit[at::q4_block(b)..], p, u),
                 }
@@ -603,6 +620,8 @@ mod tests {
         assert_eq!(at::q5k_quants(8), unit_bytes(QuantFormat::Q5K));
         assert_eq!(at::q5_1_block(2), unit_bytes(QuantFormat::Q5_1));
         assert_eq!(at::q4_block(2), unit_bytes(QuantFormat::Q4_0));
+        assert_eq!(at::q4_1_block(2), unit_bytes(QuantFormat::Q4_1));
+        assert_eq!(at::block_mins(2), at::q4_1_block(0));
         assert_eq!(at::block_mins(2), at::q5_1_block(0));
         assert_eq!(at::q5_block(1) - at::q5_block(0), at::Q5_BITS + 64);
         assert_eq!(at::q6k_scales(16), at::q6k_quants(0));
@@ -615,6 +634,7 @@ mod tests {
             QuantFormat::Q5_0,
             QuantFormat::Q5_1,
             QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
             QuantFormat::Q2K,
             QuantFormat::Q3K,
             QuantFormat::Q4K,

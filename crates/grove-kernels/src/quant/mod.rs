@@ -1,5 +1,5 @@
-//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K,
-//! Q6_K, IQ4_NL and IQ4_XS matrices multiplied without dequantizing them to f32 first.
+//! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K,
+//! Q5_K, Q6_K, IQ4_NL and IQ4_XS matrices multiplied without dequantizing them to f32 first.
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
@@ -73,6 +73,8 @@ pub enum QuantFormat {
     /// 32 weights: f16 scale, 32 x 4 bits; `w = d * (q - 8)` (Q4_0 files, such as Google's
     /// quantization-aware Gemma 3 releases).
     Q4_0,
+    /// 32 weights: f16 scale and min, 32 x 4 bits; `w = d * q + m` (Q4_1 files).
+    Q4_1,
     /// 256 weights: f16 scale and min, 8 x (6-bit scale, 6-bit min), 256 x 4 bits.
     Q4K,
     /// 256 weights: 256 x (4 low + 2 high bits), 16 x i8 scales, f16 scale; `w = d*s*(q - 32)`.
@@ -103,11 +105,12 @@ pub const IQ4_VALUES: [i8; 16] = [
 
 impl QuantFormat {
     /// Every format kept quantized.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::Q8_0,
         Self::Q5_0,
         Self::Q5_1,
         Self::Q4_0,
+        Self::Q4_1,
         Self::Q2K,
         Self::Q3K,
         Self::Q4K,
@@ -124,6 +127,7 @@ impl QuantFormat {
             6 => Some(Self::Q5_0),
             7 => Some(Self::Q5_1),
             2 => Some(Self::Q4_0),
+            3 => Some(Self::Q4_1),
             12 => Some(Self::Q4K),
             14 => Some(Self::Q6K),
             13 => Some(Self::Q5K),
@@ -141,6 +145,7 @@ impl QuantFormat {
             Self::Q5_0 => "Q5_0",
             Self::Q5_1 => "Q5_1",
             Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
             Self::Q4K => "Q4_K",
             Self::Q6K => "Q6_K",
             Self::Q5K => "Q5_K",
@@ -154,7 +159,7 @@ impl QuantFormat {
     /// Weights per block.
     pub fn block_weights(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 | Self::Iq4Nl => 32,
+            Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 | Self::Q4_1 | Self::Iq4Nl => 32,
             Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => 256,
         }
     }
@@ -171,6 +176,7 @@ impl QuantFormat {
             Self::Q5_0 => 22,
             Self::Q5_1 => 24,
             Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
             Self::Q4K => 144,
             Self::Q6K => 210,
             Self::Q5K => 176,
@@ -186,7 +192,14 @@ impl QuantFormat {
     pub fn has_amx_kernel(self) -> bool {
         !matches!(
             self,
-            Self::Q5_1 | Self::Q4_0 | Self::Q5K | Self::Q3K | Self::Q2K | Self::Iq4Nl | Self::Iq4Xs
+            Self::Q5_1
+                | Self::Q4_0
+                | Self::Q4_1
+                | Self::Q5K
+                | Self::Q3K
+                | Self::Q2K
+                | Self::Iq4Nl
+                | Self::Iq4Xs
         )
     }
 
@@ -469,7 +482,7 @@ impl QMatrix {
             | QuantFormat::Q4_0
             | QuantFormat::Iq4Nl
             | QuantFormat::Iq4Xs => &[0],
-            QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
+            QuantFormat::Q5_1 | QuantFormat::Q4_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
             QuantFormat::Q3K => &[108],
             QuantFormat::Q2K => &[80, 82],

@@ -36,7 +36,7 @@ pub struct QuantizedRows {
     /// point (32) times its values' sum, so the zero point costs a broadcast load per
     /// sub-block and row.
     pub(super) zero_q6: Vec<i32>,
-    /// `[rows, k / 32]` for Q5_1: each block's scale times its values' sum (the activations'
+    /// `[rows, k / 32]` for Q5_1 and Q4_1: each block's scale times its values' sum (the activations'
     /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
     pub(super) scaled_sum32: Vec<f32>,
     /// Q4_K, Q5_K and IQ4_XS (Q6_K, Q3_K, Q2_K): `sum32` (`sum16`) as 16-bit values (at most
@@ -224,7 +224,8 @@ impl QuantizedRows {
         if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q4_0) {
             quantized.zero_q4 = (quantized.sum32.iter()).map(|&sum| -8 * sum).collect();
         }
-        if kernel != Kernel::Scalar && formats.contains(&QuantFormat::Q5_1) {
+        let block_mins = [QuantFormat::Q5_1, QuantFormat::Q4_1];
+        if kernel != Kernel::Scalar && block_mins.iter().any(|format| formats.contains(format)) {
             let sums = quantized.sum32.iter().zip(&quantized.scale);
             quantized.scaled_sum32 = sums.map(|(&sum, &scale)| scale * sum as f32).collect();
         }
@@ -244,7 +245,7 @@ impl QuantizedRows {
             }
             QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
             QuantFormat::Q4_0 => self.zero_q4.len() == self.sum32.len(),
-            QuantFormat::Q5_1 => self.scaled_sum32.len() == self.sum32.len(),
+            QuantFormat::Q5_1 | QuantFormat::Q4_1 => self.scaled_sum32.len() == self.sum32.len(),
             QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Iq4Xs => {
                 self.sum32_i16.len() == self.sum32.len()
             }

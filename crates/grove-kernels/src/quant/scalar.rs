@@ -1,6 +1,6 @@
 //! Portable decoders and dot products: the reference for the SIMD kernels and the fallback on
 //! CPUs without AVX2. Block layouts follow ggml's `block_q8_0`, `block_q5_0`, `block_q5_1`,
-//! `block_q4_0`, `block_q2_K`, `block_q3_K`, `block_q4_K`, `block_q5_K`, `block_q6_K`,
+//! `block_q4_0`, `block_q4_1`, `block_q2_K`, `block_q3_K`, `block_q4_K`, `block_q5_K`, `block_q6_K`,
 //! `block_iq4_nl` and `block_iq4_xs` (little-endian).
 
 use half::f16;
@@ -82,6 +82,7 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
         | QuantFormat::Q5_0
         | QuantFormat::Q5_1
         | QuantFormat::Q4_0
+        | QuantFormat::Q4_1
         | QuantFormat::Iq4Nl => {
             // Two 32-weight blocks per chunk.
             let block_bytes = format.block_bytes();
@@ -227,6 +228,10 @@ pub(super) fn decode_block(format: QuantFormat, block: &[u8], u: &mut [u8]) -> f
         QuantFormat::Q4_0 => {
             nibbles(u, &block[2..18]);
             8.0 * d
+        }
+        QuantFormat::Q4_1 => {
+            nibbles(u, &block[4..20]);
+            -f16_at(block, 2)
         }
         QuantFormat::Iq4Nl => {
             nibbles(u, &block[2..18]);

@@ -1,4 +1,4 @@
-//! The AVX-512 VNNI kernels' 32-weight formats (Q8_0, Q5_0, Q5_1, Q4_0, IQ4_NL;
+//! The AVX-512 VNNI kernels' 32-weight formats (Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, IQ4_NL;
 //! `simd_columns.rs` holds the strips and the tiles of rows): a unit's two blocks, each
 //! scaled once for 16 weight rows, two strips a pass where the format is `PAIRED`.
 // SAFETY (all of the module): as `simd_columns.rs`, whose `Format::units` these implement.
@@ -17,6 +17,7 @@ use super::QuantFormat;
 pub(super) struct Q8_0;
 pub(super) struct Q5_0;
 pub(super) struct Q5_1;
+pub(super) struct Q4_1;
 pub(super) struct Q4_0;
 pub(super) struct Iq4Nl;
 
@@ -120,7 +121,6 @@ impl Format for Q5_1 {
     const FORMAT: QuantFormat = QuantFormat::Q5_1;
     const PACES: usize = 2;
 
-    /// Q5_0's sums from zero, then each block's 16 mins times the activations' scaled sum.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize, A: Advance>(
@@ -130,19 +130,55 @@ impl Format for Q5_1 {
         acc: &mut [__m512; R],
         stream: &mut A,
     ) {
-        for b in 0..2 {
-            stream.advance();
-            let block = 2 * i + b;
-            let u = five_bit_groups(unit.add(at::q5_1_block(b)));
-            let zero = [_mm512_setzero_si512(); R];
-            let sums = dots::<R, 8>(zero, x, 32 * block, |g| u[g]);
-            let scales = [unit.add(at::block_scales(b))];
-            scale_block([sums], scales, x, block, std::array::from_mut(acc));
-            let mins = halves(unit.add(at::block_mins(b)));
-            for r in 0..R {
-                let sum = _mm512_set1_ps(*x.scaled_sums[r].add(block));
-                acc[r] = _mm512_fmadd_ps(mins, sum, acc[r]);
-            }
+        with_block_mins(unit, i, x, acc, stream, |b| {
+            five_bit_groups(unit.add(at::q5_1_block(b)))
+        });
+    }
+}
+
+impl Format for Q4_1 {
+    const FORMAT: QuantFormat = QuantFormat::Q4_1;
+    const PACES: usize = 2;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+    unsafe fn unit<const R: usize, A: Advance>(
+        unit: *const u8,
+        i: usize,
+        x: &Acts<R>,
+        acc: &mut [__m512; R],
+        stream: &mut A,
+    ) {
+        with_block_mins(unit, i, x, acc, stream, |b| {
+            nibble_groups(unit.add(at::q4_1_block(b)))
+        });
+    }
+}
+
+/// The two 32-weight blocks of a Q5_1 or Q4_1 unit, `groups(b)` block `b`'s weights: the
+/// sums from zero, then each block's 16 mins times the activations' scaled sum.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+unsafe fn with_block_mins<const R: usize>(
+    unit: *const u8,
+    i: usize,
+    x: &Acts<R>,
+    acc: &mut [__m512; R],
+    stream: &mut impl Advance,
+    groups: impl Fn(usize) -> [__m512i; 8],
+) {
+    for b in 0..2 {
+        stream.advance();
+        let block = 2 * i + b;
+        let u = groups(b);
+        let zero = [_mm512_setzero_si512(); R];
+        let sums = dots::<R, 8>(zero, x, 32 * block, |g| u[g]);
+        let scales = [unit.add(at::block_scales(b))];
+        scale_block([sums], scales, x, block, std::array::from_mut(acc));
+        let mins = halves(unit.add(at::block_mins(b)));
+        for r in 0..R {
+            let sum = _mm512_set1_ps(*x.scaled_sums[r].add(block));
+            acc[r] = _mm512_fmadd_ps(mins, sum, acc[r]);
         }
     }
 }

@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
-use super::simd_blocks::{Iq4Nl, Q4_0, Q5_0, Q5_1, Q8_0};
+use super::simd_blocks::{Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::simd_kquants::{Iq4Xs, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::{Kernel, QuantFormat, QuantizedRows, ACT_ROWS_PER_BLOCK};
 use crate::threads::OutRows;
@@ -37,7 +37,7 @@ pub(super) struct Acts<const R: usize> {
     /// minus the zero point times the activations' sum (`QuantizedRows::zero_q8`; never read
     /// by AVX2's Q8_0).
     pub zero: [*const i32; R],
-    /// Q5_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
+    /// Q5_1, Q4_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
     pub scaled_sums: [*const f32; R],
     /// Q4_K, Q5_K, IQ4_XS (Q6_K, Q3_K, Q2_K): each 32 (16) values' sum as 16 bits
     /// (`QuantizedRows::sum32_i16`), for the mins' (zero point's) term.
@@ -53,7 +53,7 @@ impl<const R: usize> Acts<R> {
             QuantFormat::Q8_0 | QuantFormat::Iq4Nl => (&acts.zero_q8, 32),
             QuantFormat::Q5_0 => (&acts.zero_q5, 32),
             QuantFormat::Q4_0 => (&acts.zero_q4, 32),
-            QuantFormat::Q5_1 => (&[], 32),
+            QuantFormat::Q5_1 | QuantFormat::Q4_1 => (&[], 32),
             // The mins are added once per super-block (`sums`): these pointers are never read.
             QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Iq4Xs => (&[], 32),
             QuantFormat::Q6K => (&acts.zero_q6, 16),
@@ -653,6 +653,7 @@ pub(super) fn dot_strips_with(
             QuantFormat::Q8_0 => tiles::<Q8_0>(&share, rows),
             QuantFormat::Q5_0 => tiles::<Q5_0>(&share, rows),
             QuantFormat::Q5_1 => tiles::<Q5_1>(&share, rows),
+            QuantFormat::Q4_1 => tiles::<Q4_1>(&share, rows),
             QuantFormat::Q4_0 => tiles::<Q4_0>(&share, rows),
             QuantFormat::Q4K if exact => tiles::<Q4K<true>>(&share, rows),
             QuantFormat::Q4K => tiles::<Q4K<false>>(&share, rows),

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 
-const FORMATS: [QuantFormat; 11] = QuantFormat::ALL;
+const FORMATS: [QuantFormat; 12] = QuantFormat::ALL;
 
 /// The formats with an AMX kernel (the others go to the AVX-512 VNNI kernel on an AMX CPU).
 #[cfg(target_arch = "x86_64")]
@@ -24,6 +24,7 @@ fn ggml_dtype(format: QuantFormat) -> Option<GgmlDType> {
         QuantFormat::Q5_0 => GgmlDType::Q5_0,
         QuantFormat::Q5_1 => GgmlDType::Q5_1,
         QuantFormat::Q4_0 => GgmlDType::Q4_0,
+        QuantFormat::Q4_1 => GgmlDType::Q4_1,
         QuantFormat::Q4K => GgmlDType::Q4K,
         QuantFormat::Q6K => GgmlDType::Q6K,
         QuantFormat::Q5K => GgmlDType::Q5K,
@@ -448,6 +449,7 @@ fn one_pass_over_several_matrices_equals_one_at_a_time() {
         (QuantFormat::Q5_1, 50),
         (QuantFormat::Q4_0, 70),
         (QuantFormat::Iq4Nl, 90),
+        (QuantFormat::Q4_1, 30),
         (QuantFormat::Iq4Xs, 20),
     ]
     .into_iter()
@@ -669,7 +671,7 @@ fn formats_without_an_amx_kernel_are_handed_to_avx512() {
         .collect();
     assert_eq!(
         names,
-        ["Q5_1", "Q4_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS"]
+        ["Q5_1", "Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS"]
     );
     for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni] {
         assert!(kernel.handed_on().is_empty(), "{kernel:?}");

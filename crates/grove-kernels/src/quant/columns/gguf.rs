@@ -18,6 +18,7 @@ pub(super) fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
         | QuantFormat::Q5_0
         | QuantFormat::Q5_1
         | QuantFormat::Q4_0
+        | QuantFormat::Q4_1
         | QuantFormat::Iq4Nl => {
             // IQ4_NL's bytes are Q4_0's, its nibbles indices.
             let bytes_as = match format {
@@ -26,7 +27,7 @@ pub(super) fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
             };
             for (b, block) in bytes.chunks_exact(format.block_bytes()).enumerate() {
                 unit.d[b] = f16_bits(block, 0);
-                if format == QuantFormat::Q5_1 {
+                if matches!(format, QuantFormat::Q5_1 | QuantFormat::Q4_1) {
                     unit.d[2 + b] = f16_bits(block, 2);
                 }
                 scalar::decode_block(bytes_as, block, &mut unit.u[32 * b..32 * b + 32]);
@@ -107,6 +108,7 @@ pub(super) fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: us
         | QuantFormat::Q5_0
         | QuantFormat::Q5_1
         | QuantFormat::Q4_0
+        | QuantFormat::Q4_1
         | QuantFormat::Iq4Nl => {
             for (b, block) in bytes.chunks_exact_mut(format.block_bytes()).enumerate() {
                 block[..2].copy_from_slice(&unit.d[b].to_le_bytes());
@@ -200,7 +202,8 @@ fn write_gguf_crumbs(u: &[u8; 256], crumbs: &mut [u8]) {
     }
 }
 
-/// A 32-weight block's values `u` (and Q5_1's min, f16 bits) as GGUF's bytes after the scale.
+/// A 32-weight block's values `u` (and Q5_1's or Q4_1's min, f16 bits) as GGUF's bytes after
+/// the scale.
 fn write_gguf_block(format: QuantFormat, u: &[u8], min: u16, block: &mut [u8]) {
     let (high, nibbles) = match format {
         QuantFormat::Q8_0 => {
@@ -213,6 +216,10 @@ fn write_gguf_block(format: QuantFormat, u: &[u8], min: u16, block: &mut [u8]) {
         QuantFormat::Q5_1 => {
             block[2..4].copy_from_slice(&min.to_le_bytes());
             (Some(4), 8)
+        }
+        QuantFormat::Q4_1 => {
+            block[2..4].copy_from_slice(&min.to_le_bytes());
+            (None, 4)
         }
         _ => (None, 2),
     };
