@@ -346,8 +346,9 @@ impl Format for Iq4Xs {
     }
 
     /// In integers up to the super-block: each group's pairs widened by its sub-block's
-    /// signed scale (at most 8 x 8 x 2 x 127 x 127 x 32 < 2^31), converted once and scaled
-    /// by `d` and the row's activation scale. No zero point: the values are signed.
+    /// signed scale (a lane's 4 products a group: at most 8 sub-blocks x 8 groups x 4 x 127 x
+    /// 127 x 32 < 2^31), converted once and scaled by `d` and the row's activation scale. No
+    /// zero point: the values are signed.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unit<const R: usize, const D: bool>(
