@@ -66,6 +66,18 @@ impl GgufFile {
         })?;
         let header =
             Header::read(&map).map_err(|e| error(format!("not a readable GGUF file: {e}")))?;
+        // A shard of a model llama.cpp's `gguf-split` cut into several files holds only some
+        // of its tensors.
+        let shards = header
+            .metadata
+            .get("split.count")
+            .and_then(|v| v.to_u64().ok());
+        if let Some(count) = shards.filter(|&count| count > 1) {
+            return Err(error(format!(
+                "one of {count} shards of a split GGUF model (`split.count`): grove loads whole \
+                 files; merge the shards first (`llama-gguf-split --merge FIRST-SHARD OUT.gguf`)"
+            )));
+        }
         let architecture = match header.metadata.get("general.architecture") {
             Some(Value::String(a)) => a.clone(),
             _ => return Err(error("missing metadata key `general.architecture`".into())),

@@ -202,6 +202,17 @@ fn bad_gguf_files_give_clear_errors() {
     // An architecture it does not implement is refused by name.
     let message = load_with_architecture("mamba");
     assert!(message.contains("mamba"), "{message}");
+    // A shard of a split model is named as one, with what to do.
+    let shard = dir.path().join("model-00001-of-00003.gguf");
+    rewritten(&good, &shard, |metadata, _| {
+        metadata.push(("split.no".into(), Value::U16(0)));
+        metadata.push(("split.count".into(), Value::U16(3)));
+    });
+    let message = Decoder::load(&shard, &Device::Cpu).unwrap_err().to_string();
+    assert!(
+        message.contains("one of 3 shards") && message.contains("llama-gguf-split --merge"),
+        "{message}"
+    );
 }
 
 /// `good` rewritten to `out` after `edit` changed its metadata and tensors.
