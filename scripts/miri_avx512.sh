@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the AVX-512 VNNI kernels' tests under Miri, which interprets every instruction: the
 # AVX-512 products can be checked on a CPU without AVX-512 (Miri runs the instructions the
-# kernels use but for `vcvtph2ps` on 512 bits, `vpermw` and inline assembly; the kernels give
-# Miri the same arithmetic there, under `cfg(miri)`). Slow: about 4 minutes to build for
+# kernels use but for `vcvtph2ps` on 512 bits, `vpermw`, `cpuid` and inline assembly; the
+# kernels give Miri the same arithmetic there, under `cfg(miri)`, and take the Q6_K zero point
+# form of CPUs other than Zen 5). Slow: about 4 minutes to build for
 # Miri (once; more on a machine that first builds Miri's standard library), then about 2
 # minutes per format.
 #
