@@ -24,7 +24,7 @@ use crate::config::{DecoderConfig, RopeScaling};
 use crate::gguf_header::{Header, TensorInfo, TensorType};
 use crate::tokenizer::TextTokenizer;
 use crate::ModelError;
-use grove_kernels::quant::{Bytes, Layout, MatrixUse, QMatrix};
+use grove_kernels::quant::{Bytes, Layout, MatrixUse, QMatrix, QuantFormat};
 
 /// An opened GGUF file: its metadata and tensor index (tensors are read on demand).
 pub struct GgufFile {
@@ -318,7 +318,7 @@ impl GgufFile {
         let &[n, k] = info.dims.as_slice() else {
             return Ok(None);
         };
-        let Some(format) = info.kind.quant_format() else {
+        let Some(format) = QuantFormat::from_ggml(info.id) else {
             return Ok(None);
         };
         let Some(row_bytes) = format.row_bytes(k) else {

@@ -49,26 +49,6 @@ impl TensorType {
         }
     }
 
-    /// The kernels' format of the type, where they multiply it.
-    pub fn quant_format(self) -> Option<QuantFormat> {
-        match self {
-            Self::Grove(format) => Some(format),
-            Self::Candle(dtype) => match dtype {
-                GgmlDType::Q8_0 => Some(QuantFormat::Q8_0),
-                GgmlDType::Q5_0 => Some(QuantFormat::Q5_0),
-                GgmlDType::Q5_1 => Some(QuantFormat::Q5_1),
-                GgmlDType::Q4_0 => Some(QuantFormat::Q4_0),
-                GgmlDType::Q4_1 => Some(QuantFormat::Q4_1),
-                GgmlDType::Q4K => Some(QuantFormat::Q4K),
-                GgmlDType::Q6K => Some(QuantFormat::Q6K),
-                GgmlDType::Q5K => Some(QuantFormat::Q5K),
-                GgmlDType::Q3K => Some(QuantFormat::Q3K),
-                GgmlDType::Q2K => Some(QuantFormat::Q2K),
-                _ => None,
-            },
-        }
-    }
-
     /// Weights per block and bytes per block.
     fn block(self) -> (usize, usize) {
         match self {
@@ -106,6 +86,8 @@ fn unsupported_type(id: u32) -> String {
 #[derive(Debug, Clone)]
 pub struct TensorInfo {
     pub kind: TensorType,
+    /// ggml's type id (`enum ggml_type`).
+    pub id: u32,
     /// Outermost first, as candle and HF order them (GGUF lists the innermost first).
     pub dims: Vec<usize>,
     /// From the start of the data section.
@@ -277,7 +259,8 @@ impl<'a> Cursor<'a> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         dims.reverse();
-        let kind = TensorType::from_id(self.u32()?)?;
+        let id = self.u32()?;
+        let kind = TensorType::from_id(id)?;
         let offset = self.u64()?;
         let offset = usize::try_from(offset).map_err(|_| format!("an offset of {offset}"))?;
         let (weights, block_bytes) = kind.block();
@@ -291,6 +274,7 @@ impl<'a> Cursor<'a> {
             .ok_or_else(|| format!("shape {dims:?} has more bytes than memory holds"))?;
         Ok(TensorInfo {
             kind,
+            id,
             dims,
             offset,
             bytes,
@@ -354,7 +338,7 @@ mod tests {
         assert_eq!(names[1].to_string().expect("a string"), "bc");
         let w = &header.tensors["w"];
         assert_eq!(w.kind, TensorType::Grove(QuantFormat::Iq4Xs));
-        assert_eq!(w.kind.quant_format(), Some(QuantFormat::Iq4Xs));
+        assert_eq!(QuantFormat::from_ggml(w.id), Some(QuantFormat::Iq4Xs));
         assert_eq!(
             (w.dims.as_slice(), w.offset, w.bytes),
             (&[3, 512][..], 128, 3 * 2 * 136)
