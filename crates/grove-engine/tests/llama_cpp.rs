@@ -414,6 +414,38 @@ fn qwen2_5_coder_1_5b_iq4_xs_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-iq4_xs.gguf")
 }
 
+/// The 0.5B cut into three shards as llama.cpp's `gguf-split` cuts a model (the first holding
+/// metadata only, `grove_testkit::gguf_writer::split_gguf`): grove and llama.cpp both load it
+/// from its first shard, agree as on the whole file, and grove's greedy tokens equal its own
+/// on the whole file.
+#[test]
+fn qwen2_5_coder_0_5b_split_in_shards_agrees_with_llama_cpp() -> Result<()> {
+    let Some(whole) = model("qwen2.5-coder-0.5b-instruct.gguf") else {
+        return Ok(());
+    };
+    if !llama_cpp_available() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let shards =
+        grove_testkit::gguf_writer::split_gguf(&whole, &dir.path().join("qwen-0.5b"), 3, true);
+    let first = &shards[0];
+    let model = Decoder::load(first, &Device::Cpu)?;
+    let tokenizer = grove_model::gguf::GgufFile::open(first)?.tokenizer()?;
+    let prompts = prompts(&tokenizer)?;
+    check_greedy(first, &model, &prompts)?;
+    let unsplit = Decoder::load(&whole, &Device::Cpu)?;
+    for prompt in &prompts {
+        let request = GenerateRequest::greedy(prompt, NEW_TOKENS);
+        let tokens = |model: &Decoder| -> Result<Vec<TokenId>> {
+            let generator = Generator::new(model, None, GeneratorOptions::default());
+            Ok(generator.generate(&request, |_| {})?.token_ids)
+        };
+        assert_eq!(tokens(&model)?, tokens(&unsplit)?, "split and whole differ");
+    }
+    Ok(())
+}
+
 /// Each architecture's forward pass against llama.cpp's, where no real file is installed:
 /// seeded random qwen2, qwen3 (q/k norms, heads wider than hidden / heads) and llama (Llama
 /// 3.1's RoPE factors, the Q/K permutation) checkpoints written as F32 GGUF files

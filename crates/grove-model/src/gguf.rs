@@ -1,16 +1,16 @@
 //! GGUF files (llama.cpp's format): metadata -> the same `DecoderConfig` as HF checkpoints,
 //! tensors under llama.cpp's names served under HF names, and the tokenizer rebuilt from
-//! `tokenizer.ggml.*` metadata. The file is memory-mapped and its header read by
-//! `gguf_header`: matrices in a format with a kernel (`quant`, the IQ4 types too) stay
-//! quantized (copied into the kernels' column layout, their mapped pages released), F16 and
-//! BF16 matrices stay half-width (`tensor_as_stored`); everything else (norms, biases, other
-//! formats) is dequantized to f32. The decoder, the forward contract and speculation run on
+//! `tokenizer.ggml.*` metadata. The file (each shard of a split model: `gguf_shards`) is
+//! memory-mapped and its header read by `gguf_header`: matrices in a format with a kernel
+//! (`quant`, the IQ4 types too) stay quantized (copied into the kernels' column layout, their
+//! mapped pages released), F16 and BF16 matrices stay half-width (`tensor_as_stored`);
+//! everything else (norms, biases, other formats) is dequantized to f32. The decoder, the forward contract and speculation run on
 //! GGUF targets unchanged.
 //!
 //! Architectures: `qwen2`, `llama` (whose Q/K rows llama.cpp's converter permutes for its
 //! interleaved RoPE; they are permuted back to HF's rotate-half order here) and `gemma3`.
 
-use std::fs::File;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,23 +21,35 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 
 use crate::config::{DecoderConfig, RopeScaling};
-use crate::gguf_header::{Header, TensorInfo, TensorType};
+use crate::gguf_header::{TensorInfo, TensorType};
+use crate::gguf_shards::{self, Shard};
 use crate::tokenizer::TextTokenizer;
 use crate::ModelError;
 use grove_kernels::quant::{Bytes, Layout, MatrixUse, QMatrix, QuantFormat};
 
-/// An opened GGUF file: its metadata and tensor index (tensors are read on demand).
+/// An opened GGUF model, whole or split into shards: its metadata and tensor index (tensors
+/// are read on demand).
 pub struct GgufFile {
+    /// The file, or the first shard.
     path: PathBuf,
-    header: Header,
+    metadata: HashMap<String, Value>,
+    tensors: HashMap<String, Placed>,
+    /// The mapped files, first shard first (their headers' metadata and tensors moved here).
+    shards: Vec<Shard>,
     architecture: String,
-    map: Arc<memmap2::Mmap>,
+}
+
+/// A tensor and the shard that holds it.
+struct Placed {
+    info: TensorInfo,
+    shard: usize,
 }
 
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufFile")
             .field("path", &self.path)
+            .field("shards", &self.shards.len())
             .finish()
     }
 }
@@ -51,42 +63,31 @@ pub fn is_gguf(path: &Path) -> bool {
 }
 
 impl GgufFile {
+    /// Opens a GGUF file, or, given any shard of a model `gguf-split` cut up, all its shards.
     pub fn open(path: &Path) -> Result<Self, ModelError> {
-        let error = |message: String| ModelError::Weights {
-            path: path.to_owned(),
-            message,
-        };
-        let file = File::open(path).map_err(|source| ModelError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        let map = grove_kernels::memory::map_read_only(&file).map_err(|source| ModelError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        let header =
-            Header::read(&map).map_err(|e| error(format!("not a readable GGUF file: {e}")))?;
-        // A shard of a model llama.cpp's `gguf-split` cut into several files holds only some
-        // of its tensors.
-        let shards = header
-            .metadata
-            .get("split.count")
-            .and_then(|v| v.to_u64().ok());
-        if let Some(count) = shards.filter(|&count| count > 1) {
-            return Err(error(format!(
-                "one of {count} shards of a split GGUF model (`split.count`): grove loads whole \
-                 files; merge the shards first (`llama-gguf-split --merge FIRST-SHARD OUT.gguf`)"
-            )));
+        let mut shards = gguf_shards::open(path)?;
+        let first = shards[0].path.clone();
+        let metadata = std::mem::take(&mut shards[0].header.metadata);
+        let mut tensors = HashMap::new();
+        for (i, shard) in shards.iter_mut().enumerate() {
+            let placed = shard.header.tensors.drain();
+            tensors.extend(placed.map(|(name, info)| (name, Placed { info, shard: i })));
         }
-        let architecture = match header.metadata.get("general.architecture") {
+        let architecture = match metadata.get("general.architecture") {
             Some(Value::String(a)) => a.clone(),
-            _ => return Err(error("missing metadata key `general.architecture`".into())),
+            _ => {
+                return Err(ModelError::Weights {
+                    path: first,
+                    message: "missing metadata key `general.architecture`".into(),
+                })
+            }
         };
         Ok(Self {
-            path: path.to_owned(),
-            header,
+            path: first,
+            metadata,
+            tensors,
+            shards,
             architecture,
-            map: Arc::new(map),
         })
     }
 
@@ -96,7 +97,7 @@ impl GgufFile {
 
     /// The model's name as the file states it (`general.name`), if it does.
     pub fn name(&self) -> Option<&str> {
-        match self.header.metadata.get("general.name") {
+        match self.metadata.get("general.name") {
             Some(Value::String(name)) if !name.trim().is_empty() => Some(name.trim()),
             _ => None,
         }
@@ -110,7 +111,7 @@ impl GgufFile {
     }
 
     fn meta(&self, key: &str) -> Option<&Value> {
-        self.header.metadata.get(key)
+        self.metadata.get(key)
     }
 
     fn meta_u64(&self, key: &str) -> Result<u64, ModelError> {
@@ -155,10 +156,10 @@ impl GgufFile {
             }
         }
         let vocab = self
-            .header
             .tensors
             .get("token_embd.weight")
             .ok_or_else(|| self.config_error("missing tensor `token_embd.weight`".into()))?
+            .info
             .dims[0];
         let mut config = json!({
             "model_type": if arch == "gemma3" { "gemma3_text" } else { arch },
@@ -172,10 +173,10 @@ impl GgufFile {
             "rms_norm_eps": self.meta_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
             "rope_theta": self.meta_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
             "max_position_embeddings": self.meta_u64(&key("context_length"))?,
-            "tie_word_embeddings": !self.header.tensors.contains_key("output.weight"),
+            "tie_word_embeddings": !self.tensors.contains_key("output.weight"),
         });
         if arch == "llama" {
-            config["attention_bias"] = json!(self.header.tensors.contains_key("blk.0.attn_q.bias"));
+            config["attention_bias"] = json!(self.tensors.contains_key("blk.0.attn_q.bias"));
         }
         if arch == "gemma3" {
             // What llama.cpp assumes for Gemma 3 files, which do not record it: every 6th
@@ -212,9 +213,10 @@ impl GgufFile {
     /// Llama 3.1's scaling (Llama 3.1 and 3.2 files carry it).
     fn rope_factors(&self, head_dim: usize) -> Result<Option<Vec<f64>>, ModelError> {
         const NAME: &str = "rope_freqs.weight";
-        let Some(info) = self.header.tensors.get(NAME) else {
+        let Some(placed) = self.tensors.get(NAME) else {
             return Ok(None);
         };
+        let info = &placed.info;
         let wanted = head_dim / 2;
         if info.dims != [wanted] {
             return Err(self.config_error(format!(
@@ -222,9 +224,10 @@ impl GgufFile {
                 info.dims
             )));
         }
-        let factors = self
-            .dequantized(NAME, info, &Device::Cpu)
-            .and_then(|t| t.to_vec1::<f32>().map_err(|e| self.weights_error(NAME, e)))?;
+        let factors = self.dequantized(NAME, placed, &Device::Cpu).and_then(|t| {
+            t.to_vec1::<f32>()
+                .map_err(|e| self.tensor_error(NAME, placed, e.to_string()))
+        })?;
         if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
             return Err(self.config_error(format!(
                 "tensor `{NAME}` holds {bad}: every factor must be positive and finite"
@@ -236,13 +239,17 @@ impl GgufFile {
     /// Bytes of weights one decode step reads: every tensor but the token embeddings (of which
     /// a step reads one row), plus the embeddings again when they double as the LM head.
     pub fn weight_bytes_per_token(&self) -> u64 {
-        let tied = !self.header.tensors.contains_key("output.weight");
-        self.header
-            .tensors
+        let tied = !self.tensors.contains_key("output.weight");
+        self.tensors
             .iter()
             .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
-            .map(|(_, info)| info.bytes as u64)
+            .map(|(_, placed)| placed.info.bytes as u64)
             .sum()
+    }
+
+    /// The size of the file, or of all its shards together.
+    pub fn file_bytes(&self) -> u64 {
+        self.shards.iter().map(|shard| shard.map.len() as u64).sum()
     }
 
     /// The llama.cpp name of an HF tensor name.
@@ -299,7 +306,7 @@ impl GgufFile {
 
     pub fn contains(&self, hf_name: &str) -> bool {
         self.name_in_file(hf_name)
-            .is_some_and(|n| self.header.tensors.contains_key(&n))
+            .is_some_and(|n| self.tensors.contains_key(&n))
     }
 
     /// The matrix `hf_name` kept in its block format, when that format has a kernel and its
@@ -312,9 +319,10 @@ impl GgufFile {
         let Some(name) = self.name_in_file(hf_name) else {
             return Ok(None);
         };
-        let Some(info) = self.header.tensors.get(&name) else {
+        let Some(placed) = self.tensors.get(&name) else {
             return Ok(None);
         };
+        let info = &placed.info;
         let &[n, k] = info.dims.as_slice() else {
             return Ok(None);
         };
@@ -324,11 +332,8 @@ impl GgufFile {
         let Some(row_bytes) = format.row_bytes(k) else {
             return Ok(None);
         };
-        let mut bytes = Bytes::Mapped {
-            map: self.map.clone(),
-            start: data_range(&self.header, info).start,
-            len: n * row_bytes,
-        };
+        // `n` rows of `row_bytes`: the header sized the tensor from its dims.
+        let mut bytes = self.mapped(placed);
         if let Some(heads) = self.permuted_heads(&name)? {
             // Whole rows move, so the quantized bytes can be reordered like f32 rows.
             let old = bytes.as_slice();
@@ -343,10 +348,7 @@ impl GgufFile {
         }
         QMatrix::for_use(format, n, k, bytes, purpose)
             .map(Some)
-            .map_err(|message| ModelError::Weights {
-                path: self.path.clone(),
-                message: format!("tensor `{name}`: {message}"),
-            })
+            .map_err(|message| self.tensor_error(&name, placed, message))
     }
 
     /// For llama's Q/K projections, the head count whose row permutation to undo.
@@ -368,17 +370,9 @@ impl GgufFile {
     /// for a tensor copied into a form of its own, so the file and its copy are not both
     /// resident.
     pub fn release(&self, hf_name: &str) {
-        let Some(info) = (self.name_in_file(hf_name)).and_then(|n| self.header.tensors.get(&n))
-        else {
-            return;
-        };
-        let range = data_range(&self.header, info);
-        let bytes = Bytes::Mapped {
-            map: self.map.clone(),
-            start: range.start,
-            len: range.len(),
-        };
-        bytes.release_all();
+        if let Some(placed) = (self.name_in_file(hf_name)).and_then(|n| self.tensors.get(&n)) {
+            self.mapped(placed).release_all();
+        }
     }
 
     /// The tensor `hf_name`, dequantized to f32 in HF layout.
@@ -405,23 +399,20 @@ impl GgufFile {
         let name = self
             .name_in_file(hf_name)
             .ok_or_else(|| error(format!("no GGUF name for `{hf_name}`")))?;
-        let info = self
-            .header
+        let placed = self
             .tensors
             .get(&name)
             .ok_or_else(|| error(format!("missing tensor `{name}`")))?;
+        let info = &placed.info;
         let half = match info.kind {
             TensorType::Candle(GgmlDType::F16) => Some(DType::F16),
             TensorType::Candle(GgmlDType::BF16) => Some(DType::BF16),
             _ => None,
         };
         let tensor = match half.filter(|_| halves_stay) {
-            Some(dtype) => {
-                let bytes = &self.map[data_range(&self.header, info)];
-                Tensor::from_raw_buffer(bytes, dtype, &info.dims, device)
-                    .map_err(|e| self.weights_error(&name, e))?
-            }
-            None => self.dequantized(&name, info, device)?,
+            Some(dtype) => Tensor::from_raw_buffer(self.data(placed), dtype, &info.dims, device)
+                .map_err(|e| self.tensor_error(&name, placed, e.to_string()))?,
+            None => self.dequantized(&name, placed, device)?,
         };
         if self.architecture == "gemma3" && name.ends_with("norm.weight") {
             // llama.cpp's converter folds Gemma's `1 + w` into its norm weights; served under
@@ -436,27 +427,24 @@ impl GgufFile {
         }
     }
 
-    /// Tensor `name` (described by `info`) as f32, in the file's layout.
+    /// Tensor `name` (`placed`) as f32, in the file's layout.
     fn dequantized(
         &self,
         name: &str,
-        info: &TensorInfo,
+        placed: &Placed,
         device: &Device,
     ) -> Result<Tensor, ModelError> {
-        let range = data_range(&self.header, info);
+        let error = |message: String| self.tensor_error(name, placed, message);
+        let info = &placed.info;
         match info.kind {
             TensorType::Candle(dtype) => {
-                qtensor_from_ggml(dtype, &self.map[range], info.dims.clone(), device)
+                qtensor_from_ggml(dtype, self.data(placed), info.dims.clone(), device)
                     .and_then(|q| q.dequantize(device))
                     .and_then(|t| t.to_dtype(DType::F32))
-                    .map_err(|e| self.weights_error(name, e))
+                    .map_err(|e| error(e.to_string()))
             }
             // A type only grove's kernels read: their decoder, on the mapped blocks.
             TensorType::Grove(format) => {
-                let error = |message: String| ModelError::Weights {
-                    path: self.path.clone(),
-                    message: format!("tensor `{name}`: {message}"),
-                };
                 let &[n, k] = info.dims.as_slice() else {
                     let dims = &info.dims;
                     return Err(error(format!(
@@ -464,23 +452,36 @@ impl GgufFile {
                         format.name()
                     )));
                 };
-                let bytes = Bytes::Mapped {
-                    map: self.map.clone(),
-                    start: range.start,
-                    len: range.len(),
-                };
-                let matrix =
-                    QMatrix::with_layout(format, n, k, bytes, Layout::Gguf).map_err(error)?;
+                let matrix = QMatrix::with_layout(format, n, k, self.mapped(placed), Layout::Gguf)
+                    .map_err(error)?;
                 Tensor::from_vec(matrix.dequantize(), (n, k), device)
-                    .map_err(|e| self.weights_error(name, e))
+                    .map_err(|e| error(e.to_string()))
             }
         }
     }
 
-    fn weights_error(&self, name: &str, e: candle_core::Error) -> ModelError {
+    /// Tensor `placed`'s data where its shard is mapped.
+    fn mapped(&self, placed: &Placed) -> Bytes {
+        let shard = &self.shards[placed.shard];
+        Bytes::Mapped {
+            map: shard.map.clone(),
+            // Inside the file: `Header::read` checked it.
+            start: shard.header.data_offset + placed.info.offset,
+            len: placed.info.bytes,
+        }
+    }
+
+    fn data(&self, placed: &Placed) -> &[u8] {
+        let shard = &self.shards[placed.shard];
+        let start = shard.header.data_offset + placed.info.offset;
+        &shard.map[start..start + placed.info.bytes]
+    }
+
+    /// An error in tensor `name`, naming the file (the shard) that holds it.
+    fn tensor_error(&self, name: &str, placed: &Placed, message: String) -> ModelError {
         ModelError::Weights {
-            path: self.path.clone(),
-            message: format!("tensor `{name}`: {e}"),
+            path: self.shards[placed.shard].path.clone(),
+            message: format!("tensor `{name}`: {message}"),
         }
     }
 
@@ -489,10 +490,10 @@ impl GgufFile {
     /// stay on the heap beside the weights copied into the kernels' layout while they load,
     /// and count in the peak resident memory (Gemma 3 270M in `grove bench`: 303 MB).
     pub fn without_tokenizer(mut self) -> Self {
-        self.header.metadata.retain(|key, value| {
+        self.metadata.retain(|key, value| {
             !(key.starts_with("tokenizer.") && matches!(value, Value::Array(_)))
         });
-        self.header.metadata.shrink_to_fit();
+        self.metadata.shrink_to_fit();
         grove_kernels::memory::release_freed_memory();
         self
     }
@@ -500,15 +501,8 @@ impl GgufFile {
     /// The tokenizer described by `tokenizer.ggml.*` (a `gpt2` byte-level BPE) and the chat
     /// template in `tokenizer.chat_template`.
     pub fn tokenizer(&self) -> Result<TextTokenizer, ModelError> {
-        crate::gguf_tokenizer::build(&self.header.metadata, &self.path)
+        crate::gguf_tokenizer::build(&self.metadata, &self.path)
     }
-}
-
-/// Where a tensor's data lies in the file.
-fn data_range(header: &Header, info: &TensorInfo) -> std::ops::Range<usize> {
-    // Inside the file: `Header::read` checked it.
-    let start = header.data_offset + info.offset;
-    start..start + info.bytes
 }
 
 /// Undoes llama.cpp's Q/K row permutation (`[heads, 2, d/2] -> [heads, d/2, 2]` on rows), back

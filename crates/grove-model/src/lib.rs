@@ -12,6 +12,7 @@ pub mod drafter_manifest;
 pub mod forward;
 pub mod gguf;
 mod gguf_header;
+mod gguf_shards;
 mod gguf_tokenizer;
 pub mod layer_stack;
 pub mod layers;

@@ -12,7 +12,7 @@ use grove_model::gguf::GgufFile;
 use grove_model::matrix::Matrix;
 use grove_model::weights::Weights;
 use grove_model::{Decoder, ForwardBatch, LogitRows, Model, Segment};
-use grove_testkit::gguf_writer::write_gguf;
+use grove_testkit::gguf_writer::{split_gguf, write_gguf};
 use grove_testkit::random_checkpoint::RandomCheckpoint;
 
 fn checkpoint(family: Family) -> RandomCheckpoint {
@@ -202,15 +202,110 @@ fn bad_gguf_files_give_clear_errors() {
     // An architecture it does not implement is refused by name.
     let message = load_with_architecture("mamba");
     assert!(message.contains("mamba"), "{message}");
-    // A shard of a split model is named as one, with what to do.
-    let shard = dir.path().join("model-00001-of-00003.gguf");
-    rewritten(&good, &shard, |metadata, _| {
-        metadata.push(("split.no".into(), Value::U16(0)));
-        metadata.push(("split.count".into(), Value::U16(3)));
-    });
-    let message = Decoder::load(&shard, &Device::Cpu).unwrap_err().to_string();
+}
+
+/// A model cut into shards as llama.cpp's `gguf-split` cuts one loads from any shard's path and
+/// computes the whole file's logits bit for bit; a missing, misnamed or mismatched shard is
+/// named.
+#[test]
+fn split_models_load_from_any_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = checkpoint(Family::Llama);
+    spec.write(dir.path()).unwrap();
+    let whole = dir.path().join("whole.gguf");
+    write_gguf(dir.path(), &spec, "llama", GgmlDType::Q8_0, &whole);
+    let tokens = [1u32, 17, 250, 3, 99];
+    let reference = logits(&Decoder::load(&whole, &Device::Cpu).unwrap(), &tokens);
+    let bytes = GgufFile::open(&whole).unwrap().weight_bytes_per_token();
+    // Metadata alone in the first of three (`--no-tensor-in-metadata`), and tensors in both of two.
+    let three = split_gguf(&whole, &dir.path().join("three"), 3, true);
+    let two = split_gguf(&whole, &dir.path().join("two"), 2, false);
+    let size = |paths: &[std::path::PathBuf]| -> u64 {
+        paths
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum()
+    };
+    for (split, shard) in [(&three, 0), (&three, 2), (&two, 0), (&two, 1)] {
+        let shard = &split[shard];
+        let model = Decoder::load(shard, &Device::Cpu).unwrap();
+        let diff = max_abs(&(logits(&model, &tokens) - &reference).unwrap());
+        assert_eq!(diff, 0.0, "{}", shard.display());
+        let file = GgufFile::open(shard).unwrap();
+        assert_eq!(file.weight_bytes_per_token(), bytes);
+        assert_eq!(file.file_bytes(), size(split));
+        assert_eq!(file.tokenizer().unwrap().vocab_size(true), spec.vocab_size);
+    }
+
+    let error = |path: &std::path::Path| Decoder::load(path, &Device::Cpu).unwrap_err().to_string();
+    // Each case in a folder of its own: the others are found beside the given shard.
+    let case = |name: &str| {
+        let folder = dir.path().join(name);
+        std::fs::create_dir(&folder).unwrap();
+        let paths: Vec<_> = three
+            .iter()
+            .map(|shard| {
+                let copy = folder.join(shard.file_name().unwrap());
+                std::fs::copy(shard, &copy).unwrap();
+                copy
+            })
+            .collect();
+        paths
+    };
+    let missing = case("missing");
+    std::fs::remove_file(&missing[1]).unwrap();
+    let message = error(&missing[0]);
     assert!(
-        message.contains("one of 3 shards") && message.contains("llama-gguf-split --merge"),
+        message.contains("three-00002-of-00003.gguf") && message.contains("missing: shard 2 of 3"),
+        "{message}"
+    );
+    let misnamed = case("misnamed");
+    let renamed = misnamed[2].with_file_name("model.gguf");
+    std::fs::rename(&misnamed[2], &renamed).unwrap();
+    let message = error(&renamed);
+    assert!(
+        message.contains("shard 3 of 3") && message.contains("not named"),
+        "{message}"
+    );
+    // Another split's third shard in this one's place.
+    let mixed = case("mixed");
+    rewritten(&three[2], &mixed[2], |metadata, _| {
+        for (key, value) in metadata.iter_mut() {
+            if key == "split.no" {
+                *value = Value::U16(1);
+            }
+        }
+    });
+    let message = error(&mixed[0]);
+    assert!(message.contains("do not say shard 3 of 3"), "{message}");
+    // A tensor in two shards.
+    let twice = case("twice");
+    let mut reader = std::fs::File::open(&three[1]).unwrap();
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let (name, _) = content.tensor_infos.iter().next().unwrap();
+    let tensor = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
+    rewritten(&three[2], &twice[2], |_, tensors| {
+        tensors.push((name.clone(), tensor))
+    });
+    let message = error(&twice[1]);
+    assert!(
+        message.contains(&format!(
+            "tensor `{name}` is in shard 2 and again in shard 3"
+        )),
+        "{message}"
+    );
+    // The first shard's count of the model's tensors is checked.
+    let short = case("short");
+    rewritten(&three[0], &short[0], |metadata, _| {
+        for (key, value) in metadata.iter_mut() {
+            if key == "split.tensors.count" {
+                *value = Value::I32(1000);
+            }
+        }
+    });
+    let message = error(&short[1]);
+    assert!(
+        message.contains("`split.tensors.count` says 1000 tensors"),
         "{message}"
     );
 }

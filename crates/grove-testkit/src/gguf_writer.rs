@@ -172,3 +172,79 @@ fn rope_factors(spec: &RandomCheckpoint) -> Option<Vec<f32>> {
     });
     Some(factors.map(|f| f as f32).collect())
 }
+
+/// Writes the GGUF file `source` as `shards` files the way llama.cpp's `gguf-split` cuts a
+/// model: `PREFIX-NNNNN-of-MMMMM.gguf` (numbered from 1), the tensors in file order dealt out
+/// evenly, the model's metadata in the first shard only, and `split.no` (u16, from 0),
+/// `split.count` (u16) and `split.tensors.count` (i32) in every one. With
+/// `first_without_tensors` the first holds metadata only (`gguf-split
+/// --no-tensor-in-metadata`). Returns the shards' paths, first first. Panics on failure (test
+/// support); the tensors must be of types candle reads.
+pub fn split_gguf(
+    source: &Path,
+    prefix: &Path,
+    shards: usize,
+    first_without_tensors: bool,
+) -> Vec<std::path::PathBuf> {
+    try_split_gguf(source, prefix, shards, first_without_tensors)
+        .unwrap_or_else(|e| panic!("splitting {}: {e}", source.display()))
+}
+
+fn try_split_gguf(
+    source: &Path,
+    prefix: &Path,
+    shards: usize,
+    first_without_tensors: bool,
+) -> candle_core::Result<Vec<std::path::PathBuf>> {
+    let mut reader = std::fs::File::open(source)?;
+    let content = gguf_file::Content::read(&mut reader)?;
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort_by_key(|name| content.tensor_infos[*name].offset);
+    let holding = shards - usize::from(first_without_tensors);
+    assert!(holding > 0 && names.len() >= holding, "too few tensors");
+    let mut groups: Vec<&[&String]> = names.chunks(names.len().div_ceil(holding)).collect();
+    if first_without_tensors {
+        groups.insert(0, &[]);
+    }
+    groups.resize(shards, &[]);
+    let total = Value::I32(names.len() as i32);
+    let count = Value::U16(shards as u16);
+    let mut paths = Vec::new();
+    for (no, group) in groups.into_iter().enumerate() {
+        let tensors = group
+            .iter()
+            .map(|name| {
+                Ok((
+                    name.as_str(),
+                    content.tensor(&mut reader, name, &Device::Cpu)?,
+                ))
+            })
+            .collect::<candle_core::Result<Vec<(&str, QTensor)>>>()?;
+        let number = Value::U16(no as u16);
+        let mut metadata: Vec<(&str, &Value)> = if no == 0 {
+            content
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.as_str(), v))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        metadata.extend([
+            ("split.no", &number),
+            ("split.count", &count),
+            ("split.tensors.count", &total),
+        ]);
+        let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (*k, v)).collect();
+        let mut name = prefix
+            .file_name()
+            .expect("a prefix names a file")
+            .to_owned();
+        name.push(format!("-{:05}-of-{shards:05}.gguf", no + 1));
+        let path = prefix.with_file_name(name);
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        gguf_file::write(&mut file, &metadata, &tensor_refs)?;
+        paths.push(path);
+    }
+    Ok(paths)
+}

@@ -80,7 +80,10 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
         );
     }
     // Read before loading, and dropped: the metadata would otherwise count in grove's RSS.
-    let weight_bytes_per_token = GgufFile::open(&path)?.weight_bytes_per_token();
+    let (weight_bytes_per_token, file_bytes) = {
+        let file = GgufFile::open(&path)?;
+        (file.weight_bytes_per_token(), file.file_bytes())
+    };
     let loaded = loading::load(&args.model)?;
     let model = &loaded.model;
     let config = model.config();
@@ -106,7 +109,6 @@ pub fn run(args: &BenchArgs, threads: usize) -> Result<()> {
 
     let grove = ours.side(grove_rss);
     let llama_cpp = theirs.side(llama_rss);
-    let file_bytes = std::fs::metadata(&path)?.len();
     let kv_tokens = (args.prompt_tokens + args.new_tokens) as u64;
     let value_bytes = model.kv_dtype().size() as u64;
     let grove_kv_bytes =
