@@ -11,9 +11,9 @@ so a second run downloads nothing.
 
 With no model names it installs the two small ones (0.5B and Gemma 3 270M).
 
-No package carries a file of the Q5_K, Q4_0, Q4_1, Q3_K, Q2_K or IQ4_XS quantizations or in
-F16, so the `-q5_k_m`, `-q4_0`, `-q4_1`, `-q3_k_m`, `-q3_k_s`, `-q2_k`, `-iq4_xs` and `-f16`
-names are made here from a packaged model by llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`,
+No package carries a file of the Q5_K, Q4_0, Q4_1, Q3_K, Q2_K, IQ4_XS or IQ3 quantizations or
+in F16, so the `-q5_k_m`, `-q4_0`, `-q4_1`, `-q3_k_m`, `-q3_k_s`, `-q2_k`, `-iq4_xs`, `-iq3_s`,
+`-iq3_m` and `-f16` names are made here from a packaged model by llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`,
 requantizing: `bash scripts/install_llama_cpp.sh` first). The weights are the source's rounded again, so
 they only stand for the real file's layout: the tensor types and blocks llama.cpp writes.
 """
@@ -110,6 +110,23 @@ DERIVED = {
         "from": "qwen2.5-coder-1.5b",
         "ftype": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
     },
+    # IQ3_S where a row is whole super-blocks (the 0.5B: the MLP down projections), llama.cpp's
+    # fallback IQ4_NL for the other matrices (pure: llama.cpp's IQ3_S mix puts other types on
+    # those projections). No IQ3_XXS file is made: llama.cpp's quantizer refuses IQ3_XXS
+    # without an importance matrix, which its Python binding cannot hand it.
+    "qwen2.5-coder-0.5b-iq3_s": {
+        "file": "qwen2.5-coder-0.5b-instruct-iq3_s.gguf",
+        "from": "qwen2.5-coder-0.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_IQ3_S",
+        "pure": True,
+    },
+    # IQ3_M: IQ3_S for most matrices and the embedding, Q4_K for the attention outputs and
+    # values and some MLP down projections, Q6_K for the head.
+    "qwen2.5-coder-1.5b-iq3_m": {
+        "file": "qwen2.5-coder-1.5b-iq3_m.gguf",
+        "from": "qwen2.5-coder-1.5b",
+        "ftype": "LLAMA_FTYPE_MOSTLY_IQ3_M",
+    },
 }
 DEFAULT = ["qwen2.5-coder-0.5b", "gemma3-270m"]
 
@@ -169,11 +186,12 @@ def derive(name: str, directory: Path) -> Path:
         print(f"{target} already installed")
         return target
     source = install(spec["from"], directory)
-    return quantize(source, target, spec["ftype"])
+    return quantize(source, target, spec["ftype"], spec.get("pure", False))
 
 
-def quantize(source: Path, target: Path, ftype: str) -> Path:
-    """`source` through llama.cpp's quantizer as `target`, in llama.h's `ftype`."""
+def quantize(source: Path, target: Path, ftype: str, pure: bool = False) -> Path:
+    """`source` through llama.cpp's quantizer as `target`, in llama.h's `ftype` (`pure`: every
+    tensor in its type, none in the wider types of llama.cpp's mix)."""
     try:
         import ctypes
 
@@ -185,6 +203,7 @@ def quantize(source: Path, target: Path, ftype: str) -> Path:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, ftype)
     params.allow_requantize = True
+    params.pure = pure
     params.nthread = 2
     partial = target.with_suffix(".partial")
     status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))

@@ -17,6 +17,9 @@ Reads one JSON request from stdin, writes one JSON answer to stdout:
       -> {"ms": [[R times], ...]}: one forward of N tokens after C tokens of context, every
      row's logits computed (as a speculative verify needs them), per N
 
+  {"command": "dequantize", "type": "iq3_s", "blocks": HEX, "values": N}
+      -> {"values": [...]}: ggml's `dequantize_row_<type>` of N values from the blocks
+
 Install: `pip install llama-cpp-python` builds llama.cpp from source (about 12 minutes on two
 cores). `.ci/run` keeps the built wheel in ~/.cache/grove/wheels and installs from there when it
 is present (see scripts/install_llama_cpp.sh).
@@ -175,9 +178,35 @@ def verify(request):
     return {"ms": times}
 
 
+def dequantize(request):
+    """ggml's own `dequantize_row_<type>` (in llama.cpp's libggml-base) on the blocks."""
+    import ctypes
+    import os
+
+    import llama_cpp
+
+    llama_cpp.llama_backend_init()
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+    function = getattr(lib, "dequantize_row_" + request["type"])
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    function.restype = None
+    blocks = bytes.fromhex(request["blocks"])
+    count = request["values"]
+    source = ctypes.create_string_buffer(blocks, len(blocks))
+    values = (ctypes.c_float * count)()
+    function(source, values, count)
+    return {"values": list(values)}
+
+
 def main():
     request = json.load(sys.stdin)
-    commands = {"tokenize": tokenize, "greedy": greedy, "bench": bench, "verify": verify}
+    commands = {
+        "tokenize": tokenize,
+        "greedy": greedy,
+        "bench": bench,
+        "verify": verify,
+        "dequantize": dequantize,
+    }
     command = commands.get(request.get("command"))
     if command is None:
         sys.exit(f"unknown command {request.get('command')!r}; one of {sorted(commands)}")

@@ -414,6 +414,22 @@ fn qwen2_5_coder_1_5b_iq4_xs_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-iq4_xs.gguf")
 }
 
+/// IQ3_S (`install_models.py qwen2.5-coder-0.5b-iq3_s`, pure): IQ3_S for the MLP down
+/// projections (the rows of whole super-blocks), IQ4_NL for the other matrices and the
+/// embedding. (No file of IQ3_XXS: llama.cpp's quantizer wants an importance matrix for it;
+/// `every_format_decodes_as_ggml_decodes_it` holds its decoder to ggml's.)
+#[test]
+fn qwen2_5_coder_0_5b_iq3_s_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-iq3_s.gguf")
+}
+
+/// IQ3_M (`install_models.py qwen2.5-coder-1.5b-iq3_m`): IQ3_S for most matrices and the
+/// embedding, Q4_K and Q6_K for the rest.
+#[test]
+fn qwen2_5_coder_1_5b_iq3_m_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b-iq3_m.gguf")
+}
+
 /// The 0.5B cut into three shards as llama.cpp's `gguf-split` cuts a model (the first holding
 /// metadata only, `grove_testkit::gguf_writer::split_gguf`): grove and llama.cpp both load it
 /// from its first shard, agree as on the whole file, and grove's greedy tokens equal its own
@@ -442,6 +458,48 @@ fn qwen2_5_coder_0_5b_split_in_shards_agrees_with_llama_cpp() -> Result<()> {
             Ok(generator.generate(&request, |_| {})?.token_ids)
         };
         assert_eq!(tokens(&model)?, tokens(&unsplit)?, "split and whole differ");
+    }
+    Ok(())
+}
+
+/// Every format's decoder against ggml's own (`dequantize_row_<type>` in llama.cpp's
+/// libggml-base): random blocks of each format, every weight, read in GGUF's layout and
+/// through this CPU's. For the IQ3 formats this holds grove's copy of their grids to
+/// llama.cpp's.
+#[test]
+fn every_format_decodes_as_ggml_decodes_it() -> Result<()> {
+    use grove_kernels::quant::{Bytes, Layout, QMatrix, QuantFormat};
+    use std::sync::Arc;
+
+    if !llama_cpp_available() {
+        return Ok(());
+    }
+    let (n, k) = (7, 1024);
+    for format in QuantFormat::ALL {
+        let matrix = QMatrix::random(format, n, k, 11);
+        let blocks = matrix.to_bytes();
+        let hex: String = blocks.iter().map(|b| format!("{b:02x}")).collect();
+        let ggml_type = format.name().to_lowercase().replace("_k", "_K");
+        let answer = reference(json!({
+            "command": "dequantize", "type": ggml_type, "blocks": hex, "values": n * k,
+        }))?;
+        let theirs: Vec<f32> = serde_json::from_value(answer["values"].clone())?;
+        let gguf = QMatrix::with_layout(format, n, k, Bytes::Owned(Arc::new(blocks)), Layout::Gguf)
+            .map_err(anyhow::Error::msg)?;
+        for (layout, ours) in [
+            ("this CPU's", matrix.dequantize()),
+            ("GGUF's", gguf.dequantize()),
+        ] {
+            assert_eq!(ours.len(), theirs.len());
+            for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                    "{} in {layout} layout, value {i}: grove {a}, ggml {b}",
+                    format.name()
+                );
+            }
+        }
+        println!("{}: {} values agree", format.name(), n * k);
     }
     Ok(())
 }

@@ -2,9 +2,9 @@
 //! tensors under llama.cpp's names served under HF names, and the tokenizer rebuilt from
 //! `tokenizer.ggml.*` metadata. The file (each shard of a split model: `gguf_shards`) is
 //! memory-mapped and its header read by `gguf_header`: matrices in a format with a kernel
-//! (`quant`, the IQ4 types too) stay quantized (copied into the kernels' column layout, their
-//! mapped pages released), F16 and BF16 matrices stay half-width (`tensor_as_stored`);
-//! everything else (norms, biases, other formats) is dequantized to f32. The decoder, the forward contract and speculation run on
+//! (`quant`, the IQ4 and IQ3 types too) stay quantized (copied into the kernels' column
+//! layout, their mapped pages released), F16 and BF16 matrices stay half-width
+//! (`tensor_as_stored`); everything else (norms, biases, other formats) is dequantized to f32. The decoder, the forward contract and speculation run on
 //! GGUF targets unchanged.
 //!
 //! Architectures: `qwen2`, `llama` (whose Q/K rows llama.cpp's converter permutes for its

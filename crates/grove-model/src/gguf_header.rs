@@ -1,7 +1,8 @@
 //! A GGUF file's header: its metadata and its tensor index. Read here, not by candle's
 //! reader, which refuses a whole file for one tensor of a type it cannot dequantize: llama.cpp's
-//! IQ4_NL and IQ4_XS files (common 4-bit quantizations) are multiplied by grove's own kernels.
-//! The metadata keeps candle's `Value`, which the rest of the loader and the tokenizer read.
+//! IQ4_NL, IQ4_XS, IQ3_XXS and IQ3_S files (common 4- and 3-bit quantizations) are multiplied
+//! by grove's own kernels. The metadata keeps candle's `Value`, which the rest of the loader
+//! and the tokenizer read.
 
 use std::collections::HashMap;
 
@@ -14,7 +15,7 @@ use grove_kernels::quant::QuantFormat;
 pub enum TensorType {
     /// A type candle's readers dequantize (F32, F16, BF16, Q4_0 to Q8_1, the K-quants).
     Candle(GgmlDType),
-    /// A type only grove's kernels read (IQ4_NL, IQ4_XS).
+    /// A type only grove's kernels read (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S).
     Grove(QuantFormat),
 }
 
@@ -64,9 +65,7 @@ fn unsupported_type(id: u32) -> String {
     let name = match id {
         16 => "IQ2_XXS",
         17 => "IQ2_XS",
-        18 => "IQ3_XXS",
         19 => "IQ1_S",
-        21 => "IQ3_S",
         22 => "IQ2_S",
         24..=28 => "an integer or f64 type",
         29 => "IQ1_M",
@@ -77,8 +76,8 @@ fn unsupported_type(id: u32) -> String {
     };
     format!(
         "tensor type {id} ({name}) is not supported: grove loads files of F32, F16, BF16, Q8_0, \
-         Q5_0, Q5_1, Q4_0, Q4_1, Q2_K-Q6_K, IQ4_NL and IQ4_XS tensors (not yet the other IQ \
-         types and the ternary ones)"
+         Q5_0, Q5_1, Q4_0, Q4_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS and IQ3_S tensors (not yet \
+         the 1- and 2-bit IQ types and the ternary ones)"
     )
 }
 

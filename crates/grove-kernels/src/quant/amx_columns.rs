@@ -698,7 +698,9 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
         | QuantFormat::Q3K
         | QuantFormat::Q2K
         | QuantFormat::Iq4Nl
-        | QuantFormat::Iq4Xs => {
+        | QuantFormat::Iq4Xs
+        | QuantFormat::Iq3Xxs
+        | QuantFormat::Iq3S => {
             unreachable!(
                 "{} goes to the AVX-512 VNNI kernel (Kernel::for_format)",
                 format.name()

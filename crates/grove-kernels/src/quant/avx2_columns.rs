@@ -30,11 +30,12 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_kquants::{Iq4Xs, Q2K, Q3K, Q4K, Q5K, Q6K};
+use super::avx2_kquants::{Indexed, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::columns::{at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::simd_columns::{Acts, Share};
-use super::{columns, Kernel, QuantFormat, QuantizedRows, IQ4_VALUES};
+use super::simd_kquants::{IQ3_S, IQ3_XXS, IQ4_XS};
+use super::{columns, iq3, Kernel, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
 
 /// Rows of a strip in one pass: the 32-bit lanes of a 256-bit vector.
@@ -475,7 +476,15 @@ impl Format for Q4_0 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn iq4_values(indices: __m256i) -> __m256i {
-    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr().cast()));
+    codebook_values(&iq3::IQ4, indices)
+}
+
+/// [`iq4_values`] for any format of 4-bit indices (IQ3_XXS and IQ3_S too).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn codebook_values(codebook: &iq3::Codebook, indices: __m256i) -> __m256i {
+    let values = codebook.values.as_ptr();
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(values.cast()));
     _mm256_shuffle_epi8(table, indices)
 }
 
@@ -677,7 +686,9 @@ pub(super) fn dot_strips(
             QuantFormat::Q3K => tiles::<Q3K>(&share, rows),
             QuantFormat::Q2K => tiles::<Q2K>(&share, rows),
             QuantFormat::Iq4Nl => tiles::<Iq4Nl>(&share, rows),
-            QuantFormat::Iq4Xs => tiles::<Iq4Xs>(&share, rows),
+            QuantFormat::Iq4Xs => tiles::<Indexed<IQ4_XS>>(&share, rows),
+            QuantFormat::Iq3Xxs => tiles::<Indexed<IQ3_XXS>>(&share, rows),
+            QuantFormat::Iq3S => tiles::<Indexed<IQ3_S>>(&share, rows),
         }
     }
 }

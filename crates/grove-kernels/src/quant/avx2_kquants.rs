@@ -1,4 +1,4 @@
-//! The AVX2 kernels' K-quants (Q2_K-Q6_K, IQ4_XS; `avx2_columns.rs` holds the half
+//! The AVX2 kernels' K-quants (Q2_K-Q6_K, IQ4_XS and IQ3; `avx2_columns.rs` holds the half
 //! strips, the tiles of rows and the 32-weight formats): each super-block in integers up to
 //! its end, its sub-blocks widened by their small integer scales, then converted and scaled
 //! once per row.
@@ -9,11 +9,12 @@
 use std::arch::x86_64::*;
 
 use super::avx2_columns::{
-    dots, doubled, five_bit_group, halves, iq4_values, nibble_group, paired, paired_sums, weights,
-    Format, HALF, HALF_VECTOR,
+    codebook_values, dots, doubled, five_bit_group, halves, nibble_group, paired, paired_sums,
+    weights, Format, HALF, HALF_VECTOR,
 };
 use super::columns::{at, VECTOR};
 use super::simd_columns::Acts;
+use super::simd_kquants::{IQ3_XXS, IQ4_XS};
 use super::QuantFormat;
 
 pub(super) struct Q4K;
@@ -21,7 +22,9 @@ pub(super) struct Q5K;
 pub(super) struct Q6K;
 pub(super) struct Q3K;
 pub(super) struct Q2K;
-pub(super) struct Iq4Xs;
+/// IQ4_XS's layout (`F`: `simd_kquants::IQ4_XS`, `IQ3_XXS` or `IQ3_S`), each weight an index
+/// into the format's 16 values.
+pub(super) struct Indexed<const F: u8>;
 
 impl Format for Q4K {
     const FORMAT: QuantFormat = QuantFormat::Q4K;
@@ -327,10 +330,20 @@ impl Format for Q2K {
     }
 }
 
-impl Format for Iq4Xs {
-    const FORMAT: QuantFormat = QuantFormat::Iq4Xs;
-    // Signed values as IQ4_NL's (`avx2_columns::iq4_values`): one group's pairs at a time.
-    const ADD: usize = 1;
+impl<const F: u8> Format for Indexed<F> {
+    const FORMAT: QuantFormat = match F {
+        IQ4_XS => QuantFormat::Iq4Xs,
+        IQ3_XXS => QuantFormat::Iq3Xxs,
+        _ => QuantFormat::Iq3S,
+    };
+    // Signed values as IQ4_NL's (`avx2_columns::iq4_values`), each pair's products below
+    // 2^15 added in 16 bits for as many groups as stay below: IQ4's (at most 2 * 127 * 127)
+    // one at a time, IQ3_XXS's (62: 2 * 62 * 127 < 2^14) two, IQ3_S's (15) eight.
+    const ADD: usize = match F {
+        IQ4_XS => 1,
+        IQ3_XXS => 2,
+        _ => 8,
+    };
     const TILE: usize = 6;
     // A lookup beside the mask: decoding each half strip once measured a tenth faster.
     const DECODE_ONCE: bool = true;
@@ -339,10 +352,11 @@ impl Format for Iq4Xs {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
-        iq4_values(nibble_group(
-            unit.add(at::iq4xs_quants(j) + HALF_VECTOR * half),
-            g,
-        ))
+        let codebook = Self::FORMAT.codebook().expect("indices into values");
+        codebook_values(
+            codebook,
+            nibble_group(unit.add(at::iq4xs_quants(j) + HALF_VECTOR * half), g),
+        )
     }
 
     /// In integers up to the super-block: each group's pairs widened by its sub-block's
@@ -362,11 +376,20 @@ impl Format for Iq4Xs {
         let mut sums = [_mm256_setzero_si256(); R];
         for j in 0..8 {
             let scales = doubled::<true>(unit.add(at::iq4xs_scales(j) + HALF * half));
-            sums = dots::<R, 8, { Self::ADD }, true>(sums, x, 256 * i + 32 * j, scales, |g| {
-                weights::<Self, D>(unit, half, decoded, j, g)
-            });
+            let group = |g| weights::<Self, D>(unit, half, decoded, j, g);
+            let at = 256 * i + 32 * j;
+            // `Self::ADD` as a const argument (a generic `Self` cannot be one).
+            sums = match Self::ADD {
+                1 => dots::<R, 8, 1, true>(sums, x, at, scales, group),
+                2 => dots::<R, 8, 2, true>(sums, x, at, scales, group),
+                _ => dots::<R, 8, 8, true>(sums, x, at, scales, group),
+            };
         }
-        let d = halves(unit.add(at::D + 2 * HALF * half));
+        let mut d = halves(unit.add(at::D + 2 * HALF * half));
+        let codebook = Self::FORMAT.codebook().expect("indices into values");
+        if codebook.d_factor != 1.0 {
+            d = _mm256_mul_ps(d, _mm256_set1_ps(codebook.d_factor));
+        }
         for r in 0..R {
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale[r].add(i)));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);

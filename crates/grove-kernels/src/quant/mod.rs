@@ -28,6 +28,7 @@ mod avx2_columns;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquants;
 mod columns;
+pub mod iq3;
 mod kernel;
 mod products;
 mod rows;
@@ -96,6 +97,14 @@ pub enum QuantFormat {
     /// 256 weights: f16 scale, 8 x 6-bit scales, 256 x 4-bit indices into [`IQ4_VALUES`];
     /// `w = d * (sc - 32) * IQ4_VALUES[q]` (most tensors of IQ4_XS files).
     Iq4Xs,
+    /// 256 weights: f16 scale, 64 grid points of 4 magnitudes, per 32 weights four 7-bit sign
+    /// indices and a 4-bit scale; `w = d * (2 s + 1) / 4 * m` (most tensors of IQ3_XXS files;
+    /// `iq3.rs`).
+    Iq3Xxs,
+    /// 256 weights: f16 scale, 64 grid points of 4 magnitudes (9-bit indices), 256 signs, 8 x
+    /// 4-bit scales; `w = d * (2 s + 1) * m` (most tensors of IQ3_S, IQ3_M and IQ3_XS files;
+    /// `iq3.rs`).
+    Iq3S,
 }
 
 /// The 16 values of IQ4_NL's and IQ4_XS's 4-bit indices (ggml's `kvalues_iq4nl`).
@@ -105,7 +114,7 @@ pub const IQ4_VALUES: [i8; 16] = [
 
 impl QuantFormat {
     /// Every format kept quantized.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 14] = [
         Self::Q8_0,
         Self::Q5_0,
         Self::Q5_1,
@@ -118,6 +127,8 @@ impl QuantFormat {
         Self::Q6K,
         Self::Iq4Nl,
         Self::Iq4Xs,
+        Self::Iq3Xxs,
+        Self::Iq3S,
     ];
 
     /// The format of ggml type id `id`, if there is a kernel for it.
@@ -135,6 +146,8 @@ impl QuantFormat {
             10 => Some(Self::Q2K),
             20 => Some(Self::Iq4Nl),
             23 => Some(Self::Iq4Xs),
+            18 => Some(Self::Iq3Xxs),
+            21 => Some(Self::Iq3S),
             _ => None,
         }
     }
@@ -153,6 +166,8 @@ impl QuantFormat {
             Self::Q2K => "Q2_K",
             Self::Iq4Nl => "IQ4_NL",
             Self::Iq4Xs => "IQ4_XS",
+            Self::Iq3Xxs => "IQ3_XXS",
+            Self::Iq3S => "IQ3_S",
         }
     }
 
@@ -160,7 +175,14 @@ impl QuantFormat {
     pub fn block_weights(self) -> usize {
         match self {
             Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 | Self::Q4_1 | Self::Iq4Nl => 32,
-            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => 256,
+            Self::Q2K
+            | Self::Q3K
+            | Self::Q4K
+            | Self::Q5K
+            | Self::Q6K
+            | Self::Iq4Xs
+            | Self::Iq3Xxs
+            | Self::Iq3S => 256,
         }
     }
 
@@ -184,6 +206,8 @@ impl QuantFormat {
             Self::Q2K => 84,
             Self::Iq4Nl => 18,
             Self::Iq4Xs => 136,
+            Self::Iq3Xxs => 98,
+            Self::Iq3S => 110,
         }
     }
 
@@ -200,7 +224,20 @@ impl QuantFormat {
                 | Self::Q2K
                 | Self::Iq4Nl
                 | Self::Iq4Xs
+                | Self::Iq3Xxs
+                | Self::Iq3S
         )
+    }
+
+    /// The 16 values of a format whose weights are 4-bit indices into them (IQ4_NL, IQ4_XS,
+    /// IQ3_XXS, IQ3_S).
+    pub const fn codebook(self) -> Option<&'static iq3::Codebook> {
+        match self {
+            Self::Iq4Nl | Self::Iq4Xs => Some(&iq3::IQ4),
+            Self::Iq3Xxs => Some(&iq3::IQ3_XXS),
+            Self::Iq3S => Some(&iq3::IQ3_S),
+            _ => None,
+        }
     }
 
     /// Bytes of one row of `k` weights, or `None` when `k` is not a whole number of chunks
@@ -481,7 +518,9 @@ impl QMatrix {
             | QuantFormat::Q5_0
             | QuantFormat::Q4_0
             | QuantFormat::Iq4Nl
-            | QuantFormat::Iq4Xs => &[0],
+            | QuantFormat::Iq4Xs
+            | QuantFormat::Iq3Xxs
+            | QuantFormat::Iq3S => &[0],
             QuantFormat::Q5_1 | QuantFormat::Q4_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
             QuantFormat::Q3K => &[108],

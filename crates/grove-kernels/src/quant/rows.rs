@@ -201,7 +201,13 @@ impl QuantizedRows {
         let kernel = self.kernel;
         let quantized = self;
         let narrow = |sums: &[i32]| sums.iter().map(|&sum| sum as i16).collect();
-        let mins = [QuantFormat::Q4K, QuantFormat::Q5K, QuantFormat::Iq4Xs];
+        let mins = [
+            QuantFormat::Q4K,
+            QuantFormat::Q5K,
+            QuantFormat::Iq4Xs,
+            QuantFormat::Iq3Xxs,
+            QuantFormat::Iq3S,
+        ];
         if kernel != Kernel::Scalar && mins.iter().any(|format| formats.contains(format)) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
         }
@@ -246,9 +252,11 @@ impl QuantizedRows {
             QuantFormat::Q5_0 => self.zero_q5.len() == self.sum32.len(),
             QuantFormat::Q4_0 => self.zero_q4.len() == self.sum32.len(),
             QuantFormat::Q5_1 | QuantFormat::Q4_1 => self.scaled_sum32.len() == self.sum32.len(),
-            QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Iq4Xs => {
-                self.sum32_i16.len() == self.sum32.len()
-            }
+            QuantFormat::Q4K
+            | QuantFormat::Q5K
+            | QuantFormat::Iq4Xs
+            | QuantFormat::Iq3Xxs
+            | QuantFormat::Iq3S => self.sum32_i16.len() == self.sum32.len(),
             QuantFormat::Q6K => {
                 self.sum16_i16.len() == self.sum16.len()
                     && (avx2 || self.zero_q6.len() == self.sum16.len())

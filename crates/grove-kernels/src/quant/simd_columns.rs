@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::simd_blocks::{Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::simd_kquants::{Iq4Xs, Q2K, Q3K, Q4K, Q5K, Q6K};
+use super::simd_kquants::{Indexed, IQ3_S, IQ3_XXS, IQ4_XS, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::{Kernel, QuantFormat, QuantizedRows, ACT_ROWS_PER_BLOCK};
 use crate::threads::OutRows;
 
@@ -39,7 +39,7 @@ pub(super) struct Acts<const R: usize> {
     pub zero: [*const i32; R],
     /// Q5_1, Q4_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
     pub scaled_sums: [*const f32; R],
-    /// Q4_K, Q5_K, IQ4_XS (Q6_K, Q3_K, Q2_K): each 32 (16) values' sum as 16 bits
+    /// Q4_K, Q5_K, IQ4_XS, IQ3 (Q6_K, Q3_K, Q2_K): each 32 (16) values' sum as 16 bits
     /// (`QuantizedRows::sum32_i16`), for the mins' (zero point's) term.
     pub sums: [*const i16; R],
 }
@@ -55,7 +55,11 @@ impl<const R: usize> Acts<R> {
             QuantFormat::Q4_0 => (&acts.zero_q4, 32),
             QuantFormat::Q5_1 | QuantFormat::Q4_1 => (&[], 32),
             // The mins are added once per super-block (`sums`): these pointers are never read.
-            QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Iq4Xs => (&[], 32),
+            QuantFormat::Q4K
+            | QuantFormat::Q5K
+            | QuantFormat::Iq4Xs
+            | QuantFormat::Iq3Xxs
+            | QuantFormat::Iq3S => (&[], 32),
             QuantFormat::Q6K => (&acts.zero_q6, 16),
             // Q3_K's zero point and Q2_K's mins come once per super-block (`sums`).
             QuantFormat::Q3K | QuantFormat::Q2K => (&[], 16),
@@ -183,7 +187,14 @@ pub(super) unsafe fn byte_scales(p: *const u8, d: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn iq4_table() -> __m512i {
-    let values: [u8; 16] = std::array::from_fn(|q| super::scalar::iq4_u(q as u8));
+    codebook_table(&super::iq3::IQ4)
+}
+
+/// [`iq4_table`] for any format of 4-bit indices (IQ3_XXS and IQ3_S too).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn codebook_table(codebook: &super::iq3::Codebook) -> __m512i {
+    let values: [u8; 16] = std::array::from_fn(|q| super::scalar::codebook_u(codebook, q as u8));
     _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr().cast()))
 }
 
@@ -666,7 +677,9 @@ pub(super) fn dot_strips_with(
             QuantFormat::Q3K => tiles::<Q3K>(&share, rows),
             QuantFormat::Q2K => tiles::<Q2K>(&share, rows),
             QuantFormat::Iq4Nl => tiles::<Iq4Nl>(&share, rows),
-            QuantFormat::Iq4Xs => tiles::<Iq4Xs>(&share, rows),
+            QuantFormat::Iq4Xs => tiles::<Indexed<IQ4_XS>>(&share, rows),
+            QuantFormat::Iq3Xxs => tiles::<Indexed<IQ3_XXS>>(&share, rows),
+            QuantFormat::Iq3S => tiles::<Indexed<IQ3_S>>(&share, rows),
         }
     }
 }

@@ -1,7 +1,7 @@
-//! The AVX-512 VNNI kernels' K-quants and IQ4_XS (`simd_columns.rs` holds the strips and the
-//! tiles of rows, `simd_blocks.rs` the 32-weight formats): a super-block's sub-blocks scaled
-//! once for 16 weight rows, its mins (Q2_K, Q4_K, Q5_K) or zero point (Q3_K, Q6_K, IQ4_XS) in
-//! integers.
+//! The AVX-512 VNNI kernels' K-quants, IQ4_XS and IQ3 (`simd_columns.rs` holds the strips and
+//! the tiles of rows, `simd_blocks.rs` the 32-weight formats): a super-block's sub-blocks
+//! scaled once for 16 weight rows, its mins (Q2_K, Q4_K, Q5_K) or zero point (Q3_K, Q6_K,
+//! IQ4_XS, IQ3) in integers.
 // SAFETY (all of the module): as `simd_columns.rs`, whose `Format::unit` these implement.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)]
@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 
 use super::columns::at;
 use super::simd_columns::{
-    byte_ints, byte_scales, dots, five_bit_groups, halves, iq4_table, nibble_groups,
+    byte_ints, byte_scales, codebook_table, dots, five_bit_groups, halves, nibble_groups,
     six_bit_groups, three_bit_groups, two_bit_groups, zero_start, Acts, Advance, Format,
 };
 use super::QuantFormat;
@@ -26,8 +26,12 @@ pub(super) struct Q6K<const EXACT: bool, const BLOCK_ZERO: bool>;
 pub(super) struct Q3K;
 /// Q2_K, its mins once per super-block.
 pub(super) struct Q2K;
-/// IQ4_XS, its zero point once per super-block as Q4_K's mins.
-pub(super) struct Iq4Xs;
+/// IQ4_XS's layout (`F`: IQ4_XS, IQ3_XXS or IQ3_S), each weight an index into the format's
+/// 16 values, its zero point once per super-block as Q4_K's mins.
+pub(super) struct Indexed<const F: u8>;
+pub(super) const IQ4_XS: u8 = 0;
+pub(super) const IQ3_XXS: u8 = 1;
+pub(super) const IQ3_S: u8 = 2;
 
 /// Two neighbouring sub-blocks' bytes of the 16 rows (16 at `p`, then 16), as `vpdpwssd`
 /// multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s two bytes
@@ -443,15 +447,20 @@ unsafe fn sub_blocks_of_16<const R: usize>(
     block
 }
 
-impl Format for Iq4Xs {
-    const FORMAT: QuantFormat = QuantFormat::Iq4Xs;
+impl<const F: u8> Format for Indexed<F> {
+    const FORMAT: QuantFormat = match F {
+        IQ4_XS => QuantFormat::Iq4Xs,
+        IQ3_XXS => QuantFormat::Iq3Xxs,
+        _ => QuantFormat::Iq3S,
+    };
     const PACES: usize = 8;
 
     /// Q4_K's arithmetic (`with_mins`): each sub-block's indices looked up as their values
     /// plus 128 (unsigned, below 2^8), their sums (below 32 * 241 * 127 < 2^24: exact as f32)
-    /// times the signed scale times `d`. The 128 comes once per super-block as Q4_K's mins:
-    /// each row's eight 32-value sums against the 16 rows' signed scales, four `vpdpwssd`s (at
-    /// most 8 * 32 * 32 * 127 < 2^24), times `128 d` (exact).
+    /// times the signed scale times `d` (IQ3_XXS: `d / 4`, exact). The 128 comes once per
+    /// super-block as Q4_K's mins: each row's eight 32-value sums against the 16 rows' signed
+    /// scales (at most 32 in magnitude), four `vpdpwssd`s (at most 8 * 32 * 32 * 127 < 2^24),
+    /// times `128 d` (exact).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize, A: Advance>(
@@ -461,8 +470,12 @@ impl Format for Iq4Xs {
         acc: &mut [__m512; R],
         stream: &mut A,
     ) {
-        let table = iq4_table();
-        let d = halves(unit.add(at::D));
+        let codebook = Self::FORMAT.codebook().expect("indices into values");
+        let table = codebook_table(codebook);
+        let mut d = halves(unit.add(at::D));
+        if codebook.d_factor != 1.0 {
+            d = _mm512_mul_ps(d, _mm512_set1_ps(codebook.d_factor));
+        }
         let mut block = [_mm512_setzero_ps(); R];
         for j in 0..8 {
             stream.advance();

@@ -2,13 +2,14 @@
 //! from its blocks, and written back.
 
 use super::{unit_weights, Unit};
-use crate::quant::{scalar, QuantFormat};
+use crate::quant::{iq3, scalar, QuantFormat};
 
 pub(super) fn f16_bits(bytes: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
-/// Unit `i` of a GGUF row, decoded (IQ4_NL's and IQ4_XS's `u` the indices, not the values).
+/// Unit `i` of a GGUF row, decoded (IQ4_NL's, IQ4_XS's and IQ3's `u` the indices, not the
+/// values).
 pub(super) fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
     let size = unit_weights(format) / format.block_weights() * format.block_bytes();
     let bytes = &row[i * size..(i + 1) * size];
@@ -42,6 +43,12 @@ pub(super) fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
                     (u[l], u[l + 16]) = (q & 0x0F, q >> 4);
                 }
             }
+        }
+        QuantFormat::Iq3Xxs | QuantFormat::Iq3S => {
+            let decoded = iq3::decode(format, bytes);
+            unit.d[0] = decoded.d;
+            unit.sc[..8].copy_from_slice(&decoded.scales);
+            unit.u = decoded.indices;
         }
         QuantFormat::Q4K | QuantFormat::Q5K => {
             unit.d[..2].copy_from_slice(&[f16_bits(bytes, 0), f16_bits(bytes, 2)]);
@@ -129,6 +136,14 @@ pub(super) fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: us
                 }
             }
             bytes[2..4].copy_from_slice(&high.to_le_bytes());
+        }
+        QuantFormat::Iq3Xxs | QuantFormat::Iq3S => {
+            let decoded = iq3::Decoded {
+                d: unit.d[0],
+                scales: unit.sc[..8].try_into().expect("8 scales"),
+                indices: unit.u,
+            };
+            iq3::encode(format, &decoded, bytes);
         }
         QuantFormat::Q4K | QuantFormat::Q5K => {
             bytes[..2].copy_from_slice(&unit.d[0].to_le_bytes());
