@@ -453,10 +453,21 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
         write_gguf(dir.path(), &spec, "qwen2", dtype, &file);
         files.push((format!("{dtype:?}"), file, kv_dtype));
     }
-    // IQ4_NL, which candle cannot write: the Q4_0 file's blocks retyped.
+    // IQ4_NL and IQ3_S, which candle cannot write: the Q4_0 file's blocks retyped, and the
+    // Q3_K file's (110 bytes each, as IQ3_S's; any bytes are an IQ3_S block), each given its
+    // Q3_K scale as `d`.
     let iq4_nl = dir.path().join("model-IQ4_NL.gguf");
     retyped_as_iq4_nl(&dir.path().join("model-Q4_0.gguf"), &iq4_nl);
     files.push(("IQ4_NL".into(), iq4_nl, KvDtype::F16));
+    let iq3_s = dir.path().join("model-IQ3_S.gguf");
+    retyped(
+        &dir.path().join("model-Q3K.gguf"),
+        &iq3_s,
+        GgmlDType::Q3K,
+        21,
+        |block| block.copy_within(108..110, 0),
+    );
+    files.push(("IQ3_S".into(), iq3_s, KvDtype::F16));
     for (dtype, file, kv_dtype) in files {
         let model = Decoder::load(&file, &Device::Cpu)
             .unwrap()
@@ -516,11 +527,23 @@ fn quantized_tree_rows_equal_their_ancestor_paths_bit_for_bit() {
 /// blocks have Q4_0's size and layout (an f16 scale, 16 bytes of nibbles): the same bytes, read
 /// as indices into IQ4_NL's values.
 fn retyped_as_iq4_nl(from: &std::path::Path, to: &std::path::Path) {
+    retyped(from, to, GgmlDType::Q4_0, 20, |_| {});
+}
+
+/// The file `from` as `to` with its tensors of type `source` retyped as ggml type id
+/// `target` (of the same block size), each block then passed to `edit`.
+fn retyped(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    source: GgmlDType,
+    target: u32,
+    edit: impl Fn(&mut [u8]),
+) {
     let mut bytes = std::fs::read(from).unwrap();
     let content = gguf_file::Content::read(&mut std::fs::File::open(from).unwrap()).unwrap();
     let mut retyped = 0;
     for (name, info) in &content.tensor_infos {
-        if info.ggml_dtype != GgmlDType::Q4_0 {
+        if info.ggml_dtype != source {
             continue;
         }
         // The entry: the name (with its length), the rank, the dims (u64 each), the type.
@@ -528,11 +551,15 @@ fn retyped_as_iq4_nl(from: &std::path::Path, to: &std::path::Path) {
         entry.extend(name.as_bytes());
         let at = bytes.windows(entry.len()).position(|w| w == entry).unwrap() + entry.len();
         let type_at = at + 4 + 8 * info.shape.rank();
-        assert_eq!(bytes[type_at..type_at + 4], 2u32.to_le_bytes(), "{name}");
-        bytes[type_at..type_at + 4].copy_from_slice(&20u32.to_le_bytes());
+        bytes[type_at..type_at + 4].copy_from_slice(&target.to_le_bytes());
+        let start = content.tensor_data_offset as usize + info.offset as usize;
+        let size = info.shape.elem_count() / source.block_size() * source.type_size();
+        for block in bytes[start..start + size].chunks_exact_mut(source.type_size()) {
+            edit(block);
+        }
         retyped += 1;
     }
-    assert!(retyped > 0, "no Q4_0 tensor in {from:?}");
+    assert!(retyped > 0, "no {source:?} tensor in {from:?}");
     std::fs::write(to, bytes).unwrap();
 }
 
