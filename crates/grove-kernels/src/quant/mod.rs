@@ -98,8 +98,8 @@ pub enum QuantFormat {
     /// `w = d * (sc - 32) * IQ4_VALUES[q]` (most tensors of IQ4_XS files).
     Iq4Xs,
     /// 256 weights: f16 scale, 64 grid points of 4 magnitudes, per 32 weights four 7-bit sign
-    /// indices and a 4-bit scale; `w = d * (2 s + 1) / 4 * m` (most tensors of IQ3_XXS files;
-    /// `iq3.rs`).
+    /// indices and a 4-bit scale; `w = d * (2 s + 1) / 4 * m` (most tensors of IQ3_XXS files,
+    /// the attention keys of IQ3_XS files; `iq3.rs`).
     Iq3Xxs,
     /// 256 weights: f16 scale, 64 grid points of 4 magnitudes (9-bit indices), 256 signs, 8 x
     /// 4-bit scales; `w = d * (2 s + 1) * m` (most tensors of IQ3_S, IQ3_M and IQ3_XS files;
