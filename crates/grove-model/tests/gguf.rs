@@ -269,13 +269,7 @@ fn split_models_load_from_any_shard() {
     );
     // Another split's third shard in this one's place.
     let mixed = case("mixed");
-    rewritten(&three[2], &mixed[2], |metadata, _| {
-        for (key, value) in metadata.iter_mut() {
-            if key == "split.no" {
-                *value = Value::U16(1);
-            }
-        }
-    });
+    rewritten(&three[2], &mixed[2], set("split.no", Value::U16(1)));
     let message = error(&mixed[0]);
     assert!(message.contains("do not say shard 3 of 3"), "{message}");
     // A tensor in two shards.
@@ -296,18 +290,27 @@ fn split_models_load_from_any_shard() {
     );
     // The first shard's count of the model's tensors is checked.
     let short = case("short");
-    rewritten(&three[0], &short[0], |metadata, _| {
-        for (key, value) in metadata.iter_mut() {
-            if key == "split.tensors.count" {
-                *value = Value::I32(1000);
-            }
-        }
-    });
+    rewritten(
+        &three[0],
+        &short[0],
+        set("split.tensors.count", Value::I32(1000)),
+    );
     let message = error(&short[1]);
     assert!(
         message.contains("`split.tensors.count` says 1000 tensors"),
         "{message}"
     );
+}
+
+/// A [`rewritten`] edit: metadata `key` (present) set to `value`.
+fn set(
+    key: &'static str,
+    value: Value,
+) -> impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<(String, QTensor)>) {
+    move |metadata, _| {
+        let entry = metadata.iter_mut().find(|(k, _)| k == key);
+        entry.unwrap_or_else(|| panic!("no metadata `{key}`")).1 = value;
+    }
 }
 
 /// `good` rewritten to `out` after `edit` changed its metadata and tensors.
@@ -349,13 +352,11 @@ fn unsupported_head_shapes_and_bad_rope_factors_are_named() {
     let good = dir.path().join("qwen3.gguf");
     write_gguf(dir.path(), &spec, "qwen3", GgmlDType::F32, &good);
     let wide = dir.path().join("wide-values.gguf");
-    rewritten(&good, &wide, |metadata, _| {
-        for (key, value) in metadata.iter_mut() {
-            if key == "qwen3.attention.value_length" {
-                *value = Value::U32(32);
-            }
-        }
-    });
+    rewritten(
+        &good,
+        &wide,
+        set("qwen3.attention.value_length", Value::U32(32)),
+    );
     let message = load(&wide);
     assert!(
         message.contains("`qwen3.attention.value_length` is 32 but the key length is 16"),
