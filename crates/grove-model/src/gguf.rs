@@ -4,8 +4,8 @@
 //! memory-mapped and its header read by `gguf_header`: matrices in a format with a kernel
 //! (`quant`, the IQ4 and IQ3 types too) stay quantized (copied into the kernels' column
 //! layout, their mapped pages released), F16 and BF16 matrices stay half-width
-//! (`tensor_as_stored`); everything else (norms, biases, other formats) is dequantized to f32. The decoder, the forward contract and speculation run on
-//! GGUF targets unchanged.
+//! (`tensor_as_stored`); everything else (norms, biases, other formats) is dequantized to f32.
+//! The decoder, the forward contract and speculation run on GGUF targets unchanged.
 //!
 //! Architectures: `qwen2`, `llama` (whose Q/K rows llama.cpp's converter permutes for its
 //! interleaved RoPE; they are permuted back to HF's rotate-half order here) and `gemma3`.
