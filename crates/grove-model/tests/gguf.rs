@@ -302,11 +302,12 @@ fn split_models_load_from_any_shard() {
     );
 }
 
+/// A file's metadata and tensors, as [`rewritten`] edits them.
+type Metadata = Vec<(String, Value)>;
+type Tensors = Vec<(String, QTensor)>;
+
 /// A [`rewritten`] edit: metadata `key` (present) set to `value`.
-fn set(
-    key: &'static str,
-    value: Value,
-) -> impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<(String, QTensor)>) {
+fn set(key: &'static str, value: Value) -> impl FnOnce(&mut Metadata, &mut Tensors) {
     move |metadata, _| {
         let entry = metadata.iter_mut().find(|(k, _)| k == key);
         entry.unwrap_or_else(|| panic!("no metadata `{key}`")).1 = value;
@@ -317,12 +318,12 @@ fn set(
 fn rewritten(
     good: &std::path::Path,
     out: &std::path::Path,
-    edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<(String, QTensor)>),
+    edit: impl FnOnce(&mut Metadata, &mut Tensors),
 ) {
     let mut reader = std::fs::File::open(good).unwrap();
     let content = gguf_file::Content::read(&mut reader).unwrap();
-    let mut metadata: Vec<(String, Value)> = content.metadata.clone().into_iter().collect();
-    let mut tensors: Vec<(String, QTensor)> = content
+    let mut metadata: Metadata = content.metadata.clone().into_iter().collect();
+    let mut tensors: Tensors = content
         .tensor_infos
         .keys()
         .map(|name| {
