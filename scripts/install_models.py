@@ -16,10 +16,15 @@ in F16, so the `-q5_k_m`, `-q4_0`, `-q4_1`, `-q3_k_m`, `-q3_k_s`, `-q2_k`, `-iq4
 `-iq3_m` and `-f16` names are made here from a packaged model by llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`,
 requantizing: `bash scripts/install_llama_cpp.sh` first). The weights are the source's rounded again, so
 they only stand for the real file's layout: the tensor types and blocks llama.cpp writes.
+
+The 1- and 2-bit IQ files (`-iq1_iq2`, `-iq2_m`, `-iq2_xxs`, `-iq1_s`) are written here, each
+tensor requantized by ggml's own quantizer as llama.cpp's mix chooses its type (`REWRITTEN`):
+llama.cpp's quantizer refuses those types without an importance matrix.
 """
 
 import argparse
 import hashlib
+import math
 import subprocess
 import sys
 import zipfile
@@ -128,6 +133,43 @@ DERIVED = {
         "ftype": "LLAMA_FTYPE_MOSTLY_IQ3_M",
     },
 }
+# Made by rewriting an installed model's tensors here, with ggml's own decoders and quantizer
+# (`dequantize_row_<type>`, `ggml_quantize_chunk` in llama.cpp's libggml-base): llama.cpp's
+# quantizer refuses its 1- and 2-bit IQ types without an importance matrix, which its Python
+# binding cannot hand it. Where ggml needs one, it gets ones (every column alike). A `mix` is a
+# llama.cpp file type whose tensor types follow llama.cpp's choice for a dense model
+# (`llama_tensor_get_type` in its src/llama-quant.cpp, [`mix_type`]); `layers` instead retypes
+# the MLP down projections of the layers named and keeps every other tensor as it is.
+REWRITTEN = {
+    # The 0.5B with layers 6-10's MLP down projections (its only rows of whole
+    # super-blocks) in IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S and IQ1_M: each 1- and 2-bit IQ type in one
+    # file that stays close to its source.
+    "qwen2.5-coder-0.5b-iq1_iq2": {
+        "file": "qwen2.5-coder-0.5b-instruct-iq1_iq2.gguf",
+        "from": "qwen2.5-coder-0.5b",
+        "layers": {6: "IQ2_XXS", 7: "IQ2_XS", 8: "IQ2_S", 9: "IQ1_S", 10: "IQ1_M"},
+    },
+    # IQ2_M: IQ2_S for most matrices, IQ3_S for the attention outputs and the first 3 layers'
+    # MLP down projections, Q4_K for the attention values, Q5_K for the (tied) embedding.
+    "qwen2.5-coder-1.5b-iq2_m": {
+        "file": "qwen2.5-coder-1.5b-iq2_m.gguf",
+        "from": "qwen2.5-coder-1.5b",
+        "mix": "IQ2_M",
+    },
+    # IQ2_XXS: IQ2_XXS for most matrices, Q2_K for the first 3 layers' MLP down projections.
+    "qwen2.5-coder-1.5b-iq2_xxs": {
+        "file": "qwen2.5-coder-1.5b-iq2_xxs.gguf",
+        "from": "qwen2.5-coder-1.5b",
+        "mix": "IQ2_XXS",
+    },
+    # IQ1_S: IQ1_S for most matrices, IQ2_XXS for the attention outputs.
+    "qwen2.5-coder-1.5b-iq1_s": {
+        "file": "qwen2.5-coder-1.5b-iq1_s.gguf",
+        "from": "qwen2.5-coder-1.5b",
+        "mix": "IQ1_S",
+    },
+}
+
 DEFAULT = ["qwen2.5-coder-0.5b", "gemma3-270m"]
 
 
@@ -180,12 +222,14 @@ def install(name: str, directory: Path) -> Path:
 
 
 def derive(name: str, directory: Path) -> Path:
-    spec = DERIVED[name]
+    spec = DERIVED.get(name) or REWRITTEN[name]
     target = directory / spec["file"]
     if target.is_file():
         print(f"{target} already installed")
         return target
     source = install(spec["from"], directory)
+    if name in REWRITTEN:
+        return rewrite(source, target, spec)
     return quantize(source, target, spec["ftype"], spec.get("pure", False))
 
 
@@ -215,11 +259,200 @@ def quantize(source: Path, target: Path, ftype: str, pure: bool = False) -> Path
     return target
 
 
+GGML_TYPES = {
+    "F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
+    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ1_S": 19, "IQ4_NL": 20,
+    "IQ3_S": 21, "IQ2_S": 22, "IQ1_M": 29,
+}
+
+
+def mix_type(ftype: str, name: str, layer: int, layers: int, gqa: int, tied: bool, columns: int) -> str:
+    """llama.cpp's type for tensor `name` of a dense model in file type `ftype` (IQ2_XXS,
+    IQ2_XS, IQ2_S, IQ2_M, IQ1_S or IQ1_M), as its `llama_tensor_get_type` chooses it, then its
+    fallback where a row is not whole super-blocks."""
+    default = {"IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_S": "IQ2_XS", "IQ2_M": "IQ2_S",
+               "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M"}[ftype]
+    wide = ftype in ("IQ2_S", "IQ2_M")
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return "Q5_K" if columns % 256 == 0 else "Q8_0"
+    if name == "token_embd.weight":
+        chosen = "IQ3_S" if wide else "Q2_K"
+    elif "attn_v.weight" in name:
+        chosen = "Q4_K" if gqa >= 4 else ("IQ3_S" if wide else "Q2_K")
+    elif "ffn_down" in name:
+        chosen = ("IQ3_S" if wide else "Q2_K") if layer < layers // 8 else default
+    elif "attn_output.weight" in name and ftype in ("IQ1_S", "IQ1_M"):
+        chosen = "IQ2_XXS"
+    elif "attn_output.weight" in name and wide:
+        chosen = "IQ3_S"
+    else:
+        chosen = default
+    if columns % 256 != 0:
+        chosen = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(chosen, "IQ4_NL")
+    return chosen
+
+
+class Gguf:
+    """A GGUF file's metadata (kept as its bytes, with the few values read here) and tensors."""
+
+    SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+    def __init__(self, path: Path):
+        import mmap
+        import struct
+
+        with path.open("rb") as file:
+            self.data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.at = 0
+        if self.data[:4] != b"GGUF":
+            sys.exit(f"error: {path} is not a GGUF file")
+        self.version, tensors, entries = struct.unpack_from("<IQQ", self.data, 4)
+        self.at = 24
+        self.values = {}
+        for _ in range(entries):
+            key = self.string()
+            kind = self.u32()
+            self.values[key] = self.value(kind)
+        self.metadata = self.data[24:self.at]
+        self.entries = entries
+        self.tensors = []
+        for _ in range(tensors):
+            name = self.string()
+            dims = [self.u64() for _ in range(self.u32())]
+            kind, offset = self.u32(), self.u64()
+            self.tensors.append((name, dims, kind, offset))
+        self.alignment = self.values.get("general.alignment", 32)
+        self.start = -(-self.at // self.alignment) * self.alignment
+
+    def u32(self) -> int:
+        self.at += 4
+        return int.from_bytes(self.data[self.at - 4:self.at], "little")
+
+    def u64(self) -> int:
+        self.at += 8
+        return int.from_bytes(self.data[self.at - 8:self.at], "little")
+
+    def string(self) -> str:
+        length = self.u64()
+        self.at += length
+        return self.data[self.at - length:self.at].decode("utf-8", "replace")
+
+    def value(self, kind: int):
+        import struct
+
+        if kind == 8:
+            return self.string()
+        if kind == 9:
+            inner, count = self.u32(), self.u64()
+            return [self.value(inner) for _ in range(count)]
+        layout = self.SCALARS[kind]
+        (value,) = struct.unpack_from(layout, self.data, self.at)
+        self.at += struct.calcsize(layout)
+        return value
+
+
+def ggml_library():
+    import ctypes
+    import os
+
+    import llama_cpp
+
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+    lib.ggml_type_name.restype = ctypes.c_char_p
+    lib.ggml_type_name.argtypes = [ctypes.c_int]
+    lib.ggml_row_size.restype = ctypes.c_size_t
+    lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+    lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    return lib
+
+
+def requantized(lib, source: bytes, kind: int, target: int, rows: int, columns: int) -> bytes:
+    """A tensor's `rows` x `columns` values of ggml type `kind` as type `target`: decoded by
+    ggml's `dequantize_row_<type>` (f32 as they are), quantized by `ggml_quantize_chunk` in
+    pieces of rows on two threads (ctypes lets go of the GIL)."""
+    import ctypes
+    from concurrent.futures import ThreadPoolExecutor
+
+    count = rows * columns
+    values = (ctypes.c_float * count)()
+    if kind == 0:
+        ctypes.memmove(values, source, 4 * count)
+    else:
+        decode = getattr(lib, "dequantize_row_" + lib.ggml_type_name(kind).decode())
+        decode.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        decode.restype = None
+        decode(ctypes.create_string_buffer(source, len(source)), values, count)
+    ones = (ctypes.c_float * columns)(*([1.0] * columns)) if lib.ggml_quantize_requires_imatrix(target) else None
+    row_bytes = lib.ggml_row_size(target, columns)
+    out = ctypes.create_string_buffer(rows * row_bytes)
+    piece = 32
+
+    def quantize(first: int) -> None:
+        count = min(piece, rows - first)
+        source_at = ctypes.addressof(values) + 4 * first * columns
+        lib.ggml_quantize_chunk(target, source_at, ctypes.addressof(out) + first * row_bytes, 0, count, columns, ones)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(quantize, range(0, rows, piece)))
+    return out.raw
+
+
+def rewrite(source: Path, target: Path, spec: dict) -> Path:
+    """`source` with its tensors retyped as `spec` says (`REWRITTEN`), written to `target`."""
+    import re
+    import struct
+
+    try:
+        lib = ggml_library()
+    except ImportError:
+        sys.exit(f"error: {target.name} is made with llama.cpp's ggml: bash scripts/install_llama_cpp.sh")
+    model = Gguf(source)
+    arch = model.values["general.architecture"]
+    layers = model.values[f"{arch}.block_count"]
+    gqa = model.values[f"{arch}.attention.head_count"] // model.values[f"{arch}.attention.head_count_kv"]
+    tied = not any(name == "output.weight" for name, *_ in model.tensors)
+    infos, blobs, offset = bytearray(), [], 0
+    for name, dims, kind, at in model.tensors:
+        columns, rows = dims[0], math.prod(dims[1:])
+        size = lib.ggml_row_size(kind, columns) * rows
+        blob = model.data[model.start + at:model.start + at + size]
+        layer = int(match.group(1)) if (match := re.match(r"blk\.(\d+)\.", name)) else -1
+        wanted = None
+        if "layers" in spec and "ffn_down" in name:
+            wanted = spec["layers"].get(layer)
+        elif "mix" in spec and len(dims) >= 2:
+            wanted = mix_type(spec["mix"], name, layer, layers, gqa, tied, columns)
+        if wanted is not None and GGML_TYPES[wanted] != kind:
+            blob = requantized(lib, blob, kind, GGML_TYPES[wanted], rows, columns)
+            kind = GGML_TYPES[wanted]
+        encoded = name.encode()
+        infos += struct.pack("<Q", len(encoded)) + encoded + struct.pack("<I", len(dims))
+        infos += struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", kind, offset)
+        blobs.append(blob)
+        offset += -(-len(blob) // model.alignment) * model.alignment
+    partial = target.with_suffix(".partial")
+    with partial.open("wb") as out:
+        out.write(b"GGUF" + struct.pack("<IQQ", model.version, len(model.tensors), model.entries))
+        out.write(model.metadata)
+        out.write(infos)
+        out.write(b"\0" * (-out.tell() % model.alignment))
+        for blob in blobs:
+            out.write(blob)
+            out.write(b"\0" * (-len(blob) % model.alignment))
+    partial.rename(target)
+    print(f"made {target} ({target.stat().st_size / 1e6:.0f} MB) from {source.name} with ggml's quantizer")
+    return target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="models", type=Path)
     # No `choices=`: argparse checks an empty `nargs="*"` list against them and refuses it.
-    names = sorted(MODELS) + sorted(DERIVED)
+    names = sorted(MODELS) + sorted(DERIVED) + sorted(REWRITTEN)
     parser.add_argument("models", nargs="*", help=f"any of {', '.join(names)}")
     parser.add_argument(
         "--quantize",
@@ -237,7 +470,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown model {', '.join(unknown)} (choose from {', '.join(names)})")
     for name in args.models or DEFAULT:
-        if name in DERIVED:
+        if name in DERIVED or name in REWRITTEN:
             derive(name, args.dir)
         else:
             install(name, args.dir)

@@ -423,6 +423,14 @@ fn qwen2_5_coder_0_5b_iq3_s_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-iq3_s.gguf")
 }
 
+/// Each 1- and 2-bit IQ type (`install_models.py qwen2.5-coder-0.5b-iq1_iq2`): layers 6-10's
+/// MLP down projections in IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S and IQ1_M, requantized by ggml's own
+/// quantizer, the rest of the 0.5B as packaged.
+#[test]
+fn qwen2_5_coder_0_5b_iq1_iq2_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-iq1_iq2.gguf")
+}
+
 /// IQ3_M (`install_models.py qwen2.5-coder-1.5b-iq3_m`): IQ3_S for most matrices and the
 /// embedding, Q4_K and Q6_K for the rest.
 #[test]

@@ -1,7 +1,7 @@
 //! A GGUF file's header: its metadata and its tensor index. Read here, not by candle's
 //! reader, which refuses a whole file for one tensor of a type it cannot dequantize: llama.cpp's
-//! IQ4_NL, IQ4_XS, IQ3_XXS and IQ3_S files (common 4- and 3-bit quantizations) are multiplied
-//! by grove's own kernels. The metadata keeps candle's `Value`, which the rest of the loader
+//! IQ4_NL, IQ4_XS and 1- to 3-bit IQ files (IQ3_XXS ... IQ1_M) are multiplied by grove's own
+//! kernels. The metadata keeps candle's `Value`, which the rest of the loader
 //! and the tokenizer read.
 
 use std::collections::HashMap;
@@ -15,7 +15,7 @@ use grove_kernels::quant::QuantFormat;
 pub enum TensorType {
     /// A type candle's readers dequantize (F32, F16, BF16, Q4_0 to Q8_1, the K-quants).
     Candle(GgmlDType),
-    /// A type only grove's kernels read (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S).
+    /// A type only grove's kernels read (IQ4_NL, IQ4_XS, the grid types IQ3_XXS ... IQ1_M).
     Grove(QuantFormat),
 }
 
@@ -63,12 +63,7 @@ impl TensorType {
 /// grove loads.
 fn unsupported_type(id: u32) -> String {
     let name = match id {
-        16 => "IQ2_XXS",
-        17 => "IQ2_XS",
-        19 => "IQ1_S",
-        22 => "IQ2_S",
         24..=28 => "an integer or f64 type",
-        29 => "IQ1_M",
         34 => "TQ1_0",
         35 => "TQ2_0",
         39 => "MXFP4",
@@ -76,8 +71,8 @@ fn unsupported_type(id: u32) -> String {
     };
     format!(
         "tensor type {id} ({name}) is not supported: grove loads files of F32, F16, BF16, Q8_0, \
-         Q5_0, Q5_1, Q4_0, Q4_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS and IQ3_S tensors (not yet \
-         the 1- and 2-bit IQ types and the ternary ones)"
+         Q5_0, Q5_1, Q4_0, Q4_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, \
+         IQ2_S, IQ1_S and IQ1_M tensors (not yet the ternary types TQ1_0 and TQ2_0, or MXFP4)"
     )
 }
 
@@ -363,10 +358,10 @@ mod tests {
         huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(refused(&huge).contains("cannot fit"));
         // A type without a reader, named.
-        let iq2 = refused(&header(3, 0, &[], &tensor(&[256, 2], 16, 0)));
+        let ternary = refused(&header(3, 0, &[], &tensor(&[256, 2], 34, 0)));
         assert!(
-            iq2.contains("tensor `w`") && iq2.contains("IQ2_XXS"),
-            "{iq2}"
+            ternary.contains("tensor `w`") && ternary.contains("TQ1_0"),
+            "{ternary}"
         );
         // Rows that are not whole blocks.
         let partial = refused(&header(3, 0, &[], &tensor(&[100, 2], 20, 0)));

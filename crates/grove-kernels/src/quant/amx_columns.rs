@@ -700,7 +700,12 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
         | QuantFormat::Iq4Nl
         | QuantFormat::Iq4Xs
         | QuantFormat::Iq3Xxs
-        | QuantFormat::Iq3S => {
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => {
             unreachable!(
                 "{} goes to the AVX-512 VNNI kernel (Kernel::for_format)",
                 format.name()

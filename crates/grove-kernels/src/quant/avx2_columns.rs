@@ -34,8 +34,8 @@ use super::avx2_kquants::{Indexed, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::columns::{at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::simd_columns::{Acts, Share};
-use super::simd_kquants::{IQ3_S, IQ3_XXS, IQ4_XS};
-use super::{columns, iq3, Kernel, QuantFormat, QuantizedRows};
+use super::simd_kquants::{IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_XS};
+use super::{columns, grids, Kernel, QuantFormat, QuantizedRows};
 use crate::threads::OutRows;
 
 /// Rows of a strip in one pass: the 32-bit lanes of a 256-bit vector.
@@ -476,13 +476,13 @@ impl Format for Q4_0 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn iq4_values(indices: __m256i) -> __m256i {
-    codebook_values(&iq3::IQ4, indices)
+    codebook_values(&grids::IQ4, indices)
 }
 
 /// [`iq4_values`] for any format of 4-bit indices (IQ3_XXS and IQ3_S too).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn codebook_values(codebook: &iq3::Codebook, indices: __m256i) -> __m256i {
+pub(super) unsafe fn codebook_values(codebook: &grids::Codebook, indices: __m256i) -> __m256i {
     let values = codebook.values.as_ptr();
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(values.cast()));
     _mm256_shuffle_epi8(table, indices)
@@ -689,6 +689,11 @@ pub(super) fn dot_strips(
             QuantFormat::Iq4Xs => tiles::<Indexed<IQ4_XS>>(&share, rows),
             QuantFormat::Iq3Xxs => tiles::<Indexed<IQ3_XXS>>(&share, rows),
             QuantFormat::Iq3S => tiles::<Indexed<IQ3_S>>(&share, rows),
+            QuantFormat::Iq2Xxs => tiles::<Indexed<IQ2_XXS>>(&share, rows),
+            QuantFormat::Iq2Xs => tiles::<Indexed<IQ2_XS>>(&share, rows),
+            QuantFormat::Iq2S => tiles::<Indexed<IQ2_S>>(&share, rows),
+            QuantFormat::Iq1S => tiles::<Indexed<IQ1_S>>(&share, rows),
+            QuantFormat::Iq1M => tiles::<Indexed<IQ1_M>>(&share, rows),
         }
     }
 }

@@ -1,7 +1,7 @@
-//! The AVX2 kernels' K-quants (Q2_K-Q6_K, IQ4_XS and IQ3; `avx2_columns.rs` holds the half
-//! strips, the tiles of rows and the 32-weight formats): each super-block in integers up to
-//! its end, its sub-blocks widened by their small integer scales, then converted and scaled
-//! once per row.
+//! The AVX2 kernels' K-quants (Q2_K-Q6_K, IQ4_XS and the grid formats; `avx2_columns.rs`
+//! holds the half strips, the tiles of rows and the 32-weight formats): each super-block in
+//! integers up to its end, its sub-blocks widened by their small integer scales, then
+//! converted and scaled once per row.
 // SAFETY (all of the module): as `avx2_columns.rs`, whose `Format::unit` these implement.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)]
@@ -14,7 +14,7 @@ use super::avx2_columns::{
 };
 use super::columns::{at, VECTOR};
 use super::simd_columns::Acts;
-use super::simd_kquants::{IQ3_XXS, IQ4_XS};
+use super::simd_kquants::{indexed, IQ1_M, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_XXS, IQ4_XS};
 use super::QuantFormat;
 
 pub(super) struct Q4K;
@@ -22,8 +22,8 @@ pub(super) struct Q5K;
 pub(super) struct Q6K;
 pub(super) struct Q3K;
 pub(super) struct Q2K;
-/// IQ4_XS's layout (`F`: `simd_kquants::IQ4_XS`, `IQ3_XXS` or `IQ3_S`), each weight an index
-/// into the format's 16 values.
+/// IQ4_XS's layout (`F`: `simd_kquants::IQ4_XS` or a grid format's, as the AVX-512 kernel's
+/// `Indexed`), each weight an index into the format's 16 values.
 pub(super) struct Indexed<const F: u8>;
 
 impl Format for Q4K {
@@ -331,17 +331,15 @@ impl Format for Q2K {
 }
 
 impl<const F: u8> Format for Indexed<F> {
-    const FORMAT: QuantFormat = match F {
-        IQ4_XS => QuantFormat::Iq4Xs,
-        IQ3_XXS => QuantFormat::Iq3Xxs,
-        _ => QuantFormat::Iq3S,
-    };
+    const FORMAT: QuantFormat = indexed(F);
     // Signed values as IQ4_NL's (`avx2_columns::iq4_values`), each pair's products below
     // 2^15 added in 16 bits for as many groups as stay below: IQ4's (at most 2 * 127 * 127)
-    // one at a time, IQ3_XXS's (62: 2 * 62 * 127 < 2^14) two, IQ3_S's (15) eight.
+    // one at a time, IQ3_XXS's (62: 2 * 62 * 127 < 2^14) and IQ2's (43) two, IQ3_S's (15)
+    // and IQ1's (9) eight, or the four of a sub-block of 16.
     const ADD: usize = match F {
         IQ4_XS => 1,
-        IQ3_XXS => 2,
+        IQ3_XXS | IQ2_XXS | IQ2_XS | IQ2_S => 2,
+        IQ1_M => 4,
         _ => 8,
     };
     const TILE: usize = 6;
@@ -353,16 +351,21 @@ impl<const F: u8> Format for Indexed<F> {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
         let codebook = Self::FORMAT.codebook().expect("indices into values");
+        let quants = match Self::FORMAT.scales_16() {
+            true => at::iq16_quants(j),
+            false => at::iq4xs_quants(j),
+        };
         codebook_values(
             codebook,
-            nibble_group(unit.add(at::iq4xs_quants(j) + HALF_VECTOR * half), g),
+            nibble_group(unit.add(quants + HALF_VECTOR * half), g),
         )
     }
 
     /// In integers up to the super-block: each group's pairs widened by its sub-block's
     /// signed scale (a lane's 4 products a group: at most 8 sub-blocks x 8 groups x 4 x 127 x
     /// 127 x 32 < 2^31), converted once and scaled by `d` and the row's activation scale. No
-    /// zero point: the values are signed.
+    /// zero point: the values are signed. A format scaled each 16 weights widens each half
+    /// of a sub-block's groups by its own scale.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unit<const R: usize, const D: bool>(
@@ -375,6 +378,19 @@ impl<const F: u8> Format for Indexed<F> {
     ) {
         let mut sums = [_mm256_setzero_si256(); R];
         for j in 0..8 {
+            if Self::FORMAT.scales_16() {
+                for piece in 0..2 {
+                    let sub = 2 * j + piece;
+                    let scales = doubled::<true>(unit.add(at::iq16_scales(sub) + HALF * half));
+                    let group = |g| weights::<Self, D>(unit, half, decoded, j, 4 * piece + g);
+                    let at = 256 * i + 16 * sub;
+                    sums = match Self::ADD {
+                        2 => dots::<R, 4, 2, true>(sums, x, at, scales, group),
+                        _ => dots::<R, 4, 4, true>(sums, x, at, scales, group),
+                    };
+                }
+                continue;
+            }
             let scales = doubled::<true>(unit.add(at::iq4xs_scales(j) + HALF * half));
             let group = |g| weights::<Self, D>(unit, half, decoded, j, g);
             let at = 256 * i + 32 * j;

@@ -42,8 +42,10 @@
 //! IQ4_NL (576 B): Q4_0's, the nibbles indices into `IQ4_VALUES`
 //! IQ4_XS (2240 B): d (16 f16) | 32 bytes unused | 8 x 16 scales `sc - 32` (i8) | per
 //!                sub-block of 32: 4 nibble vectors of indices
-//! IQ3_XXS, IQ3_S (2240 B): IQ4_XS's, the scales `2 s + 1`, the indices into the format's
-//!                16 values (`iq3::Codebook`)
+//! IQ3_XXS, IQ3_S, IQ2_XXS, IQ1_S (2240 B): IQ4_XS's, the scales `2 s + 1`, the indices
+//!                into the format's 16 values (`grids::Codebook`)
+//! IQ2_XS, IQ2_S, IQ1_M (2368 B): d (16 f16) | 32 bytes unused | 16 x 16 scales `2 s + 1`
+//!                (Q6_K's) | per 32 weights: 4 nibble vectors of indices (Q4_K's)
 //! ```
 //!
 //! Rows past `n` in the last strip are zeros (zero scales: zero outputs, never written out).
@@ -53,9 +55,10 @@
 //! fields), and Q3_K's become 16 bytes with 32 aligning its payloads (5.5% more); the other
 //! formats keep GGUF's size (Q6_K's unused 32 bytes align its payloads; Q2_K's bytes of a
 //! scale and a min are GGUF's own) but IQ4_XS, whose 12 bits of scales a sub-block become a
-//! byte a row and whose header is aligned (2.9% more). IQ3_XXS and IQ3_S, whose weights are
-//! grid points of 4 (3.06 and 3.44 bits a weight), keep a 4-bit index a weight (4.38 bits: 43%
-//! and 27% more bytes).
+//! byte a row and whose header is aligned (2.9% more). The grid formats, whose weights are
+//! grid points of 4 or 8 (IQ3_XXS 3.06 bits a weight, IQ3_S 3.44, IQ2_XXS 2.06, IQ2_XS 2.31,
+//! IQ2_S 2.56, IQ1_S 1.56, IQ1_M 1.75), keep a 4-bit index a weight (4.38 bits; 4.63 with
+//! scales per 16): up to 2.8 times GGUF's bytes (IQ1_S).
 
 mod gguf;
 
@@ -85,7 +88,12 @@ pub const fn unit_weights(format: QuantFormat) -> usize {
         | QuantFormat::Q6K
         | QuantFormat::Iq4Xs
         | QuantFormat::Iq3Xxs
-        | QuantFormat::Iq3S => 256,
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => 256,
     }
 }
 
@@ -102,7 +110,12 @@ pub const fn unit_bytes(format: QuantFormat) -> usize {
         QuantFormat::Q5K => 2880,
         QuantFormat::Q3K => 1856,
         QuantFormat::Q2K => 1344,
-        QuantFormat::Iq4Xs | QuantFormat::Iq3Xxs | QuantFormat::Iq3S => 2240,
+        QuantFormat::Iq4Xs
+        | QuantFormat::Iq3Xxs
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq1S => 2240,
+        QuantFormat::Iq2Xs | QuantFormat::Iq2S | QuantFormat::Iq1M => 2368,
     }
 }
 
@@ -198,7 +211,7 @@ pub mod at {
     pub const fn q2k_quants(j: usize) -> usize {
         320 + 128 * j
     }
-    /// IQ4_XS: sub-block `j`'s 16 scales less 32 (i8, after `D` and 32 unused bytes); IQ3:
+    /// IQ4_XS: sub-block `j`'s 16 scales less 32 (i8, after `D` and 32 unused bytes); grids:
     /// `2 s + 1`.
     pub const fn iq4xs_scales(j: usize) -> usize {
         64 + 16 * j
@@ -206,6 +219,15 @@ pub mod at {
     /// IQ4_XS: sub-block `j`'s 4 nibble vectors of indices.
     pub const fn iq4xs_quants(j: usize) -> usize {
         192 + 256 * j
+    }
+    /// A grid format scaled each 16 weights: sub-block `i`'s (16 weights) 16 scales `2 s + 1`
+    /// (Q6_K's place).
+    pub const fn iq16_scales(i: usize) -> usize {
+        q6k_scales(i)
+    }
+    /// The same: weights `32j..32j + 32`'s 4 nibble vectors of indices (Q4_K's place).
+    pub const fn iq16_quants(j: usize) -> usize {
+        q4k_quants(j)
     }
 }
 
@@ -228,7 +250,7 @@ struct Unit {
     d: [u16; 4],
     /// Q4_K/Q5_K: scales 0-7 and mins 0-7 (6 bits each); Q6_K: the 16 scales (i8 bits); Q3_K:
     /// the 16 scales less 32 (i8 bits); Q2_K: GGUF's 16 bytes of a scale and a min; IQ4_XS:
-    /// the 8 scales less 32 (i8 bits); IQ3: the 8 scales `2 s + 1`.
+    /// the 8 scales less 32 (i8 bits); the grid formats: the 8 (16) scales `2 s + 1`.
     sc: [u8; 16],
 }
 
@@ -429,13 +451,28 @@ fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &
                 }
             }
         }
-        QuantFormat::Iq4Xs | QuantFormat::Iq3Xxs | QuantFormat::Iq3S => {
+        QuantFormat::Iq4Xs
+        | QuantFormat::Iq3Xxs
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq1S => {
             halves(out, at::D, &|row| row.d[0]);
             for j in 0..8 {
                 for (p, row) in rows.iter().enumerate() {
                     out[at::iq4xs_scales(j) + p] = row.sc[j];
                 }
                 write_nibbles(rows, 32 * j, &mut out[at::iq4xs_quants(j)..]);
+            }
+        }
+        QuantFormat::Iq2Xs | QuantFormat::Iq2S | QuantFormat::Iq1M => {
+            halves(out, at::D, &|row| row.d[0]);
+            for i in 0..16 {
+                for (p, row) in rows.iter().enumerate() {
+                    out[at::iq16_scales(i) + p] = row.sc[i];
+                }
+            }
+            for j in 0..8 {
+                write_nibbles(rows, 32 * j, &mut out[at::iq16_quants(j)..]);
             }
         }
         QuantFormat::Q2K | QuantFormat::Q3K | QuantFormat::Q6K => {
@@ -527,7 +564,11 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
                 }
             }
         }
-        QuantFormat::Iq4Xs | QuantFormat::Iq3Xxs | QuantFormat::Iq3S => {
+        QuantFormat::Iq4Xs
+        | QuantFormat::Iq3Xxs
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq1S => {
             row.d[0] = half(at::D);
             for j in 0..8 {
                 row.sc[j] = unit[at::iq4xs_scales(j) + p];
@@ -536,6 +577,16 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
                     p,
                     &mut row.u[32 * j..32 * j + 32],
                 );
+            }
+        }
+        QuantFormat::Iq2Xs | QuantFormat::Iq2S | QuantFormat::Iq1M => {
+            row.d[0] = half(at::D);
+            for i in 0..16 {
+                row.sc[i] = unit[at::iq16_scales(i) + p];
+            }
+            for j in 0..8 {
+                let u = &mut row.u[32 * j..32 * j + 32];
+                read_nibbles(&unit[at::iq16_quants(j)..], p, u);
             }
         }
         QuantFormat::Q2K | QuantFormat::Q3K | QuantFormat::Q6K => {

@@ -1,5 +1,6 @@
 //! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K,
-//! Q5_K, Q6_K, IQ4_NL and IQ4_XS matrices multiplied without dequantizing them to f32 first.
+//! Q5_K, Q6_K, IQ4_NL, IQ4_XS and the 1- to 3-bit IQ (grid) formats' matrices multiplied
+//! without dequantizing them to f32 first.
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
@@ -28,7 +29,7 @@ mod avx2_columns;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquants;
 mod columns;
-pub mod iq3;
+pub mod grids;
 mod kernel;
 mod products;
 mod rows;
@@ -99,12 +100,31 @@ pub enum QuantFormat {
     Iq4Xs,
     /// 256 weights: f16 scale, 64 grid points of 4 magnitudes, per 32 weights four 7-bit sign
     /// indices and a 4-bit scale; `w = d * (2 s + 1) / 4 * m` (most tensors of IQ3_XXS files,
-    /// the attention keys of IQ3_XS files; `iq3.rs`).
+    /// the attention keys of IQ3_XS files; `grids/iq3.rs`).
     Iq3Xxs,
     /// 256 weights: f16 scale, 64 grid points of 4 magnitudes (9-bit indices), 256 signs, 8 x
     /// 4-bit scales; `w = d * (2 s + 1) * m` (most tensors of IQ3_S, IQ3_M and IQ3_XS files;
-    /// `iq3.rs`).
+    /// `grids/iq3.rs`).
     Iq3S,
+    /// 256 weights: f16 scale, 32 grid points of 8 magnitudes, per 32 weights four 7-bit sign
+    /// indices and a 4-bit scale; `w = d * (2 s + 1) / 8 * m` (most tensors of IQ2_XXS files;
+    /// `grids/iq2.rs`).
+    Iq2Xxs,
+    /// 256 weights: f16 scale, 32 grid points (9-bit indices) with 7-bit sign indices, 16 x
+    /// 4-bit scales; `w = d * (2 s + 1) / 8 * m` (most tensors of IQ2_XS files, some of
+    /// IQ2_XXS's and IQ1's).
+    Iq2Xs,
+    /// 256 weights: f16 scale, 32 grid points (10-bit indices), 256 signs, 16 x 4-bit scales;
+    /// `w = d * (2 s + 1) / 8 * m` (most tensors of IQ2_S and IQ2_M files, the attention keys
+    /// of some IQ3_XXS files).
+    Iq2S,
+    /// 256 weights: f16 scale, 32 grid points of -1, 0, 1 (11-bit indices), per 32 weights a
+    /// 3-bit scale and a shift `delta` of an eighth; `w = d * (2 s + 1) * (g + delta)` (most
+    /// tensors of IQ1_S files; `grids/iq1.rs`).
+    Iq1S,
+    /// 256 weights: IQ1_S's grid points, a shift per 8 weights, 16 x 3-bit scales, `d` in
+    /// the scales' spare bits (most tensors of IQ1_M files).
+    Iq1M,
 }
 
 /// The 16 values of IQ4_NL's and IQ4_XS's 4-bit indices (ggml's `kvalues_iq4nl`).
@@ -114,7 +134,7 @@ pub const IQ4_VALUES: [i8; 16] = [
 
 impl QuantFormat {
     /// Every format kept quantized.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 19] = [
         Self::Q8_0,
         Self::Q5_0,
         Self::Q5_1,
@@ -129,6 +149,11 @@ impl QuantFormat {
         Self::Iq4Xs,
         Self::Iq3Xxs,
         Self::Iq3S,
+        Self::Iq2Xxs,
+        Self::Iq2Xs,
+        Self::Iq2S,
+        Self::Iq1S,
+        Self::Iq1M,
     ];
 
     /// The format of ggml type id `id`, if there is a kernel for it.
@@ -148,6 +173,11 @@ impl QuantFormat {
             23 => Some(Self::Iq4Xs),
             18 => Some(Self::Iq3Xxs),
             21 => Some(Self::Iq3S),
+            16 => Some(Self::Iq2Xxs),
+            17 => Some(Self::Iq2Xs),
+            22 => Some(Self::Iq2S),
+            19 => Some(Self::Iq1S),
+            29 => Some(Self::Iq1M),
             _ => None,
         }
     }
@@ -168,6 +198,11 @@ impl QuantFormat {
             Self::Iq4Xs => "IQ4_XS",
             Self::Iq3Xxs => "IQ3_XXS",
             Self::Iq3S => "IQ3_S",
+            Self::Iq2Xxs => "IQ2_XXS",
+            Self::Iq2Xs => "IQ2_XS",
+            Self::Iq2S => "IQ2_S",
+            Self::Iq1S => "IQ1_S",
+            Self::Iq1M => "IQ1_M",
         }
     }
 
@@ -182,7 +217,12 @@ impl QuantFormat {
             | Self::Q6K
             | Self::Iq4Xs
             | Self::Iq3Xxs
-            | Self::Iq3S => 256,
+            | Self::Iq3S
+            | Self::Iq2Xxs
+            | Self::Iq2Xs
+            | Self::Iq2S
+            | Self::Iq1S
+            | Self::Iq1M => 256,
         }
     }
 
@@ -208,6 +248,11 @@ impl QuantFormat {
             Self::Iq4Xs => 136,
             Self::Iq3Xxs => 98,
             Self::Iq3S => 110,
+            Self::Iq2Xxs => 66,
+            Self::Iq2Xs => 74,
+            Self::Iq2S => 82,
+            Self::Iq1S => 50,
+            Self::Iq1M => 56,
         }
     }
 
@@ -226,18 +271,44 @@ impl QuantFormat {
                 | Self::Iq4Xs
                 | Self::Iq3Xxs
                 | Self::Iq3S
+                | Self::Iq2Xxs
+                | Self::Iq2Xs
+                | Self::Iq2S
+                | Self::Iq1S
+                | Self::Iq1M
         )
     }
 
-    /// The 16 values of a format whose weights are 4-bit indices into them (IQ4_NL, IQ4_XS,
-    /// IQ3_XXS, IQ3_S).
-    pub const fn codebook(self) -> Option<&'static iq3::Codebook> {
+    /// The 16 values of a format whose weights are 4-bit indices into them (IQ4_NL, IQ4_XS
+    /// and the grid formats).
+    pub const fn codebook(self) -> Option<&'static grids::Codebook> {
         match self {
-            Self::Iq4Nl | Self::Iq4Xs => Some(&iq3::IQ4),
-            Self::Iq3Xxs => Some(&iq3::IQ3_XXS),
-            Self::Iq3S => Some(&iq3::IQ3_S),
+            Self::Iq4Nl | Self::Iq4Xs => Some(&grids::IQ4),
+            Self::Iq3Xxs => Some(&grids::IQ3_XXS),
+            Self::Iq3S => Some(&grids::IQ3_S),
+            Self::Iq2Xxs | Self::Iq2Xs | Self::Iq2S => Some(&grids::IQ2),
+            Self::Iq1S | Self::Iq1M => Some(&grids::IQ1),
             _ => None,
         }
+    }
+
+    /// Whether a grid format scales each 16 weights (IQ2_XS, IQ2_S, IQ1_M), not each 32.
+    pub const fn scales_16(self) -> bool {
+        matches!(self, Self::Iq2Xs | Self::Iq2S | Self::Iq1M)
+    }
+
+    /// Whether this is a grid format (`grids.rs`).
+    pub const fn is_grid(self) -> bool {
+        matches!(
+            self,
+            Self::Iq3Xxs
+                | Self::Iq3S
+                | Self::Iq2Xxs
+                | Self::Iq2Xs
+                | Self::Iq2S
+                | Self::Iq1S
+                | Self::Iq1M
+        )
     }
 
     /// Bytes of one row of `k` weights, or `None` when `k` is not a whole number of chunks
@@ -520,7 +591,13 @@ impl QMatrix {
             | QuantFormat::Iq4Nl
             | QuantFormat::Iq4Xs
             | QuantFormat::Iq3Xxs
-            | QuantFormat::Iq3S => &[0],
+            | QuantFormat::Iq3S
+            | QuantFormat::Iq2Xxs
+            | QuantFormat::Iq2Xs
+            | QuantFormat::Iq2S
+            | QuantFormat::Iq1S => &[0],
+            // `d` in the top nibbles of its 4 words of scales (`grids/iq1.rs`).
+            QuantFormat::Iq1M => &[],
             QuantFormat::Q5_1 | QuantFormat::Q4_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
             QuantFormat::Q3K => &[108],
@@ -531,6 +608,14 @@ impl QMatrix {
                 // The software conversion (the same bits): Miri runs no F16C `vcvtps2ph`.
                 let value = half::f16::from_f32_const(rng.random_range(-0.05f32..0.05));
                 block[at..at + 2].copy_from_slice(&value.to_bits().to_le_bytes());
+            }
+            if format == QuantFormat::Iq1M {
+                let d = half::f16::from_f32_const(rng.random_range(-0.05f32..0.05)).to_bits();
+                for (k, word) in block[48..56].chunks_exact_mut(2).enumerate() {
+                    let bits = u16::from_le_bytes([word[0], word[1]]) & 0x0FFF;
+                    let bits = bits | ((d >> (4 * k)) & 0x0F) << 12;
+                    word.copy_from_slice(&bits.to_le_bytes());
+                }
             }
         }
         Self::with_layout(format, n, k, Bytes::Owned(Arc::new(bytes)), layout)

@@ -39,7 +39,8 @@ pub struct QuantizedRows {
     /// `[rows, k / 32]` for Q5_1 and Q4_1: each block's scale times its values' sum (the activations'
     /// sum, for the weights' min), as llama.cpp's Q8_1 keeps it.
     pub(super) scaled_sum32: Vec<f32>,
-    /// Q4_K, Q5_K and IQ4_XS (Q6_K, Q3_K, Q2_K): `sum32` (`sum16`) as 16-bit values (at most
+    /// Q4_K, Q5_K, IQ4_XS and the grid formats scaled per 32 (Q6_K, Q3_K, Q2_K and those per
+    /// 16): `sum32` (`sum16`) as 16-bit values (at most
     /// 32 * 127), so two neighbours are one broadcast word for `vpmaddwd` (`vpdpwssd`) against
     /// two mins or scales (AVX2's Q6_K, and AVX-512's where its zero point comes once per
     /// super-block: `simd_columns::Q6Zero`; Q3_K's zero point and Q2_K's mins, always).
@@ -207,11 +208,20 @@ impl QuantizedRows {
             QuantFormat::Iq4Xs,
             QuantFormat::Iq3Xxs,
             QuantFormat::Iq3S,
+            QuantFormat::Iq2Xxs,
+            QuantFormat::Iq1S,
         ];
         if kernel != Kernel::Scalar && mins.iter().any(|format| formats.contains(format)) {
             quantized.sum32_i16 = narrow(&quantized.sum32);
         }
-        let sixteen = [QuantFormat::Q6K, QuantFormat::Q3K, QuantFormat::Q2K];
+        let sixteen = [
+            QuantFormat::Q6K,
+            QuantFormat::Q3K,
+            QuantFormat::Q2K,
+            QuantFormat::Iq2Xs,
+            QuantFormat::Iq2S,
+            QuantFormat::Iq1M,
+        ];
         if kernel != Kernel::Scalar && sixteen.iter().any(|format| formats.contains(format)) {
             quantized.sum16_i16 = narrow(&quantized.sum16);
         }
@@ -256,7 +266,12 @@ impl QuantizedRows {
             | QuantFormat::Q5K
             | QuantFormat::Iq4Xs
             | QuantFormat::Iq3Xxs
-            | QuantFormat::Iq3S => self.sum32_i16.len() == self.sum32.len(),
+            | QuantFormat::Iq3S
+            | QuantFormat::Iq2Xxs
+            | QuantFormat::Iq1S => self.sum32_i16.len() == self.sum32.len(),
+            QuantFormat::Iq2Xs | QuantFormat::Iq2S | QuantFormat::Iq1M => {
+                self.sum16_i16.len() == self.sum16.len()
+            }
             QuantFormat::Q6K => {
                 self.sum16_i16.len() == self.sum16.len()
                     && (avx2 || self.zero_q6.len() == self.sum16.len())

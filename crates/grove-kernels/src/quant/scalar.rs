@@ -1,12 +1,12 @@
 //! Portable decoders and dot products: the reference for the SIMD kernels and the fallback on
 //! CPUs without AVX2. Block layouts follow ggml's `block_q8_0`, `block_q5_0`, `block_q5_1`,
 //! `block_q4_0`, `block_q4_1`, `block_q2_K`, `block_q3_K`, `block_q4_K`, `block_q5_K`, `block_q6_K`,
-//! `block_iq4_nl`, `block_iq4_xs`, `block_iq3_xxs` and `block_iq3_s` (little-endian; the IQ3
-//! grids in `iq3.rs`).
+//! `block_iq4_nl`, `block_iq4_xs` and the grid formats' `block_iq3_xxs` ... `block_iq1_m`
+//! (little-endian; decoded in `grids.rs`).
 
 use half::f16;
 
-use super::{iq3, DecodedChunk, QuantFormat, QuantizedRows, CHUNK, LANE, LANES};
+use super::{grids, DecodedChunk, QuantFormat, QuantizedRows, CHUNK, LANE, LANES};
 
 pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
@@ -59,11 +59,11 @@ pub(super) fn q3k_value(block: &[u8], w: usize) -> u8 {
 /// IQ4_NL's and IQ4_XS's value of index `q` (< 16) as `u = value + 128`, unsigned (the
 /// offset, 128 times the scale, takes the 128 back).
 pub(super) fn iq4_u(q: u8) -> u8 {
-    codebook_u(&iq3::IQ4, q)
+    codebook_u(&grids::IQ4, q)
 }
 
 /// Value `q` (< 16) of `codebook` as `u = value + 128`.
-pub(super) fn codebook_u(codebook: &iq3::Codebook, q: u8) -> u8 {
+pub(super) fn codebook_u(codebook: &grids::Codebook, q: u8) -> u8 {
     (i16::from(codebook.values[usize::from(q)]) + 128) as u8
 }
 
@@ -173,21 +173,26 @@ pub(super) fn decode_chunk(format: QuantFormat, row: &[u8], c: usize) -> Decoded
                 }
             }
         }
-        QuantFormat::Iq3Xxs | QuantFormat::Iq3S => {
+        QuantFormat::Iq3Xxs
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => {
             let size = format.block_bytes();
-            let decoded = iq3::decode(format, &row[(c / 4) * size..(c / 4 + 1) * size]);
-            let codebook = format.codebook().expect("IQ3 has values");
+            let decoded = grids::decode(format, &row[(c / 4) * size..(c / 4 + 1) * size]);
+            let codebook = format.codebook().expect("a grid format has values");
             let d = f16::from_bits(decoded.d).to_f32() * codebook.d_factor;
             let first = 64 * (c % 4);
             for (u, &q) in chunk.u.iter_mut().zip(&decoded.indices[first..first + 64]) {
                 *u = codebook_u(codebook, q);
             }
-            for half in 0..2 {
-                let scale = d * f32::from(decoded.scales[2 * (c % 4) + half]);
-                for lane in 8 * half..8 * half + 8 {
-                    chunk.scale[lane] = scale;
-                    chunk.offset[lane] = 128.0 * scale;
-                }
+            for lane in 0..LANES {
+                // A lane's 4 weights lie in one 16-weight piece.
+                let scale = d * f32::from(decoded.scales[4 * (c % 4) + lane / 4]);
+                chunk.scale[lane] = scale;
+                chunk.offset[lane] = 128.0 * scale;
             }
         }
         QuantFormat::Q6K => {
@@ -270,7 +275,12 @@ pub(super) fn decode_block(format: QuantFormat, block: &[u8], u: &mut [u8]) -> f
         | QuantFormat::Q6K
         | QuantFormat::Iq4Xs
         | QuantFormat::Iq3Xxs
-        | QuantFormat::Iq3S => {
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => {
             unreachable!("{} has no 32-weight blocks", format.name())
         }
     }

@@ -24,7 +24,9 @@ use std::arch::x86_64::*;
 use super::columns::{self, at, STRIP, VECTOR};
 use super::simd::Stream;
 use super::simd_blocks::{Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::simd_kquants::{Indexed, IQ3_S, IQ3_XXS, IQ4_XS, Q2K, Q3K, Q4K, Q5K, Q6K};
+use super::simd_kquants::{
+    Indexed, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_XS, Q2K, Q3K, Q4K, Q5K, Q6K,
+};
 use super::{Kernel, QuantFormat, QuantizedRows, ACT_ROWS_PER_BLOCK};
 use crate::threads::OutRows;
 
@@ -39,7 +41,8 @@ pub(super) struct Acts<const R: usize> {
     pub zero: [*const i32; R],
     /// Q5_1, Q4_1: each block's scale times its values' sum (`QuantizedRows::scaled_sum32`).
     pub scaled_sums: [*const f32; R],
-    /// Q4_K, Q5_K, IQ4_XS, IQ3 (Q6_K, Q3_K, Q2_K): each 32 (16) values' sum as 16 bits
+    /// Q4_K, Q5_K, IQ4_XS, the grid formats scaled per 32 (Q6_K, Q3_K, Q2_K, those per 16):
+    /// each 32 (16) values' sum as 16 bits
     /// (`QuantizedRows::sum32_i16`), for the mins' (zero point's) term.
     pub sums: [*const i16; R],
 }
@@ -59,7 +62,12 @@ impl<const R: usize> Acts<R> {
             | QuantFormat::Q5K
             | QuantFormat::Iq4Xs
             | QuantFormat::Iq3Xxs
-            | QuantFormat::Iq3S => (&[], 32),
+            | QuantFormat::Iq3S
+            | QuantFormat::Iq2Xxs
+            | QuantFormat::Iq2Xs
+            | QuantFormat::Iq2S
+            | QuantFormat::Iq1S
+            | QuantFormat::Iq1M => (&[], 32),
             QuantFormat::Q6K => (&acts.zero_q6, 16),
             // Q3_K's zero point and Q2_K's mins come once per super-block (`sums`).
             QuantFormat::Q3K | QuantFormat::Q2K => (&[], 16),
@@ -77,6 +85,7 @@ impl<const R: usize> Acts<R> {
                 QuantFormat::Q6K | QuantFormat::Q3K | QuantFormat::Q2K => {
                     acts.sum16_i16.as_ptr().wrapping_add(row(r, k / 16))
                 }
+                _ if format.scales_16() => acts.sum16_i16.as_ptr().wrapping_add(row(r, k / 16)),
                 _ => acts.sum32_i16.as_ptr().wrapping_add(row(r, k / 32)),
             }),
         }
@@ -187,13 +196,13 @@ pub(super) unsafe fn byte_scales(p: *const u8, d: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
 pub(super) unsafe fn iq4_table() -> __m512i {
-    codebook_table(&super::iq3::IQ4)
+    codebook_table(&super::grids::IQ4)
 }
 
-/// [`iq4_table`] for any format of 4-bit indices (IQ3_XXS and IQ3_S too).
+/// [`iq4_table`] for any format of 4-bit indices (the grid formats too).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
-pub(super) unsafe fn codebook_table(codebook: &super::iq3::Codebook) -> __m512i {
+pub(super) unsafe fn codebook_table(codebook: &super::grids::Codebook) -> __m512i {
     let values: [u8; 16] = std::array::from_fn(|q| super::scalar::codebook_u(codebook, q as u8));
     _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr().cast()))
 }
@@ -680,6 +689,11 @@ pub(super) fn dot_strips_with(
             QuantFormat::Iq4Xs => tiles::<Indexed<IQ4_XS>>(&share, rows),
             QuantFormat::Iq3Xxs => tiles::<Indexed<IQ3_XXS>>(&share, rows),
             QuantFormat::Iq3S => tiles::<Indexed<IQ3_S>>(&share, rows),
+            QuantFormat::Iq2Xxs => tiles::<Indexed<IQ2_XXS>>(&share, rows),
+            QuantFormat::Iq2Xs => tiles::<Indexed<IQ2_XS>>(&share, rows),
+            QuantFormat::Iq2S => tiles::<Indexed<IQ2_S>>(&share, rows),
+            QuantFormat::Iq1S => tiles::<Indexed<IQ1_S>>(&share, rows),
+            QuantFormat::Iq1M => tiles::<Indexed<IQ1_M>>(&share, rows),
         }
     }
 }

@@ -1,7 +1,7 @@
-//! The AVX-512 VNNI kernels' K-quants, IQ4_XS and IQ3 (`simd_columns.rs` holds the strips and
-//! the tiles of rows, `simd_blocks.rs` the 32-weight formats): a super-block's sub-blocks
-//! scaled once for 16 weight rows, its mins (Q2_K, Q4_K, Q5_K) or zero point (Q3_K, Q6_K,
-//! IQ4_XS, IQ3) in integers.
+//! The AVX-512 VNNI kernels' K-quants, IQ4_XS and the grid formats (`simd_columns.rs` holds
+//! the strips and the tiles of rows, `simd_blocks.rs` the 32-weight formats): a super-block's
+//! sub-blocks scaled once for 16 weight rows, its mins (Q2_K, Q4_K, Q5_K) or zero point (Q3_K,
+//! Q6_K, IQ4_XS, the grid formats) in integers.
 // SAFETY (all of the module): as `simd_columns.rs`, whose `Format::unit` these implement.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)]
@@ -26,12 +26,32 @@ pub(super) struct Q6K<const EXACT: bool, const BLOCK_ZERO: bool>;
 pub(super) struct Q3K;
 /// Q2_K, its mins once per super-block.
 pub(super) struct Q2K;
-/// IQ4_XS's layout (`F`: IQ4_XS, IQ3_XXS or IQ3_S), each weight an index into the format's
-/// 16 values, its zero point once per super-block as Q4_K's mins.
+/// IQ4_XS's layout (`F`: IQ4_XS or a grid format, [`indexed`]; a grid format that scales
+/// each 16 weights has Q6_K's 16 scales), each weight an index into the format's 16 values,
+/// its zero point once per super-block as Q4_K's mins.
 pub(super) struct Indexed<const F: u8>;
 pub(super) const IQ4_XS: u8 = 0;
 pub(super) const IQ3_XXS: u8 = 1;
 pub(super) const IQ3_S: u8 = 2;
+pub(super) const IQ2_XXS: u8 = 3;
+pub(super) const IQ2_XS: u8 = 4;
+pub(super) const IQ2_S: u8 = 5;
+pub(super) const IQ1_S: u8 = 6;
+pub(super) const IQ1_M: u8 = 7;
+
+/// The format of [`Indexed`]'s `F`.
+pub(super) const fn indexed(f: u8) -> QuantFormat {
+    match f {
+        IQ4_XS => QuantFormat::Iq4Xs,
+        IQ3_XXS => QuantFormat::Iq3Xxs,
+        IQ3_S => QuantFormat::Iq3S,
+        IQ2_XXS => QuantFormat::Iq2Xxs,
+        IQ2_XS => QuantFormat::Iq2Xs,
+        IQ2_S => QuantFormat::Iq2S,
+        IQ1_S => QuantFormat::Iq1S,
+        _ => QuantFormat::Iq1M,
+    }
+}
 
 /// Two neighbouring sub-blocks' bytes of the 16 rows (16 at `p`, then 16), as `vpdpwssd`
 /// multiplies them by two activation sums: lane `p` the 16-bit pair of row `p`'s two bytes
@@ -448,19 +468,16 @@ unsafe fn sub_blocks_of_16<const R: usize>(
 }
 
 impl<const F: u8> Format for Indexed<F> {
-    const FORMAT: QuantFormat = match F {
-        IQ4_XS => QuantFormat::Iq4Xs,
-        IQ3_XXS => QuantFormat::Iq3Xxs,
-        _ => QuantFormat::Iq3S,
-    };
+    const FORMAT: QuantFormat = indexed(F);
     const PACES: usize = 8;
 
     /// Q4_K's arithmetic (`with_mins`): each sub-block's indices looked up as their values
     /// plus 128 (unsigned, below 2^8), their sums (below 32 * 241 * 127 < 2^24: exact as f32)
-    /// times the signed scale times `d` (IQ3_XXS: `d / 4`, exact). The 128 comes once per
-    /// super-block as Q4_K's mins: each row's eight 32-value sums against the 16 rows' signed
-    /// scales (at most 32 in magnitude), four `vpdpwssd`s (at most 8 * 32 * 32 * 127 < 2^24),
-    /// times `128 d` (exact).
+    /// times the signed scale times `d` (IQ3_XXS: `d / 4`, IQ2 and IQ1: `d / 8`, exact). The
+    /// 128 comes once per super-block as Q4_K's mins: each row's eight 32-value sums against
+    /// the 16 rows' signed scales (at most 32 in magnitude), four `vpdpwssd`s (at most
+    /// 8 * 32 * 32 * 127 < 2^24), times `128 d` (exact). A format scaled each 16 weights does
+    /// the same with its sixteen 16-value sums (eight `vpdpwssd`s, at most 16 * 31 * 16 * 127).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
     unsafe fn unit<const R: usize, A: Advance>(
@@ -476,7 +493,30 @@ impl<const F: u8> Format for Indexed<F> {
         if codebook.d_factor != 1.0 {
             d = _mm512_mul_ps(d, _mm512_set1_ps(codebook.d_factor));
         }
+        let zero_d = _mm512_mul_ps(d, _mm512_set1_ps(128.0));
         let mut block = [_mm512_setzero_ps(); R];
+        if Self::FORMAT.scales_16() {
+            for j in 0..8 {
+                stream.advance();
+                let u = nibble_groups(unit.add(at::iq16_quants(j)));
+                for half in 0..2 {
+                    let sub = 2 * j + half;
+                    let signed = byte_ints::<true>(unit.add(at::iq16_scales(sub)));
+                    let scales = _mm512_mul_ps(_mm512_cvtepi32_ps(signed), d);
+                    let zero = [_mm512_setzero_si512(); R];
+                    let sums = dots::<R, 4>(zero, x, 256 * i + 16 * sub, |g| {
+                        _mm512_shuffle_epi8(table, u[4 * half + g])
+                    });
+                    for r in 0..R {
+                        block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scales, block[r]);
+                    }
+                }
+            }
+            let scales: [__m512i; 8] =
+                std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::iq16_scales(2 * t))));
+            minus_mins_into(&scales, x, i, 16 * i, zero_d, block, acc);
+            return;
+        }
         for j in 0..8 {
             stream.advance();
             let signed = byte_ints::<true>(unit.add(at::iq4xs_scales(j)));
@@ -492,7 +532,6 @@ impl<const F: u8> Format for Indexed<F> {
         }
         let scales: [__m512i; 4] =
             std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::iq4xs_scales(2 * t))));
-        let zero_d = _mm512_mul_ps(d, _mm512_set1_ps(128.0));
         minus_mins_into(&scales, x, i, 8 * i, zero_d, block, acc);
     }
 }

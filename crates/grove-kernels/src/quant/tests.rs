@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 
-const FORMATS: [QuantFormat; 14] = QuantFormat::ALL;
+const FORMATS: [QuantFormat; 19] = QuantFormat::ALL;
 
 /// The formats with an AMX kernel (the others go to the AVX-512 VNNI kernel on an AMX CPU).
 #[cfg(target_arch = "x86_64")]
@@ -30,9 +30,15 @@ fn ggml_dtype(format: QuantFormat) -> Option<GgmlDType> {
         QuantFormat::Q5K => GgmlDType::Q5K,
         QuantFormat::Q3K => GgmlDType::Q3K,
         QuantFormat::Q2K => GgmlDType::Q2K,
-        QuantFormat::Iq4Nl | QuantFormat::Iq4Xs | QuantFormat::Iq3Xxs | QuantFormat::Iq3S => {
-            return None
-        }
+        QuantFormat::Iq4Nl
+        | QuantFormat::Iq4Xs
+        | QuantFormat::Iq3Xxs
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => return None,
     })
 }
 
@@ -673,7 +679,10 @@ fn formats_without_an_amx_kernel_are_handed_to_avx512() {
         .collect();
     assert_eq!(
         names,
-        ["Q5_1", "Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S"]
+        [
+            "Q5_1", "Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S",
+            "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"
+        ]
     );
     for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni] {
         assert!(kernel.handed_on().is_empty(), "{kernel:?}");

@@ -2,14 +2,14 @@
 //! from its blocks, and written back.
 
 use super::{unit_weights, Unit};
-use crate::quant::{iq3, scalar, QuantFormat};
+use crate::quant::{grids, scalar, QuantFormat};
 
 pub(super) fn f16_bits(bytes: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
-/// Unit `i` of a GGUF row, decoded (IQ4_NL's, IQ4_XS's and IQ3's `u` the indices, not the
-/// values).
+/// Unit `i` of a GGUF row, decoded (IQ4_NL's, IQ4_XS's and the grid formats' `u` the indices,
+/// not the values).
 pub(super) fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
     let size = unit_weights(format) / format.block_weights() * format.block_bytes();
     let bytes = &row[i * size..(i + 1) * size];
@@ -44,10 +44,20 @@ pub(super) fn read_gguf(format: QuantFormat, row: &[u8], i: usize) -> Unit {
                 }
             }
         }
-        QuantFormat::Iq3Xxs | QuantFormat::Iq3S => {
-            let decoded = iq3::decode(format, bytes);
+        QuantFormat::Iq3Xxs
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => {
+            let decoded = grids::decode(format, bytes);
             unit.d[0] = decoded.d;
-            unit.sc[..8].copy_from_slice(&decoded.scales);
+            // A format scaled per 32 weights keeps one of each pair.
+            unit.sc = match format.scales_16() {
+                true => decoded.scales,
+                false => std::array::from_fn(|j| if j < 8 { decoded.scales[2 * j] } else { 0 }),
+            };
             unit.u = decoded.indices;
         }
         QuantFormat::Q4K | QuantFormat::Q5K => {
@@ -137,13 +147,22 @@ pub(super) fn write_gguf(format: QuantFormat, unit: &Unit, row: &mut [u8], i: us
             }
             bytes[2..4].copy_from_slice(&high.to_le_bytes());
         }
-        QuantFormat::Iq3Xxs | QuantFormat::Iq3S => {
-            let decoded = iq3::Decoded {
+        QuantFormat::Iq3Xxs
+        | QuantFormat::Iq3S
+        | QuantFormat::Iq2Xxs
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => {
+            let decoded = grids::Decoded {
                 d: unit.d[0],
-                scales: unit.sc[..8].try_into().expect("8 scales"),
+                scales: match format.scales_16() {
+                    true => unit.sc,
+                    false => std::array::from_fn(|i| unit.sc[i / 2]),
+                },
                 indices: unit.u,
             };
-            iq3::encode(format, &decoded, bytes);
+            grids::encode(format, &decoded, bytes);
         }
         QuantFormat::Q4K | QuantFormat::Q5K => {
             bytes[..2].copy_from_slice(&unit.d[0].to_le_bytes());

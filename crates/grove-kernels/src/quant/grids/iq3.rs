@@ -3,8 +3,7 @@
 //! grid (ggml's `iq3xxs_grid`, `iq3s_grid` in `ggml-common.h`: 256 and 512 points of 8
 //! magnitudes each way) with a sign each, and each 32 weights share a 4-bit scale. A weight is
 //! a signed magnitude times `d` times its sub-block's odd scale, so each weight is one of 16
-//! values: the kernels keep it as a 4-bit index into them ([`Codebook`]), IQ4_XS's layout and
-//! arithmetic with another table of values.
+//! values (`super::Codebook`).
 //!
 //! - IQ3_XXS (98 bytes): `d`, 64 grid indices (one per 4 weights), and per 32 weights a 32-bit
 //!   word: four 7-bit sign indices (each 8 weights' signs, the eighth making their count even:
@@ -14,105 +13,22 @@
 //!   (bit `m` of byte `j`: sub-block `j`'s index `m`), 32 bytes of signs (bit `i` of byte `b`:
 //!   weight `8 b + i`), 4 bytes of 4-bit scales (sub-block `j` in byte `j / 2`, the low nibble
 //!   for even `j`). `w = d * (2 s + 1) * m`, `m` in {1, 3, ..., 15}, signed.
-//!
-//! The grids are llama.cpp's numbers (the format's definition), each point here as its four
-//! magnitudes' ranks, 3 bits each, the first weight's lowest.
 
-use std::sync::OnceLock;
+use super::{even_signs, index, rank_of, sign_index, signs_of, Decoded, Grid};
+use crate::quant::QuantFormat;
 
-use super::QuantFormat;
-
-/// A 4-bit-index format's 16 values (ascending) and what multiplies `d` besides a sub-block's
-/// scale.
-#[derive(Debug)]
-pub struct Codebook {
-    pub values: [i8; 16],
-    pub d_factor: f32,
-}
-
-/// IQ4_NL's and IQ4_XS's (ggml's `kvalues_iq4nl`).
-pub const IQ4: Codebook = Codebook {
-    values: super::IQ4_VALUES,
-    d_factor: 1.0,
-};
-
-/// IQ3_XXS's magnitudes, signed; a quarter of `d`.
-pub const IQ3_XXS: Codebook = Codebook {
-    values: [
-        -62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62,
-    ],
-    d_factor: 0.25,
-};
-
-/// IQ3_S's odd magnitudes, signed.
-pub const IQ3_S: Codebook = Codebook {
-    values: [-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15],
-    d_factor: 1.0,
-};
-
-/// A super-block as the kernels' units hold it: `d`'s f16 bits, the 8 sub-blocks' scales
-/// `2 s + 1` and each weight's index into its [`Codebook`]'s values.
-pub(super) struct Decoded {
-    pub d: u16,
-    pub scales: [u8; 8],
-    pub indices: [u8; 256],
-}
-
-/// The index of a weight of magnitude rank `rank` (0..8) and sign `negative`: the negative
-/// values come first, largest magnitude first.
-fn index(rank: u8, negative: bool) -> u8 {
-    if negative {
-        7 - rank
-    } else {
-        8 + rank
+fn grid(format: QuantFormat) -> Grid {
+    match format {
+        QuantFormat::Iq3Xxs => Grid::Iq3Xxs,
+        _ => Grid::Iq3S,
     }
-}
-
-/// The magnitude rank and sign of index `q` (the inverse of [`index`]).
-fn rank_of(q: u8) -> (u8, bool) {
-    if q < 8 {
-        (7 - q, true)
-    } else {
-        (q - 8, false)
-    }
-}
-
-/// Grid point `point`'s 4 magnitude ranks.
-fn ranks(point: u16) -> [u8; 4] {
-    std::array::from_fn(|j| ((point >> (3 * j)) & 7) as u8)
-}
-
-/// The index of the grid point with `ranks`, from a table of all 4096 rank quadruples (made
-/// once per grid).
-fn point_of(grid: &'static [u16], ranks: [u8; 4]) -> usize {
-    static XXS: OnceLock<Vec<u16>> = OnceLock::new();
-    static S: OnceLock<Vec<u16>> = OnceLock::new();
-    let cell = if grid.len() == IQ3XXS_GRID.len() {
-        &XXS
-    } else {
-        &S
-    };
-    let inverse = cell.get_or_init(|| {
-        let mut inverse = vec![u16::MAX; 4096];
-        for (i, &point) in grid.iter().enumerate() {
-            inverse[usize::from(point)] = i as u16;
-        }
-        inverse
-    });
-    let key = ranks
-        .iter()
-        .enumerate()
-        .fold(0usize, |key, (j, &r)| key | usize::from(r) << (3 * j));
-    let point = inverse[key];
-    assert!(point != u16::MAX, "not a point of the grid: {ranks:?}");
-    usize::from(point)
 }
 
 /// A GGUF super-block of `format` (IQ3_XXS or IQ3_S) decoded.
 pub(super) fn decode(format: QuantFormat, block: &[u8]) -> Decoded {
     let mut out = Decoded {
         d: u16::from_le_bytes([block[0], block[1]]),
-        scales: [0; 8],
+        scales: [0; 16],
         indices: [0; 256],
     };
     for j in 0..8 {
@@ -133,10 +49,9 @@ pub(super) fn decode(format: QuantFormat, block: &[u8]) -> Decoded {
             }
             _ => unreachable!("{} is not an IQ3 format", format.name()),
         };
-        out.scales[j] = 2 * scale + 1;
-        let grid = grid(format);
+        out.scales[2 * j..2 * j + 2].fill(2 * scale + 1);
         for (m, &point) in points.iter().enumerate() {
-            for (i, rank) in ranks(grid[point]).into_iter().enumerate() {
+            for (i, rank) in grid(format).digits(point).enumerate() {
                 let w = 4 * m + i;
                 let negative = (signs[w / 8] >> (w % 8)) & 1 == 1;
                 out.indices[32 * j + w] = index(rank, negative);
@@ -146,29 +61,22 @@ pub(super) fn decode(format: QuantFormat, block: &[u8]) -> Decoded {
     out
 }
 
-/// [`decode`]'s inverse: `decoded` (from a block of `format`) as its GGUF bytes in `block`.
+/// [`decode`]'s inverse: `decoded` (from a block of `format`) as its GGUF bytes in the zeroed
+/// `block`.
 pub(super) fn encode(format: QuantFormat, decoded: &Decoded, block: &mut [u8]) {
-    block.fill(0);
     block[..2].copy_from_slice(&decoded.d.to_le_bytes());
-    let grid = grid(format);
     for j in 0..8 {
-        let scale = (decoded.scales[j] - 1) / 2;
+        let scale = (decoded.scales[2 * j] - 1) / 2;
         let sub = &decoded.indices[32 * j..32 * j + 32];
-        let mut signs = [0u8; 4];
-        let mut points = [0usize; 8];
-        for (m, point) in points.iter_mut().enumerate() {
-            let quad: [(u8, bool); 4] = std::array::from_fn(|i| rank_of(sub[4 * m + i]));
-            *point = point_of(grid, quad.map(|(rank, _)| rank));
-            for (i, &(_, negative)) in quad.iter().enumerate() {
-                let w = 4 * m + i;
-                signs[w / 8] |= u8::from(negative) << (w % 8);
-            }
-        }
+        let signs = signs_of(sub, |q| rank_of(q).1);
+        let points: [usize; 8] = std::array::from_fn(|m| {
+            grid(format).point_of(sub[4 * m..4 * m + 4].iter().map(|&q| rank_of(q).0))
+        });
         match format {
             QuantFormat::Iq3Xxs => {
                 let mut word = u32::from(scale) << 28;
                 for (l, &s) in signs.iter().enumerate() {
-                    word |= u32::from(s & 127) << (7 * l);
+                    word |= u32::from(sign_index(s)) << (7 * l);
                 }
                 block[66 + 4 * j..70 + 4 * j].copy_from_slice(&word.to_le_bytes());
                 for (m, &point) in points.iter().enumerate() {
@@ -185,19 +93,6 @@ pub(super) fn encode(format: QuantFormat, decoded: &Decoded, block: &mut [u8]) {
             }
             _ => unreachable!("{} is not an IQ3 format", format.name()),
         }
-    }
-}
-
-/// Sign index `i` (7 bits) as 8 weights' signs: the eighth set where the first seven hold an
-/// odd count, so that every 8 hold an even count (ggml's `ksigns_iq2xs`).
-fn even_signs(i: u8) -> u8 {
-    i | ((i.count_ones() % 2) as u8) << 7
-}
-
-fn grid(format: QuantFormat) -> &'static [u16] {
-    match format {
-        QuantFormat::Iq3Xxs => &IQ3XXS_GRID,
-        _ => &IQ3S_GRID,
     }
 }
 
