@@ -438,6 +438,23 @@ fn qwen2_5_coder_1_5b_iq3_m_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-iq3_m.gguf")
 }
 
+/// IQ2_M (`install_models.py qwen2.5-coder-1.5b-iq2_m`, llama.cpp's mix, each tensor
+/// requantized by ggml's quantizer): IQ2_S for most matrices, IQ3_S, Q4_K and Q5_K for the rest.
+#[test]
+fn qwen2_5_coder_1_5b_iq2_m_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b-iq2_m.gguf")
+}
+
+/// IQ2_XXS (`install_models.py qwen2.5-coder-1.5b-iq2_xxs`, made alike): IQ2_XXS for most
+/// matrices, Q2_K, Q4_K and Q5_K for the rest. (The IQ1_S file made alike is not held to
+/// llama.cpp's greedy tokens: a model of 1.56 bits a weight amplifies rounding so much that
+/// llama.cpp's own logits move by 0.4 at the median, up to 2.5, from an f16 KV cache to an f32
+/// one; docs/benchmarks.md, session 61.)
+#[test]
+fn qwen2_5_coder_1_5b_iq2_xxs_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b-iq2_xxs.gguf")
+}
+
 /// The 0.5B cut into three shards as llama.cpp's `gguf-split` cuts a model (the first holding
 /// metadata only, `grove_testkit::gguf_writer::split_gguf`): grove and llama.cpp both load it
 /// from its first shard, agree as on the whole file, and grove's greedy tokens equal its own
