@@ -175,28 +175,10 @@ impl Format for Q3K {
     const DECODE_ONCE: bool = true;
     const GROUPS: usize = 64;
 
-    /// Group `g` of weights `32j..32j + 32`: its low bits (`at::Q3_LOW`) shifted to bits 0-1
-    /// and its third bit (`at::Q3_HIGH`) to bit 2 (16-bit shifts: the bits they move across
-    /// bytes fall outside the masks).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
-        let quants = unit.add(at::q3k_quants(j) + HALF_VECTOR * half);
-        let high = _mm256_loadu_si256(quants.add(at::Q3_HIGH_BITS).cast());
-        let high = match at::Q3_HIGH[g] {
-            0 => _mm256_slli_epi16::<2>(high),
-            1 => _mm256_slli_epi16::<1>(high),
-            2 => high,
-            3 => _mm256_srli_epi16::<1>(high),
-            4 => _mm256_srli_epi16::<2>(high),
-            5 => _mm256_srli_epi16::<3>(high),
-            6 => _mm256_srli_epi16::<4>(high),
-            _ => _mm256_srli_epi16::<5>(high),
-        };
-        _mm256_or_si256(
-            crumb_group(quants, g),
-            _mm256_and_si256(high, _mm256_set1_epi8(4)),
-        )
+        three_bit_group(unit.add(at::q3k_quants(j) + HALF_VECTOR * half), g)
     }
 
     /// Q6_K's integers with the zero point 4 (at most 16 sub-blocks x 32 x 16 x 7 x 127 and
@@ -255,6 +237,29 @@ unsafe fn signed_sub_blocks<
         let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale[r].add(i)));
         acc[r] = _mm256_fmadd_ps(value, scale, acc[r]);
     }
+}
+
+/// Group `g` of the 32 three-bit weights at `quants` (a half strip of a Q3_K piece): its low
+/// bits (`at::Q3_LOW`) shifted to bits 0-1 and its third bit (`at::Q3_HIGH`) to bit 2 (16-bit
+/// shifts: the bits they move across bytes fall outside the masks).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn three_bit_group(quants: *const u8, g: usize) -> __m256i {
+    let high = _mm256_loadu_si256(quants.add(at::Q3_HIGH_BITS).cast());
+    let high = match at::Q3_HIGH[g] {
+        0 => _mm256_slli_epi16::<2>(high),
+        1 => _mm256_slli_epi16::<1>(high),
+        2 => high,
+        3 => _mm256_srli_epi16::<1>(high),
+        4 => _mm256_srli_epi16::<2>(high),
+        5 => _mm256_srli_epi16::<3>(high),
+        6 => _mm256_srli_epi16::<4>(high),
+        _ => _mm256_srli_epi16::<5>(high),
+    };
+    _mm256_or_si256(
+        crumb_group(quants, g),
+        _mm256_and_si256(high, _mm256_set1_epi8(4)),
+    )
 }
 
 /// Group `g`'s 2 low bits of the 32 weights at `quants` (Q2_K's, Q3_K's: `at::Q3_LOW`) moved
@@ -351,14 +356,12 @@ impl<const F: u8> Format for Indexed<F> {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(unit: *const u8, half: usize, j: usize, g: usize) -> __m256i {
         let codebook = Self::FORMAT.codebook().expect("indices into values");
-        let quants = match Self::FORMAT.scales_16() {
-            true => at::iq16_quants(j),
-            false => at::iq4xs_quants(j),
+        let quants = unit.add(at::grid_quants(Self::FORMAT, j) + HALF_VECTOR * half);
+        let indices = match Self::FORMAT.three_bit_indices() {
+            true => three_bit_group(quants, g),
+            false => nibble_group(quants, g),
         };
-        codebook_values(
-            codebook,
-            nibble_group(unit.add(quants + HALF_VECTOR * half), g),
-        )
+        codebook_values(codebook, indices)
     }
 
     /// In integers up to the super-block: each group's pairs widened by its sub-block's
@@ -381,7 +384,8 @@ impl<const F: u8> Format for Indexed<F> {
             if Self::FORMAT.scales_16() {
                 for piece in 0..2 {
                     let sub = 2 * j + piece;
-                    let scales = doubled::<true>(unit.add(at::iq16_scales(sub) + HALF * half));
+                    let at_scales = at::grid_scales(Self::FORMAT, sub) + HALF * half;
+                    let scales = doubled::<true>(unit.add(at_scales));
                     let group = |g| weights::<Self, D>(unit, half, decoded, j, 4 * piece + g);
                     let at = 256 * i + 16 * sub;
                     sums = match Self::ADD {
@@ -391,7 +395,8 @@ impl<const F: u8> Format for Indexed<F> {
                 }
                 continue;
             }
-            let scales = doubled::<true>(unit.add(at::iq4xs_scales(j) + HALF * half));
+            let at_scales = at::grid_scales(Self::FORMAT, j) + HALF * half;
+            let scales = doubled::<true>(unit.add(at_scales));
             let group = |g| weights::<Self, D>(unit, half, decoded, j, g);
             let at = 256 * i + 32 * j;
             // `Self::ADD` as a const argument (a generic `Self` cannot be one).

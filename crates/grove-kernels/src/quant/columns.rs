@@ -42,10 +42,11 @@
 //! IQ4_NL (576 B): Q4_0's, the nibbles indices into `IQ4_VALUES`
 //! IQ4_XS (2240 B): d (16 f16) | 32 bytes unused | 8 x 16 scales `sc - 32` (i8) | per
 //!                sub-block of 32: 4 nibble vectors of indices
-//! IQ3_XXS, IQ3_S, IQ2_XXS, IQ1_S (2240 B): IQ4_XS's, the scales `2 s + 1`, the indices
-//!                into the format's 16 values (`grids::Codebook`)
-//! IQ2_XS, IQ2_S, IQ1_M (2368 B): d (16 f16) | 32 bytes unused | 16 x 16 scales `2 s + 1`
-//!                (Q6_K's) | per 32 weights: 4 nibble vectors of indices (Q4_K's)
+//! IQ3_XXS, IQ3_S (2240 B): IQ4_XS's, the scales `2 s + 1`, the indices into the format's
+//!                16 values (`grids::Codebook`)
+//! IQ2_XXS, IQ1_S (1728 B): IQ4_XS's header | per 32 weights: 3-bit indices into the format's
+//!                6 values, laid out as Q3_K's weights
+//! IQ2_XS, IQ2_S, IQ1_M (1856 B): Q3_K's, the scales `2 s + 1`, the weights 3-bit indices
 //! ```
 //!
 //! Rows past `n` in the last strip are zeros (zero scales: zero outputs, never written out).
@@ -57,8 +58,9 @@
 //! scale and a min are GGUF's own) but IQ4_XS, whose 12 bits of scales a sub-block become a
 //! byte a row and whose header is aligned (2.9% more). The grid formats, whose weights are
 //! grid points of 4 or 8 (IQ3_XXS 3.06 bits a weight, IQ3_S 3.44, IQ2_XXS 2.06, IQ2_XS 2.31,
-//! IQ2_S 2.56, IQ1_S 1.56, IQ1_M 1.75), keep a 4-bit index a weight (4.38 bits; 4.63 with
-//! scales per 16): up to 2.8 times GGUF's bytes (IQ1_S).
+//! IQ2_S 2.56, IQ1_S 1.56, IQ1_M 1.75), keep an index a weight: 4 bits for IQ3's 16 values
+//! (4.38 bits a weight with the header), 3 for IQ2's and IQ1's 6 (3.38, or 3.63 with scales
+//! per 16): up to 2.2 times GGUF's bytes (IQ1_S).
 
 mod gguf;
 
@@ -110,17 +112,16 @@ pub const fn unit_bytes(format: QuantFormat) -> usize {
         QuantFormat::Q5K => 2880,
         QuantFormat::Q3K => 1856,
         QuantFormat::Q2K => 1344,
-        QuantFormat::Iq4Xs
-        | QuantFormat::Iq3Xxs
-        | QuantFormat::Iq3S
-        | QuantFormat::Iq2Xxs
-        | QuantFormat::Iq1S => 2240,
-        QuantFormat::Iq2Xs | QuantFormat::Iq2S | QuantFormat::Iq1M => 2368,
+        QuantFormat::Iq4Xs | QuantFormat::Iq3Xxs | QuantFormat::Iq3S => 2240,
+        QuantFormat::Iq2Xxs | QuantFormat::Iq1S => 1728,
+        QuantFormat::Iq2Xs | QuantFormat::Iq2S | QuantFormat::Iq1M => 1856,
     }
 }
 
 /// Offsets inside a unit (see the module's table).
 pub mod at {
+    use super::QuantFormat;
+
     /// 32-weight formats: block `b`'s 16 f16 scales.
     pub const fn block_scales(b: usize) -> usize {
         32 * b
@@ -220,14 +221,24 @@ pub mod at {
     pub const fn iq4xs_quants(j: usize) -> usize {
         192 + 256 * j
     }
-    /// A grid format scaled each 16 weights: sub-block `i`'s (16 weights) 16 scales `2 s + 1`
-    /// (Q6_K's place).
-    pub const fn iq16_scales(i: usize) -> usize {
-        q6k_scales(i)
+    /// IQ4_XS and the grid formats: the 16 scales of piece `i`, 32 weights (IQ4_XS's place) or,
+    /// where the format scales each 16, 16 weights (Q6_K's).
+    pub const fn grid_scales(format: QuantFormat, i: usize) -> usize {
+        if format.scales_16() {
+            q6k_scales(i)
+        } else {
+            iq4xs_scales(i)
+        }
     }
-    /// The same: weights `32j..32j + 32`'s 4 nibble vectors of indices (Q4_K's place).
-    pub const fn iq16_quants(j: usize) -> usize {
-        q4k_quants(j)
+    /// The same: weights `32j..32j + 32`'s indices, 4 nibble vectors (IQ4_XS's place) or 3
+    /// vectors laid out as Q3_K's weights ([`q3k_quants`] after 16 scales, the same 192 bytes
+    /// a piece after 8).
+    pub const fn grid_quants(format: QuantFormat, j: usize) -> usize {
+        match (format.three_bit_indices(), format.scales_16()) {
+            (false, _) => iq4xs_quants(j),
+            (true, false) => 192 + 192 * j,
+            (true, true) => q3k_quants(j),
+        }
     }
 }
 
@@ -455,24 +466,24 @@ fn write_unit(format: QuantFormat, q5_0: FifthBits, rows: &[Unit; STRIP], out: &
         | QuantFormat::Iq3Xxs
         | QuantFormat::Iq3S
         | QuantFormat::Iq2Xxs
-        | QuantFormat::Iq1S => {
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => {
             halves(out, at::D, &|row| row.d[0]);
-            for j in 0..8 {
+            let pieces = if format.scales_16() { 16 } else { 8 };
+            for i in 0..pieces {
                 for (p, row) in rows.iter().enumerate() {
-                    out[at::iq4xs_scales(j) + p] = row.sc[j];
-                }
-                write_nibbles(rows, 32 * j, &mut out[at::iq4xs_quants(j)..]);
-            }
-        }
-        QuantFormat::Iq2Xs | QuantFormat::Iq2S | QuantFormat::Iq1M => {
-            halves(out, at::D, &|row| row.d[0]);
-            for i in 0..16 {
-                for (p, row) in rows.iter().enumerate() {
-                    out[at::iq16_scales(i) + p] = row.sc[i];
+                    out[at::grid_scales(format, i) + p] = row.sc[i];
                 }
             }
             for j in 0..8 {
-                write_nibbles(rows, 32 * j, &mut out[at::iq16_quants(j)..]);
+                let out = &mut out[at::grid_quants(format, j)..];
+                if format.three_bit_indices() {
+                    write_three_bits(rows, 32 * j, out);
+                } else {
+                    write_nibbles(rows, 32 * j, out);
+                }
             }
         }
         QuantFormat::Q2K | QuantFormat::Q3K | QuantFormat::Q6K => {
@@ -568,25 +579,25 @@ fn read_unit(format: QuantFormat, q5_0: FifthBits, unit: &[u8], p: usize) -> Uni
         | QuantFormat::Iq3Xxs
         | QuantFormat::Iq3S
         | QuantFormat::Iq2Xxs
-        | QuantFormat::Iq1S => {
+        | QuantFormat::Iq2Xs
+        | QuantFormat::Iq2S
+        | QuantFormat::Iq1S
+        | QuantFormat::Iq1M => {
             row.d[0] = half(at::D);
+            let pieces = if format.scales_16() { 16 } else { 8 };
+            for i in 0..pieces {
+                row.sc[i] = unit[at::grid_scales(format, i) + p];
+            }
             for j in 0..8 {
-                row.sc[j] = unit[at::iq4xs_scales(j) + p];
-                read_nibbles(
-                    &unit[at::iq4xs_quants(j)..],
-                    p,
-                    &mut row.u[32 * j..32 * j + 32],
+                let (quants, u) = (
+                    &unit[at::grid_quants(format, j)..],
+                    &mut row.u[32 * j..][..32],
                 );
-            }
-        }
-        QuantFormat::Iq2Xs | QuantFormat::Iq2S | QuantFormat::Iq1M => {
-            row.d[0] = half(at::D);
-            for i in 0..16 {
-                row.sc[i] = unit[at::iq16_scales(i) + p];
-            }
-            for j in 0..8 {
-                let u = &mut row.u[32 * j..32 * j + 32];
-                read_nibbles(&unit[at::iq16_quants(j)..], p, u);
+                if format.three_bit_indices() {
+                    read_three_bits(quants, p, u);
+                } else {
+                    read_nibbles(quants, p, u);
+                }
             }
         }
         QuantFormat::Q2K | QuantFormat::Q3K | QuantFormat::Q6K => {
@@ -686,21 +697,19 @@ mod tests {
         assert_eq!(at::q4k_mins(8), at::q4k_quants(0));
         assert_eq!(at::iq4xs_scales(8), at::iq4xs_quants(0));
         assert_eq!(at::iq4xs_quants(8), unit_bytes(QuantFormat::Iq4Xs));
+        // Each grid format's scales end where its indices start, which end with the unit.
+        for format in QuantFormat::ALL.into_iter().filter(|f| f.is_grid()) {
+            let pieces = if format.scales_16() { 16 } else { 8 };
+            assert_eq!(at::grid_scales(format, pieces), at::grid_quants(format, 0));
+            assert_eq!(
+                at::grid_quants(format, 8),
+                unit_bytes(format),
+                "{}",
+                format.name()
+            );
+        }
         // Every group vector starts on a cache line where the unit does.
-        for format in [
-            QuantFormat::Q8_0,
-            QuantFormat::Q5_0,
-            QuantFormat::Q5_1,
-            QuantFormat::Q4_0,
-            QuantFormat::Q4_1,
-            QuantFormat::Q2K,
-            QuantFormat::Q3K,
-            QuantFormat::Q4K,
-            QuantFormat::Q5K,
-            QuantFormat::Q6K,
-            QuantFormat::Iq4Nl,
-            QuantFormat::Iq4Xs,
-        ] {
+        for format in QuantFormat::ALL {
             assert_eq!(unit_bytes(format) % 64, 0, "{}", format.name());
         }
     }

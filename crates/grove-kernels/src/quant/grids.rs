@@ -3,9 +3,10 @@
 //! of points of a grid (4 or 8 weights a point: ggml's `iq3xxs_grid` ... `iq1s_grid` in
 //! `ggml-common.h`), each weight a small signed magnitude (or, in IQ1, -1, 0 or 1 plus a
 //! shift of an eighth), times `d` times an odd scale `2 s + 1` of its 32 (or 16) weights. So
-//! each weight is one of at most 16 values: the kernels keep it as a 4-bit index into them
-//! ([`Codebook`]) in IQ4_XS's layout (per-32 scales) or with Q6_K's 16 scales a super-block,
-//! and IQ4_XS's arithmetic with another table of values (`columns.rs`).
+//! each weight is one of at most 16 values: the kernels keep it as an index into them
+//! ([`Codebook`]; IQ3's 16 values 4 bits, IQ2's and IQ1's 6 values 3 bits) in IQ4_XS's layout
+//! (per-32 scales) or with Q6_K's 16 scales a super-block, and IQ4_XS's arithmetic with
+//! another table of values (`columns.rs`).
 //!
 //! The grids are llama.cpp's numbers (the formats' definition): each point here as its
 //! weights' digits, the first weight's in the lowest bits (IQ3: four magnitude ranks of 3
@@ -49,11 +50,11 @@ pub const IQ3_S: Codebook = Codebook {
     d_factor: 1.0,
 };
 
-/// IQ2's magnitudes 8, 25 and 43, signed, at the places [`index`] gives them; an eighth of
-/// `d` (ggml's `d * (0.5 + s) * 0.25`).
+/// IQ2's magnitudes 8, 25 and 43, signed, at the places [`index`] gives them (below 8: a
+/// 3-bit index); an eighth of `d` (ggml's `d * (0.5 + s) * 0.25`).
 pub const IQ2: Codebook = Codebook {
     values: [
-        -43, -43, -43, -43, -43, -43, -25, -8, 8, 25, 43, 43, 43, 43, 43, 43,
+        -43, -25, -8, 8, 25, 43, 43, 43, 43, 43, 43, 43, 43, 43, 43, 43,
     ],
     d_factor: 0.125,
 };
@@ -97,22 +98,23 @@ pub(super) fn encode(format: QuantFormat, decoded: &Decoded, block: &mut [u8]) {
     }
 }
 
-/// The index of a weight of magnitude rank `rank` and sign `negative` (IQ3, IQ2): the
-/// negative values first, largest magnitude first, the positive ones from 8.
-fn index(rank: u8, negative: bool) -> u8 {
+/// The index of a weight of magnitude rank `rank` (below `ranks`) and sign `negative` in a
+/// codebook of `ranks` magnitudes each way: the negative values first, largest magnitude
+/// first, the positive ones from `ranks` (IQ3: 8; IQ2: 3, so that its indices fit 3 bits).
+fn index(rank: u8, negative: bool, ranks: u8) -> u8 {
     if negative {
-        7 - rank
+        ranks - 1 - rank
     } else {
-        8 + rank
+        ranks + rank
     }
 }
 
 /// The magnitude rank and sign of index `q` (the inverse of [`index`]).
-fn rank_of(q: u8) -> (u8, bool) {
-    if q < 8 {
-        (7 - q, true)
+fn rank_of(q: u8, ranks: u8) -> (u8, bool) {
+    if q < ranks {
+        (ranks - 1 - q, true)
     } else {
-        (q - 8, false)
+        (q - ranks, false)
     }
 }
 

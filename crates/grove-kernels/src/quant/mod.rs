@@ -297,6 +297,15 @@ impl QuantFormat {
         matches!(self, Self::Iq2Xs | Self::Iq2S | Self::Iq1M)
     }
 
+    /// Whether a grid format's weights take at most 8 values (IQ2's and IQ1's 6), so that the
+    /// column layout keeps a 3-bit index a weight, as Q3_K's weights (`columns.rs`).
+    pub const fn three_bit_indices(self) -> bool {
+        matches!(
+            self,
+            Self::Iq2Xxs | Self::Iq2Xs | Self::Iq2S | Self::Iq1S | Self::Iq1M
+        )
+    }
+
     /// Whether this is a grid format (`grids.rs`).
     pub const fn is_grid(self) -> bool {
         matches!(

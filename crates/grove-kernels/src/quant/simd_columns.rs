@@ -292,6 +292,21 @@ pub(super) unsafe fn three_bit_groups(quants: *const u8) -> [__m512i; 8] {
     })
 }
 
+/// [`three_bit_groups`] with groups 4-7 as `q` too (each byte `16 q`, so a 16-bit shift right
+/// by 4 takes nothing across bytes): indices for `vpshufb` (the grid formats' 3-bit indices).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,f16c,bmi2")]
+pub(super) unsafe fn three_bit_indices(quants: *const u8) -> [__m512i; 8] {
+    let groups = three_bit_groups(quants);
+    std::array::from_fn(|g| {
+        if g < 4 {
+            groups[g]
+        } else {
+            _mm512_srli_epi16::<4>(groups[g])
+        }
+    })
+}
+
 /// The 8 groups of 32 two-bit weights at `quants` (Q2_K's, Q3_K's low parts: `at::Q3_LOW`):
 /// groups 0-3 as `q`, groups 4-7 as `16 q`, each a mask of a vector as it is or shifted right
 /// by 2 (a 16-bit shift: the bits it moves across bytes fall outside the masks).

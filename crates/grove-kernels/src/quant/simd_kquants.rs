@@ -11,7 +11,8 @@ use std::arch::x86_64::*;
 use super::columns::at;
 use super::simd_columns::{
     byte_ints, byte_scales, codebook_table, dots, five_bit_groups, halves, nibble_groups,
-    six_bit_groups, three_bit_groups, two_bit_groups, zero_start, Acts, Advance, Format,
+    six_bit_groups, three_bit_groups, three_bit_indices, two_bit_groups, zero_start, Acts, Advance,
+    Format,
 };
 use super::QuantFormat;
 
@@ -27,8 +28,9 @@ pub(super) struct Q3K;
 /// Q2_K, its mins once per super-block.
 pub(super) struct Q2K;
 /// IQ4_XS's layout (`F`: IQ4_XS or a grid format, [`indexed`]; a grid format that scales
-/// each 16 weights has Q6_K's 16 scales), each weight an index into the format's 16 values,
-/// its zero point once per super-block as Q4_K's mins.
+/// each 16 weights has Q6_K's 16 scales, IQ2's and IQ1's indices are 3 bits laid out as
+/// Q3_K's weights), each weight an index into the format's 16 values, its zero point once per
+/// super-block as Q4_K's mins.
 pub(super) struct Indexed<const F: u8>;
 pub(super) const IQ4_XS: u8 = 0;
 pub(super) const IQ3_XXS: u8 = 1;
@@ -494,14 +496,24 @@ impl<const F: u8> Format for Indexed<F> {
             d = _mm512_mul_ps(d, _mm512_set1_ps(codebook.d_factor));
         }
         let zero_d = _mm512_mul_ps(d, _mm512_set1_ps(128.0));
+        let format = Self::FORMAT;
         let mut block = [_mm512_setzero_ps(); R];
-        if Self::FORMAT.scales_16() {
+        // Weights `32 j..32 j + 32`'s 8 groups of indices.
+        let groups = |j: usize| {
+            let quants = unit.add(at::grid_quants(format, j));
+            if format.three_bit_indices() {
+                three_bit_indices(quants)
+            } else {
+                nibble_groups(quants)
+            }
+        };
+        if format.scales_16() {
             for j in 0..8 {
                 stream.advance();
-                let u = nibble_groups(unit.add(at::iq16_quants(j)));
+                let u = groups(j);
                 for half in 0..2 {
                     let sub = 2 * j + half;
-                    let signed = byte_ints::<true>(unit.add(at::iq16_scales(sub)));
+                    let signed = byte_ints::<true>(unit.add(at::grid_scales(format, sub)));
                     let scales = _mm512_mul_ps(_mm512_cvtepi32_ps(signed), d);
                     let zero = [_mm512_setzero_si512(); R];
                     let sums = dots::<R, 4>(zero, x, 256 * i + 16 * sub, |g| {
@@ -512,16 +524,17 @@ impl<const F: u8> Format for Indexed<F> {
                     }
                 }
             }
-            let scales: [__m512i; 8] =
-                std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::iq16_scales(2 * t))));
+            let scales: [__m512i; 8] = std::array::from_fn(|t| {
+                paired_bytes::<true>(unit.add(at::grid_scales(format, 2 * t)))
+            });
             minus_mins_into(&scales, x, i, 16 * i, zero_d, block, acc);
             return;
         }
         for j in 0..8 {
             stream.advance();
-            let signed = byte_ints::<true>(unit.add(at::iq4xs_scales(j)));
+            let signed = byte_ints::<true>(unit.add(at::grid_scales(format, j)));
             let scales = _mm512_mul_ps(_mm512_cvtepi32_ps(signed), d);
-            let u = nibble_groups(unit.add(at::iq4xs_quants(j)));
+            let u = groups(j);
             let zero = [_mm512_setzero_si512(); R];
             let sums = dots::<R, 8>(zero, x, 256 * i + 32 * j, |g| {
                 _mm512_shuffle_epi8(table, u[g])
@@ -531,7 +544,7 @@ impl<const F: u8> Format for Indexed<F> {
             }
         }
         let scales: [__m512i; 4] =
-            std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::iq4xs_scales(2 * t))));
+            std::array::from_fn(|t| paired_bytes::<true>(unit.add(at::grid_scales(format, 2 * t))));
         minus_mins_into(&scales, x, i, 8 * i, zero_d, block, acc);
     }
 }

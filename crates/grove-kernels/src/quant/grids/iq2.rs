@@ -15,6 +15,9 @@
 use super::{even_signs, index, rank_of, sign_index, signs_of, Decoded, Grid};
 use crate::quant::QuantFormat;
 
+/// Magnitudes each way.
+const RANKS: u8 = 3;
+
 fn grid(format: QuantFormat) -> Grid {
     match format {
         QuantFormat::Iq2Xxs => Grid::Iq2Xxs,
@@ -72,7 +75,7 @@ pub(super) fn decode(format: QuantFormat, block: &[u8]) -> Decoded {
         for (l, &point) in points.iter().enumerate() {
             for (i, rank) in grid(format).digits(point).enumerate() {
                 let negative = (signs[l] >> i) & 1 == 1;
-                out.indices[32 * j + 8 * l + i] = index(rank, negative);
+                out.indices[32 * j + 8 * l + i] = index(rank, negative, RANKS);
             }
         }
     }
@@ -86,9 +89,9 @@ pub(super) fn encode(format: QuantFormat, decoded: &Decoded, block: &mut [u8]) {
     for j in 0..8 {
         let [first, second] = [0, 1].map(|h| (decoded.scales[2 * j + h] - 1) / 2);
         let sub = &decoded.indices[32 * j..32 * j + 32];
-        let signs = signs_of(sub, |q| rank_of(q).1);
+        let signs = signs_of(sub, |q| rank_of(q, RANKS).1);
         let points: [usize; 4] = std::array::from_fn(|l| {
-            grid(format).point_of(sub[8 * l..8 * l + 8].iter().map(|&q| rank_of(q).0))
+            grid(format).point_of(sub[8 * l..8 * l + 8].iter().map(|&q| rank_of(q, RANKS).0))
         });
         match format {
             QuantFormat::Iq2Xxs => {

@@ -17,6 +17,9 @@
 use super::{even_signs, index, rank_of, sign_index, signs_of, Decoded, Grid};
 use crate::quant::QuantFormat;
 
+/// Magnitudes each way.
+const RANKS: u8 = 8;
+
 fn grid(format: QuantFormat) -> Grid {
     match format {
         QuantFormat::Iq3Xxs => Grid::Iq3Xxs,
@@ -54,7 +57,7 @@ pub(super) fn decode(format: QuantFormat, block: &[u8]) -> Decoded {
             for (i, rank) in grid(format).digits(point).enumerate() {
                 let w = 4 * m + i;
                 let negative = (signs[w / 8] >> (w % 8)) & 1 == 1;
-                out.indices[32 * j + w] = index(rank, negative);
+                out.indices[32 * j + w] = index(rank, negative, RANKS);
             }
         }
     }
@@ -68,9 +71,9 @@ pub(super) fn encode(format: QuantFormat, decoded: &Decoded, block: &mut [u8]) {
     for j in 0..8 {
         let scale = (decoded.scales[2 * j] - 1) / 2;
         let sub = &decoded.indices[32 * j..32 * j + 32];
-        let signs = signs_of(sub, |q| rank_of(q).1);
+        let signs = signs_of(sub, |q| rank_of(q, RANKS).1);
         let points: [usize; 8] = std::array::from_fn(|m| {
-            grid(format).point_of(sub[4 * m..4 * m + 4].iter().map(|&q| rank_of(q).0))
+            grid(format).point_of(sub[4 * m..4 * m + 4].iter().map(|&q| rank_of(q, RANKS).0))
         });
         match format {
             QuantFormat::Iq3Xxs => {
