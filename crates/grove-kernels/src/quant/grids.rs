@@ -98,6 +98,32 @@ pub(super) fn encode(format: QuantFormat, decoded: &Decoded, block: &mut [u8]) {
     }
 }
 
+/// A super-block whose 32-weight sub-blocks are 4 points of 8 weights and 2 scales `s` of 16
+/// weights each (IQ2, IQ1), decoded: `sub_block(j)` gives sub-block `j`'s points and scales,
+/// `index(j, l, i, digit)` the index of weight `i` of its point `l`, whose digit is `digit`.
+fn decode_eights(
+    d: u16,
+    grid: Grid,
+    sub_block: impl Fn(usize) -> ([usize; 4], [u8; 2]),
+    index: impl Fn(usize, usize, usize, u8) -> u8,
+) -> Decoded {
+    let mut out = Decoded {
+        d,
+        scales: [0; 16],
+        indices: [0; 256],
+    };
+    for j in 0..8 {
+        let (points, scales) = sub_block(j);
+        out.scales[2 * j..2 * j + 2].copy_from_slice(&scales.map(|s| 2 * s + 1));
+        for (l, &point) in points.iter().enumerate() {
+            for (i, digit) in grid.digits(point).enumerate() {
+                out.indices[32 * j + 8 * l + i] = index(j, l, i, digit);
+            }
+        }
+    }
+    out
+}
+
 /// The index of a weight of magnitude rank `rank` (below `ranks`) and sign `negative` in a
 /// codebook of `ranks` magnitudes each way: the negative values first, largest magnitude
 /// first, the positive ones from `ranks` (IQ3: 8; IQ2: 3, so that its indices fit 3 bits).

@@ -259,28 +259,11 @@ impl QuantFormat {
     /// Whether the AMX kernel multiplies this format; the others go to the AVX-512 VNNI
     /// kernel on an AMX CPU (see [`Kernel::for_format`]).
     pub fn has_amx_kernel(self) -> bool {
-        !matches!(
-            self,
-            Self::Q5_1
-                | Self::Q4_0
-                | Self::Q4_1
-                | Self::Q5K
-                | Self::Q3K
-                | Self::Q2K
-                | Self::Iq4Nl
-                | Self::Iq4Xs
-                | Self::Iq3Xxs
-                | Self::Iq3S
-                | Self::Iq2Xxs
-                | Self::Iq2Xs
-                | Self::Iq2S
-                | Self::Iq1S
-                | Self::Iq1M
-        )
+        matches!(self, Self::Q8_0 | Self::Q5_0 | Self::Q4K | Self::Q6K)
     }
 
-    /// The 16 values of a format whose weights are 4-bit indices into them (IQ4_NL, IQ4_XS
-    /// and the grid formats).
+    /// The 16 values of a format whose weights are indices into them (IQ4_NL, IQ4_XS and the
+    /// grid formats).
     pub const fn codebook(self) -> Option<&'static grids::Codebook> {
         match self {
             Self::Iq4Nl | Self::Iq4Xs => Some(&grids::IQ4),

@@ -13,7 +13,7 @@
 //!   the first 16 weights' of sub-block `j`, at `+ 3` the second 16's) whose top 4 bits hold
 //!   `d`'s f16 bits, the first word's its lowest.
 
-use super::{Decoded, Grid};
+use super::{decode_eights, Decoded, Grid};
 use crate::quant::QuantFormat;
 
 /// The index of digit `digit` (`g + 1`) shifted by `delta` (negative where set).
@@ -56,25 +56,17 @@ fn iq1m_d(block: &[u8]) -> u16 {
 
 /// A GGUF super-block of `format` (IQ1_S or IQ1_M) decoded.
 pub(super) fn decode(format: QuantFormat, block: &[u8]) -> Decoded {
-    let mut out = Decoded {
-        d: match format {
-            QuantFormat::Iq1M => iq1m_d(block),
-            _ => u16::from_le_bytes([block[0], block[1]]),
-        },
-        scales: [0; 16],
-        indices: [0; 256],
+    let d = match format {
+        QuantFormat::Iq1M => iq1m_d(block),
+        _ => u16::from_le_bytes([block[0], block[1]]),
     };
-    for j in 0..8 {
-        let (points, negative, scales) = fields(format, block, j);
-        out.scales[2 * j] = 2 * scales[0] + 1;
-        out.scales[2 * j + 1] = 2 * scales[1] + 1;
-        for (l, &point) in points.iter().enumerate() {
-            for (i, digit) in Grid::Iq1S.digits(point).enumerate() {
-                out.indices[32 * j + 8 * l + i] = index(digit, negative[l]);
-            }
-        }
-    }
-    out
+    let sub_blocks: [_; 8] = std::array::from_fn(|j| fields(format, block, j));
+    decode_eights(
+        d,
+        Grid::Iq1S,
+        |j| (sub_blocks[j].0, sub_blocks[j].2),
+        |j, l, _, digit| index(digit, sub_blocks[j].1[l]),
+    )
 }
 
 /// [`decode`]'s inverse: `decoded` (from a block of `format`) as its GGUF bytes in the zeroed

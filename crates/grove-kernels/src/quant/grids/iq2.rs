@@ -12,7 +12,7 @@
 //!   of byte `b`: weight `8 b + i`), per 32 weights a byte of the indices' top 2 bits (bits
 //!   `2 l`, `2 l + 1`: its point `l`'s), then IQ2_XS's scales.
 
-use super::{even_signs, index, rank_of, sign_index, signs_of, Decoded, Grid};
+use super::{decode_eights, even_signs, index, rank_of, sign_index, signs_of, Decoded, Grid};
 use crate::quant::QuantFormat;
 
 /// Magnitudes each way.
@@ -63,23 +63,13 @@ fn fields(format: QuantFormat, block: &[u8], j: usize) -> ([usize; 4], [u8; 4], 
 
 /// A GGUF super-block of `format` (IQ2_XXS, IQ2_XS or IQ2_S) decoded.
 pub(super) fn decode(format: QuantFormat, block: &[u8]) -> Decoded {
-    let mut out = Decoded {
-        d: u16::from_le_bytes([block[0], block[1]]),
-        scales: [0; 16],
-        indices: [0; 256],
-    };
-    for j in 0..8 {
-        let (points, signs, scales) = fields(format, block, j);
-        out.scales[2 * j] = 2 * scales[0] + 1;
-        out.scales[2 * j + 1] = 2 * scales[1] + 1;
-        for (l, &point) in points.iter().enumerate() {
-            for (i, rank) in grid(format).digits(point).enumerate() {
-                let negative = (signs[l] >> i) & 1 == 1;
-                out.indices[32 * j + 8 * l + i] = index(rank, negative, RANKS);
-            }
-        }
-    }
-    out
+    let sub_blocks: [_; 8] = std::array::from_fn(|j| fields(format, block, j));
+    decode_eights(
+        u16::from_le_bytes([block[0], block[1]]),
+        grid(format),
+        |j| (sub_blocks[j].0, sub_blocks[j].2),
+        |j, l, i, rank| index(rank, (sub_blocks[j].1[l] >> i) & 1 == 1, RANKS),
+    )
 }
 
 /// [`decode`]'s inverse: `decoded` (from a block of `format`) as its GGUF bytes in the zeroed
