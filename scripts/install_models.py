@@ -17,9 +17,10 @@ in F16, so the `-q5_k_m`, `-q4_0`, `-q4_1`, `-q3_k_m`, `-q3_k_s`, `-q2_k`, `-iq4
 requantizing: `bash scripts/install_llama_cpp.sh` first). The weights are the source's rounded again, so
 they only stand for the real file's layout: the tensor types and blocks llama.cpp writes.
 
-The 1- and 2-bit IQ files (`-iq1_iq2`, `-iq2_m`, `-iq2_xxs`, `-iq1_s`) are written here, each
-tensor requantized by ggml's own quantizer as llama.cpp's mix chooses its type (`REWRITTEN`):
-llama.cpp's quantizer refuses those types without an importance matrix.
+The 1- and 2-bit IQ files and the IQ3_XXS one (`-iq1_iq2`, `-iq2_m`, `-iq2_xxs`, `-iq1_s`,
+`-iq3_xxs`) are written here, each tensor requantized by ggml's own quantizer as llama.cpp's mix
+chooses its type (`REWRITTEN`): llama.cpp's quantizer refuses those types without an importance
+matrix.
 """
 
 import argparse
@@ -117,8 +118,8 @@ DERIVED = {
     },
     # IQ3_S where a row is whole super-blocks (the 0.5B: the MLP down projections), llama.cpp's
     # fallback IQ4_NL for the other matrices (pure: llama.cpp's IQ3_S mix puts other types on
-    # those projections). No IQ3_XXS file is made: llama.cpp's quantizer refuses IQ3_XXS
-    # without an importance matrix, which its Python binding cannot hand it.
+    # those projections). The IQ3_XXS file is written below (`REWRITTEN`): llama.cpp's
+    # quantizer refuses IQ3_XXS without an importance matrix.
     "qwen2.5-coder-0.5b-iq3_s": {
         "file": "qwen2.5-coder-0.5b-instruct-iq3_s.gguf",
         "from": "qwen2.5-coder-0.5b",
@@ -135,7 +136,7 @@ DERIVED = {
 }
 # Made by rewriting an installed model's tensors here, with ggml's own decoders and quantizer
 # (`dequantize_row_<type>`, `ggml_quantize_chunk` in llama.cpp's libggml-base): llama.cpp's
-# quantizer refuses its 1- and 2-bit IQ types without an importance matrix, which its Python
+# quantizer refuses its 1- to 3-bit IQ types without an importance matrix, which its Python
 # binding cannot hand it. Where ggml needs one, it gets ones (every column alike). A `mix` is a
 # llama.cpp file type whose tensor types follow llama.cpp's choice for a dense model
 # (`llama_tensor_get_type` in its src/llama-quant.cpp, [`mix_type`]); `layers` instead retypes
@@ -167,6 +168,13 @@ REWRITTEN = {
         "file": "qwen2.5-coder-1.5b-iq1_s.gguf",
         "from": "qwen2.5-coder-1.5b",
         "mix": "IQ1_S",
+    },
+    # IQ3_XXS: IQ3_XXS for most matrices, IQ2_S for the attention queries and keys, IQ3_S for
+    # the attention outputs and the embedding, Q4_K for the attention values, a Q5_K head.
+    "qwen2.5-coder-1.5b-iq3_xxs": {
+        "file": "qwen2.5-coder-1.5b-iq3_xxs.gguf",
+        "from": "qwen2.5-coder-1.5b",
+        "mix": "IQ3_XXS",
     },
 }
 
@@ -261,35 +269,54 @@ def quantize(source: Path, target: Path, ftype: str, pure: bool = False) -> Path
 
 GGML_TYPES = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
-    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ1_S": 19, "IQ4_NL": 20,
-    "IQ3_S": 21, "IQ2_S": 22, "IQ1_M": 29,
+    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19,
+    "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22, "IQ1_M": 29,
 }
 
 
 def mix_type(ftype: str, name: str, layer: int, layers: int, gqa: int, tied: bool, columns: int) -> str:
-    """llama.cpp's type for tensor `name` of a dense model in file type `ftype` (IQ2_XXS,
-    IQ2_XS, IQ2_S, IQ2_M, IQ1_S or IQ1_M), as its `llama_tensor_get_type` chooses it, then its
-    fallback where a row is not whole super-blocks."""
-    default = {"IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_S": "IQ2_XS", "IQ2_M": "IQ2_S",
-               "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M"}[ftype]
-    wide = ftype in ("IQ2_S", "IQ2_M")
+    """llama.cpp's type for tensor `name` of a dense model in file type `ftype` (IQ3_XXS,
+    IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ1_S or IQ1_M) made with an importance matrix, as its
+    `llama_tensor_get_type` chooses it, then its fallback where a row is not whole
+    super-blocks."""
     if name == "output.weight" or (tied and name == "token_embd.weight"):
         return "Q5_K" if columns % 256 == 0 else "Q8_0"
-    if name == "token_embd.weight":
-        chosen = "IQ3_S" if wide else "Q2_K"
-    elif "attn_v.weight" in name:
-        chosen = "Q4_K" if gqa >= 4 else ("IQ3_S" if wide else "Q2_K")
-    elif "ffn_down" in name:
-        chosen = ("IQ3_S" if wide else "Q2_K") if layer < layers // 8 else default
-    elif "attn_output.weight" in name and ftype in ("IQ1_S", "IQ1_M"):
-        chosen = "IQ2_XXS"
-    elif "attn_output.weight" in name and wide:
-        chosen = "IQ3_S"
+    if ftype == "IQ3_XXS":
+        chosen = iq3_xxs_type(name, gqa)
     else:
-        chosen = default
+        chosen = low_bit_type(ftype, name, layer, layers, gqa)
     if columns % 256 != 0:
         chosen = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(chosen, "IQ4_NL")
     return chosen
+
+
+def iq3_xxs_type(name: str, gqa: int) -> str:
+    """[`mix_type`] for IQ3_XXS files (not the head)."""
+    if name == "token_embd.weight" or "attn_output.weight" in name:
+        return "IQ3_S"
+    if "attn_v.weight" in name:
+        return "Q4_K" if gqa >= 4 else "IQ3_XXS"
+    if "attn_k.weight" in name or "attn_q.weight" in name:
+        return "IQ2_S"
+    return "IQ3_XXS"
+
+
+def low_bit_type(ftype: str, name: str, layer: int, layers: int, gqa: int) -> str:
+    """[`mix_type`] for the 1- and 2-bit file types (not the head)."""
+    default = {"IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_S": "IQ2_XS", "IQ2_M": "IQ2_S",
+               "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M"}[ftype]
+    wide = ftype in ("IQ2_S", "IQ2_M")
+    if name == "token_embd.weight":
+        return "IQ3_S" if wide else "Q2_K"
+    if "attn_v.weight" in name:
+        return "Q4_K" if gqa >= 4 else ("IQ3_S" if wide else "Q2_K")
+    if "ffn_down" in name:
+        return ("IQ3_S" if wide else "Q2_K") if layer < layers // 8 else default
+    if "attn_output.weight" in name and ftype in ("IQ1_S", "IQ1_M"):
+        return "IQ2_XXS"
+    if "attn_output.weight" in name and wide:
+        return "IQ3_S"
+    return default
 
 
 class Gguf:

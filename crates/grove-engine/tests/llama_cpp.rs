@@ -455,6 +455,14 @@ fn qwen2_5_coder_1_5b_iq2_xxs_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-1.5b-iq2_xxs.gguf")
 }
 
+/// IQ3_XXS (`install_models.py qwen2.5-coder-1.5b-iq3_xxs`, llama.cpp's mix made alike):
+/// IQ3_XXS for most matrices, IQ2_S for the attention queries and keys, IQ3_S, Q4_K and Q5_K
+/// for the rest.
+#[test]
+fn qwen2_5_coder_1_5b_iq3_xxs_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-1.5b-iq3_xxs.gguf")
+}
+
 /// The 0.5B cut into three shards as llama.cpp's `gguf-split` cuts a model (the first holding
 /// metadata only, `grove_testkit::gguf_writer::split_gguf`): grove and llama.cpp both load it
 /// from its first shard, agree as on the whole file, and grove's greedy tokens equal its own
