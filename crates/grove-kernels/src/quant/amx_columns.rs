@@ -691,21 +691,8 @@ unsafe fn run_format<T: Tiles>(tiles: &mut T, format: QuantFormat, share: &Share
         QuantFormat::Q5_0 => run::<Q5_0, T>(tiles, share, rows),
         QuantFormat::Q4K => run::<Planes<Q4K>, T>(tiles, share, rows),
         QuantFormat::Q6K => run::<Planes<Q6K>, T>(tiles, share, rows),
-        QuantFormat::Q5_1
-        | QuantFormat::Q4_0
-        | QuantFormat::Q4_1
-        | QuantFormat::Q5K
-        | QuantFormat::Q3K
-        | QuantFormat::Q2K
-        | QuantFormat::Iq4Nl
-        | QuantFormat::Iq4Xs
-        | QuantFormat::Iq3Xxs
-        | QuantFormat::Iq3S
-        | QuantFormat::Iq2Xxs
-        | QuantFormat::Iq2Xs
-        | QuantFormat::Iq2S
-        | QuantFormat::Iq1S
-        | QuantFormat::Iq1M => {
+        // The formats `has_amx_kernel` does not name.
+        _ => {
             unreachable!(
                 "{} goes to the AVX-512 VNNI kernel (Kernel::for_format)",
                 format.name()

@@ -76,26 +76,11 @@ pub const VECTOR: usize = STRIP * GROUP;
 
 /// Weights per unit.
 pub const fn unit_weights(format: QuantFormat) -> usize {
-    match format {
-        QuantFormat::Q8_0
-        | QuantFormat::Q5_0
-        | QuantFormat::Q5_1
-        | QuantFormat::Q4_0
-        | QuantFormat::Q4_1
-        | QuantFormat::Iq4Nl => 64,
-        QuantFormat::Q2K
-        | QuantFormat::Q3K
-        | QuantFormat::Q4K
-        | QuantFormat::Q5K
-        | QuantFormat::Q6K
-        | QuantFormat::Iq4Xs
-        | QuantFormat::Iq3Xxs
-        | QuantFormat::Iq3S
-        | QuantFormat::Iq2Xxs
-        | QuantFormat::Iq2Xs
-        | QuantFormat::Iq2S
-        | QuantFormat::Iq1S
-        | QuantFormat::Iq1M => 256,
+    // Two blocks of the 32-weight formats; a K-quant's (or IQ format's) super-block.
+    if format.block_weights() == 32 {
+        64
+    } else {
+        256
     }
 }
 

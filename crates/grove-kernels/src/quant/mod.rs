@@ -207,7 +207,7 @@ impl QuantFormat {
     }
 
     /// Weights per block.
-    pub fn block_weights(self) -> usize {
+    pub const fn block_weights(self) -> usize {
         match self {
             Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::Q4_0 | Self::Q4_1 | Self::Iq4Nl => 32,
             Self::Q2K

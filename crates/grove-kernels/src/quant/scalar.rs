@@ -268,21 +268,7 @@ pub(super) fn decode_block(format: QuantFormat, block: &[u8], u: &mut [u8]) -> f
             }
             128.0 * d
         }
-        QuantFormat::Q2K
-        | QuantFormat::Q3K
-        | QuantFormat::Q4K
-        | QuantFormat::Q5K
-        | QuantFormat::Q6K
-        | QuantFormat::Iq4Xs
-        | QuantFormat::Iq3Xxs
-        | QuantFormat::Iq3S
-        | QuantFormat::Iq2Xxs
-        | QuantFormat::Iq2Xs
-        | QuantFormat::Iq2S
-        | QuantFormat::Iq1S
-        | QuantFormat::Iq1M => {
-            unreachable!("{} has no 32-weight blocks", format.name())
-        }
+        _ => unreachable!("{} has no 32-weight blocks", format.name()),
     }
 }
 
