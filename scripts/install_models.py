@@ -20,7 +20,7 @@ they only stand for the real file's layout: the tensor types and blocks llama.cp
 The 1- and 2-bit IQ files and the IQ3_XXS one (`-iq1_iq2`, `-iq2_m`, `-iq2_xxs`, `-iq1_s`,
 `-iq3_xxs`) are written here, each tensor requantized by ggml's own quantizer as llama.cpp's mix
 chooses its type (`REWRITTEN`): llama.cpp's quantizer refuses those types without an importance
-matrix.
+matrix. So is `-ternary`, a few tensors of the 0.5B in the ternary TQ1_0 and TQ2_0.
 """
 
 import argparse
@@ -150,6 +150,14 @@ REWRITTEN = {
         "from": "qwen2.5-coder-0.5b",
         "layers": {6: "IQ2_XXS", 7: "IQ2_XS", 8: "IQ2_S", 9: "IQ1_S", 10: "IQ1_M"},
     },
+    # The 0.5B with layers 6-9's MLP down projections in the ternary TQ1_0 and TQ2_0 (each
+    # weight -1, 0 or 1 times its super-block's largest: a model trained for it keeps its
+    # quality there, this one is only close to its source).
+    "qwen2.5-coder-0.5b-ternary": {
+        "file": "qwen2.5-coder-0.5b-instruct-ternary.gguf",
+        "from": "qwen2.5-coder-0.5b",
+        "layers": {6: "TQ1_0", 7: "TQ2_0", 8: "TQ1_0", 9: "TQ2_0"},
+    },
     # IQ2_M: IQ2_S for most matrices, IQ3_S for the attention outputs and the first 3 layers'
     # MLP down projections, Q4_K for the attention values, Q5_K for the (tied) embedding.
     "qwen2.5-coder-1.5b-iq2_m": {
@@ -270,7 +278,7 @@ def quantize(source: Path, target: Path, ftype: str, pure: bool = False) -> Path
 GGML_TYPES = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
     "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19,
-    "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22, "IQ1_M": 29,
+    "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22, "IQ1_M": 29, "TQ1_0": 34, "TQ2_0": 35,
 }
 
 

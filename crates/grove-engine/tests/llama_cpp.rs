@@ -431,6 +431,14 @@ fn qwen2_5_coder_0_5b_iq1_iq2_agrees_with_llama_cpp() -> Result<()> {
     agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-iq1_iq2.gguf")
 }
 
+/// The ternary types (`install_models.py qwen2.5-coder-0.5b-ternary`): layers 6-9's MLP down
+/// projections in TQ1_0 and TQ2_0, requantized by ggml's own quantizer, the rest of the 0.5B as
+/// packaged. grove reads them as Q2_K (`grove_kernels::quant::ternary`).
+#[test]
+fn qwen2_5_coder_0_5b_ternary_agrees_with_llama_cpp() -> Result<()> {
+    agree_with_llama_cpp("qwen2.5-coder-0.5b-instruct-ternary.gguf")
+}
+
 /// IQ3_M (`install_models.py qwen2.5-coder-1.5b-iq3_m`): IQ3_S for most matrices and the
 /// embedding, Q4_K and Q6_K for the rest.
 #[test]
@@ -533,6 +541,60 @@ fn every_format_decodes_as_ggml_decodes_it() -> Result<()> {
             }
         }
         println!("{}: {} values agree", format.name(), n * k);
+    }
+    Ok(())
+}
+
+/// The ternary types' blocks, read as Q2_K (`grove_kernels::quant::ternary`), against ggml's
+/// own `dequantize_row_tq1_0` and `_tq2_0`: random bytes (every TQ1_0 byte decodes to digits)
+/// and random `d`s, every weight, in GGUF's layout and this CPU's.
+#[test]
+fn ternary_types_decode_as_ggml_decodes_them() -> Result<()> {
+    use grove_kernels::quant::ternary::{Ternary, BLOCK_WEIGHTS};
+    use grove_kernels::quant::{Bytes, Layout, QMatrix, QuantFormat};
+    use std::sync::Arc;
+
+    if !llama_cpp_available() {
+        return Ok(());
+    }
+    let (n, k) = (7, 1024);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for ternary in Ternary::ALL {
+        let mut blocks = Vec::new();
+        for _ in 0..n * k / BLOCK_WEIGHTS {
+            let mut block: Vec<u8> = (0..ternary.block_bytes() - 2)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (state >> 56) as u8
+                })
+                .collect();
+            // A finite f16 of either sign below 2^-4 (exponents 1-10).
+            let d = (state >> 32) as u16 & 0x83ff | ((1 + (state >> 40) as u16 % 10) << 10);
+            block.extend_from_slice(&d.to_le_bytes());
+            blocks.extend(block);
+        }
+        let hex: String = blocks.iter().map(|b| format!("{b:02x}")).collect();
+        let answer = reference(json!({
+            "command": "dequantize", "type": ternary.name().to_lowercase(), "blocks": hex,
+            "values": n * k,
+        }))?;
+        let theirs: Vec<f32> = serde_json::from_value(answer["values"].clone())?;
+        let q2k = Bytes::Owned(Arc::new(ternary.as_q2k(&blocks)));
+        let gguf = QMatrix::with_layout(QuantFormat::Q2K, n, k, q2k.clone(), Layout::Gguf)
+            .map_err(anyhow::Error::msg)?;
+        let ours = QMatrix::new(QuantFormat::Q2K, n, k, q2k).map_err(anyhow::Error::msg)?;
+        for (layout, values) in [
+            ("GGUF's", gguf.dequantize()),
+            ("this CPU's", ours.dequantize()),
+        ] {
+            assert_eq!(values.len(), theirs.len());
+            for (i, (a, b)) in values.iter().zip(&theirs).enumerate() {
+                assert_eq!(a, b, "{} in {layout} layout, value {i}", ternary.name());
+            }
+        }
+        println!("{}: {} values agree", ternary.name(), n * k);
     }
     Ok(())
 }

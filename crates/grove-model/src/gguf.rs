@@ -326,14 +326,13 @@ impl GgufFile {
         let &[n, k] = info.dims.as_slice() else {
             return Ok(None);
         };
-        let Some(format) = QuantFormat::from_ggml(info.id) else {
+        let Some((format, mut bytes)) = self.kernel_blocks(placed) else {
             return Ok(None);
         };
         let Some(row_bytes) = format.row_bytes(k) else {
             return Ok(None);
         };
         // `n` rows of `row_bytes`: the header sized the tensor from its dims.
-        let mut bytes = self.mapped(placed);
         if let Some(heads) = self.permuted_heads(&name)? {
             // Whole rows move, so the quantized bytes can be reordered like f32 rows.
             let old = bytes.as_slice();
@@ -349,6 +348,20 @@ impl GgufFile {
         QMatrix::for_use(format, n, k, bytes, purpose)
             .map(Some)
             .map_err(|message| self.tensor_error(&name, placed, message))
+    }
+
+    /// Tensor `placed`'s blocks in a format the kernels multiply, if it has one: its own, or
+    /// for a ternary type the Q2_K blocks of its values (a copy).
+    fn kernel_blocks(&self, placed: &Placed) -> Option<(QuantFormat, Bytes)> {
+        match placed.info.kind {
+            TensorType::Ternary(ternary) => {
+                let blocks = ternary.as_q2k(self.data(placed));
+                // The file's pages need not stay resident beside the copy.
+                self.mapped(placed).release_all();
+                Some((QuantFormat::Q2K, Bytes::Owned(Arc::new(blocks))))
+            }
+            _ => Some((QuantFormat::from_ggml(placed.info.id)?, self.mapped(placed))),
+        }
     }
 
     /// For llama's Q/K projections, the head count whose row permutation to undo.
@@ -443,17 +456,19 @@ impl GgufFile {
                     .and_then(|t| t.to_dtype(DType::F32))
                     .map_err(|e| error(e.to_string()))
             }
-            // A type only grove's kernels read: their decoder, on the mapped blocks.
-            TensorType::Grove(format) => {
+            // A type only grove's kernels read: their decoder, on the mapped blocks (a ternary
+            // type's as Q2_K).
+            TensorType::Grove(_) | TensorType::Ternary(_) => {
                 let &[n, k] = info.dims.as_slice() else {
                     let dims = &info.dims;
                     return Err(error(format!(
                         "{} of shape {dims:?}, not a matrix",
-                        format.name()
+                        info.kind.name()
                     )));
                 };
-                let matrix = QMatrix::with_layout(format, n, k, self.mapped(placed), Layout::Gguf)
-                    .map_err(error)?;
+                let (format, bytes) = self.kernel_blocks(placed).expect("a kernel's type");
+                let matrix =
+                    QMatrix::with_layout(format, n, k, bytes, Layout::Gguf).map_err(error)?;
                 Tensor::from_vec(matrix.dequantize(), (n, k), device)
                     .map_err(|e| error(e.to_string()))
             }

@@ -1,13 +1,14 @@
 //! A GGUF file's header: its metadata and its tensor index. Read here, not by candle's
 //! reader, which refuses a whole file for one tensor of a type it cannot dequantize: llama.cpp's
 //! IQ4_NL, IQ4_XS and 1- to 3-bit IQ files (IQ3_XXS ... IQ1_M) are multiplied by grove's own
-//! kernels. The metadata keeps candle's `Value`, which the rest of the loader
-//! and the tokenizer read.
+//! kernels, and its ternary ones (TQ1_0, TQ2_0) as Q2_K. The metadata keeps candle's `Value`,
+//! which the rest of the loader and the tokenizer read.
 
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
+use grove_kernels::quant::ternary::{self, Ternary};
 use grove_kernels::quant::QuantFormat;
 
 /// A tensor's type, by who reads it.
@@ -17,6 +18,8 @@ pub enum TensorType {
     Candle(GgmlDType),
     /// A type only grove's kernels read (IQ4_NL, IQ4_XS, the grid types IQ3_XXS ... IQ1_M).
     Grove(QuantFormat),
+    /// A ternary type (TQ1_0, TQ2_0), read as the Q2_K blocks of its values.
+    Ternary(Ternary),
 }
 
 impl TensorType {
@@ -44,9 +47,21 @@ impl TensorType {
         if let Some(dtype) = candle {
             return Ok(Self::Candle(dtype));
         }
+        if let Some(ternary) = Ternary::from_ggml(id) {
+            return Ok(Self::Ternary(ternary));
+        }
         match QuantFormat::from_ggml(id) {
             Some(format) => Ok(Self::Grove(format)),
             None => Err(unsupported_type(id)),
+        }
+    }
+
+    /// The type's name (ggml's, for grove's own types).
+    pub fn name(self) -> String {
+        match self {
+            Self::Candle(dtype) => format!("{dtype:?}"),
+            Self::Grove(format) => format.name().to_string(),
+            Self::Ternary(ternary) => ternary.name().to_string(),
         }
     }
 
@@ -55,6 +70,7 @@ impl TensorType {
         match self {
             Self::Candle(dtype) => (dtype.block_size(), dtype.type_size()),
             Self::Grove(format) => (format.block_weights(), format.block_bytes()),
+            Self::Ternary(ternary) => (ternary::BLOCK_WEIGHTS, ternary.block_bytes()),
         }
     }
 }
@@ -64,15 +80,14 @@ impl TensorType {
 fn unsupported_type(id: u32) -> String {
     let name = match id {
         24..=28 => "an integer or f64 type",
-        34 => "TQ1_0",
-        35 => "TQ2_0",
         39 => "MXFP4",
         _ => "not a type this reader knows",
     };
     format!(
         "tensor type {id} ({name}) is not supported: grove loads files of F32, F16, BF16, Q8_0, \
          Q5_0, Q5_1, Q4_0, Q4_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, \
-         IQ2_S, IQ1_S and IQ1_M tensors (not yet the ternary types TQ1_0 and TQ2_0, or MXFP4)"
+         IQ2_S, IQ1_S, IQ1_M, TQ1_0 and TQ2_0 tensors (not MXFP4, the type of MoE models' \
+         experts, which grove does not run)"
     )
 }
 
@@ -345,6 +360,20 @@ mod tests {
         );
     }
 
+    /// The ternary types, sized by their blocks (TQ1_0: 54 bytes a 256 weights).
+    #[test]
+    fn reads_ternary_tensors() {
+        for (id, ternary) in [(34, Ternary::Tq1_0), (35, Ternary::Tq2_0)] {
+            let mut bytes = header(3, 0, &[], &tensor(&[512, 3], id, 0));
+            let size = 3 * 2 * ternary.block_bytes();
+            bytes.resize(bytes.len().next_multiple_of(32) + size, 0);
+            let w = &Header::read(&bytes).expect("a valid header").tensors["w"];
+            assert_eq!((w.kind, w.bytes), (TensorType::Ternary(ternary), size));
+            let short = Header::read(&bytes[..bytes.len() - 1]).expect_err("refused");
+            assert!(short.contains("past the end"), "{short}");
+        }
+    }
+
     #[test]
     fn bad_headers_are_refused_with_what_is_wrong() {
         let refused = |bytes: &[u8]| Header::read(bytes).expect_err("refused");
@@ -358,10 +387,10 @@ mod tests {
         huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(refused(&huge).contains("cannot fit"));
         // A type without a reader, named.
-        let ternary = refused(&header(3, 0, &[], &tensor(&[256, 2], 34, 0)));
+        let mxfp4 = refused(&header(3, 0, &[], &tensor(&[256, 2], 39, 0)));
         assert!(
-            ternary.contains("tensor `w`") && ternary.contains("TQ1_0"),
-            "{ternary}"
+            mxfp4.contains("tensor `w`") && mxfp4.contains("MXFP4"),
+            "{mxfp4}"
         );
         // Rows that are not whole blocks.
         let partial = refused(&header(3, 0, &[], &tensor(&[100, 2], 20, 0)));

@@ -166,11 +166,11 @@ fn bad_gguf_files_give_clear_errors() {
     unknown[type_at..type_at + 4].copy_from_slice(&99u32.to_le_bytes());
     let message = error("type.gguf", &unknown);
     assert!(message.contains("type 99 ("), "{message}");
-    // A type without a kernel (a ternary TQ1_0 file's), named with its tensor.
-    unknown[type_at..type_at + 4].copy_from_slice(&34u32.to_le_bytes());
-    let message = error("tq1_0.gguf", &unknown);
+    // A type without a kernel (an MoE file's MXFP4 experts), named with its tensor.
+    unknown[type_at..type_at + 4].copy_from_slice(&39u32.to_le_bytes());
+    let message = error("mxfp4.gguf", &unknown);
     assert!(
-        message.contains("tensor `token_embd.weight`: tensor type 34 (TQ1_0) is not supported"),
+        message.contains("tensor `token_embd.weight`: tensor type 39 (MXFP4) is not supported"),
         "{message}"
     );
     let message = error("header.gguf", &bytes[..40]);

@@ -1,6 +1,6 @@
 //! Quantized weights kept quantized: GGUF's Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K,
 //! Q5_K, Q6_K, IQ4_NL, IQ4_XS and the 1- to 3-bit IQ (grid) formats' matrices multiplied
-//! without dequantizing them to f32 first.
+//! without dequantizing them to f32 first (the ternary TQ1_0 and TQ2_0 as Q2_K: `ternary.rs`).
 //!
 //! Decoding a small model on a CPU reads every weight once per step, so the step costs at least
 //! (weight bytes) / (memory bandwidth); f32 copies of a Q5_0 model read 6x the bytes. Here each
@@ -42,6 +42,7 @@ mod simd_blocks;
 mod simd_columns;
 #[cfg(target_arch = "x86_64")]
 mod simd_kquants;
+pub mod ternary;
 
 use std::borrow::Cow;
 use std::sync::Arc;
