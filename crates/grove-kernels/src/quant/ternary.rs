@@ -11,6 +11,8 @@
 //! (five a byte) are decoded as ggml decodes them. In memory the weights take Q2_K's 2.63 bits
 //! where the files hold 1.69 (TQ1_0) and 2.06 (TQ2_0).
 
+use rayon::prelude::*;
+
 /// A ternary GGUF type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ternary {
@@ -51,58 +53,77 @@ impl Ternary {
         }
     }
 
-    /// `blocks` (whole blocks of this type) as Q2_K blocks of the same values.
+    /// `blocks` (whole blocks of this type) as Q2_K blocks of the same values, on the threads.
     pub fn as_q2k(self, blocks: &[u8]) -> Vec<u8> {
+        let size = self.block_bytes();
         assert!(
-            blocks.len().is_multiple_of(self.block_bytes()),
+            blocks.len().is_multiple_of(size),
             "{} data is not whole blocks",
             self.name()
         );
-        let mut out = Vec::with_capacity(blocks.len() / self.block_bytes() * Q2K_BLOCK);
-        for block in blocks.chunks_exact(self.block_bytes()) {
-            let d = &block[self.block_bytes() - 2..];
-            // Every 16 weights' scale 1 (low nibble) and min 1 (high nibble).
-            out.extend_from_slice(&[0x11; 16]);
-            match self {
-                Self::Tq2_0 => out.extend_from_slice(&block[..64]),
-                Self::Tq1_0 => out.extend_from_slice(&q2k_weights(&tq1_0_digits(block))),
-            }
-            // `d`, then `dmin = d`.
-            out.extend_from_slice(d);
-            out.extend_from_slice(d);
-        }
+        let mut out = vec![0u8; blocks.len() / size * Q2K_BLOCK];
+        out.par_chunks_exact_mut(Q2K_BLOCK)
+            .zip(blocks.par_chunks_exact(size))
+            .for_each(|(out, block)| {
+                // Every 16 weights' scale 1 (low nibble) and min 1 (high nibble).
+                out[..16].fill(0x11);
+                match self {
+                    Self::Tq2_0 => out[16..80].copy_from_slice(&block[..64]),
+                    Self::Tq1_0 => write_q2k_weights(&tq1_0_digits(block), &mut out[16..80]),
+                }
+                // `d`, then `dmin = d`.
+                out[80..82].copy_from_slice(&block[size - 2..]);
+                out[82..84].copy_from_slice(&block[size - 2..]);
+            });
         out
     }
 }
 
+/// Each byte's five base-3 digits, as ggml's `dequantize_row_tq1_0` reads them: digit `n` is
+/// the top of `3 (3^n byte mod 256)` above 8 bits (a byte holds `ceil(256 v / 243)` for its
+/// digits' value `v`, the first digit the most significant).
+static DIGITS: [[u8; 5]; 256] = {
+    let mut digits = [[0u8; 5]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let mut n = 0;
+        let mut power = 1u16;
+        while n < 5 {
+            let shifted = (byte as u16 * power) % 256;
+            digits[byte][n] = ((shifted * 3) >> 8) as u8;
+            power *= 3;
+            n += 1;
+        }
+        byte += 1;
+    }
+    digits
+};
+
 /// A TQ1_0 block's 256 weights as `t + 1` (0, 1 or 2), in ggml's order: five digits of each of
-/// the first 32 bytes (weight `32 n + m` is byte `m`'s digit `n`, the most significant first),
-/// five of each of the next 16 (weight `160 + 16 n + m`), four of each of the last 4 (weight
-/// `240 + 4 n + m`). A byte holds `ceil(256 v / 243)` for its digits' value `v`: its digit `n`
-/// is the top of `3 (3^n byte mod 256)` above 8 bits, as in ggml's `dequantize_row_tq1_0`.
+/// the first 32 bytes (weight `32 n + m` is byte `m`'s digit `n`), five of each of the next 16
+/// (weight `160 + 16 n + m`), four of each of the last 4 (weight `240 + 4 n + m`).
 fn tq1_0_digits(block: &[u8]) -> [u8; BLOCK_WEIGHTS] {
-    let digit = |byte: u8, n: u32| ((u16::from(byte.wrapping_mul(3u8.pow(n))) * 3) >> 8) as u8;
     let mut digits = [0u8; BLOCK_WEIGHTS];
     // (first byte, bytes, digits a byte, first weight)
     for (from, bytes, count, first) in [(0, 32, 5, 0), (32, 16, 5, 160), (48, 4, 4, 240)] {
-        for n in 0..count {
-            for m in 0..bytes {
-                digits[first + bytes * n + m] = digit(block[from + m], n as u32);
+        for m in 0..bytes {
+            let byte = DIGITS[usize::from(block[from + m])];
+            for n in 0..count {
+                digits[first + bytes * n + m] = byte[n];
             }
         }
     }
     digits
 }
 
-/// 256 two-bit weights as Q2_K's 64 bytes: weight `128 h + 32 j + l` in bits `2 j` of byte
-/// `32 h + l`.
-fn q2k_weights(q: &[u8; BLOCK_WEIGHTS]) -> [u8; 64] {
-    let mut bytes = [0u8; 64];
+/// 256 two-bit weights as Q2_K's 64 bytes (`out`): weight `128 h + 32 j + l` in bits `2 j` of
+/// byte `32 h + l`.
+fn write_q2k_weights(q: &[u8; BLOCK_WEIGHTS], out: &mut [u8]) {
+    out.fill(0);
     for (w, &q) in q.iter().enumerate() {
         let (h, j, l) = (w / 128, w % 128 / 32, w % 32);
-        bytes[32 * h + l] |= q << (2 * j);
+        out[32 * h + l] |= q << (2 * j);
     }
-    bytes
 }
 
 #[cfg(test)]
