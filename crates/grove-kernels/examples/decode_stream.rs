@@ -3,9 +3,11 @@
 //! the threads), on `THREADS` threads kept awake as a forward keeps them, beside a plain read
 //! of 1 GiB on the same threads (`bench --compare-llama-cpp`'s memory test). It prints both in
 //! GB/s, round by round, so the products' share of what the memory gives is a same-sitting
-//! ratio on a host whose bandwidth moves.
+//! ratio on a host whose bandwidth moves. `GROUPS=2` hands the same matrices to the threads
+//! in two calls instead (all those 1536 wide, then the down projections), leaving out the
+//! hand-offs and waits between a forward's products.
 //! `THREADS=2 cargo run --release -p grove-kernels --example decode_stream` (defaults:
-//! `THREADS=2 LAYERS=28 ROUNDS=6`).
+//! `THREADS=2 LAYERS=28 ROUNDS=6`, grouped as a forward).
 
 use grove_kernels::quant::{matmul_many, streaming_sum, QMatrix, QuantFormat};
 use grove_kernels::threads::with_threads_awake;
@@ -55,6 +57,15 @@ fn main() {
                 .collect()
         })
         .collect();
+    let groups = if setting("GROUPS", 0) == 2 {
+        let (narrow, wide): (Vec<QMatrix>, Vec<QMatrix>) = groups
+            .into_iter()
+            .flatten()
+            .partition(|m| m.dims().1 == hidden);
+        vec![narrow, wide]
+    } else {
+        groups
+    };
     let bytes: usize = (groups.iter().flatten())
         .map(|m| m.dims().0 * format.row_bytes(m.dims().1).expect("whole blocks"))
         .sum();
