@@ -128,8 +128,23 @@ pub fn allows(wanted: Level) -> bool {
 /// example measures both; docs/benchmarks.md, session 54). Intel's cores are not counted:
 /// none measured here without AMX, whose tiles take the many-row products.
 pub fn two_vnni_a_cycle() -> bool {
-    static TWO: OnceLock<bool> = OnceLock::new();
-    *TWO.get_or_init(|| {
+    amd_family().is_some_and(|family| family >= 0x1A)
+}
+
+/// Whether a product of one activation row (a decode step's) should ask for its weights
+/// into L1 only, not also further ahead into L2: on AMD's Zen 5 (family 0x1A) the requests
+/// into L2 held a decode's products from memory below the pace of the same products without
+/// them (the `decode_stream` example; docs/benchmarks.md, session 63), while a tile of 8 rows
+/// was slower without them. On the Intel Xeon they raised a plain read from 14-24 to 24-29
+/// GB/s (`quant::simd::PREFETCH_L2`); other CPUs keep them, unmeasured.
+pub fn one_row_requests_l1_only() -> bool {
+    amd_family().is_some_and(|family| family >= 0x1A)
+}
+
+/// AMD's family number (base plus extended) where the CPU is AMD's; read once.
+fn amd_family() -> Option<u32> {
+    static FAMILY: OnceLock<Option<u32>> = OnceLock::new();
+    *FAMILY.get_or_init(|| {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         {
             use std::arch::x86_64::__cpuid;
@@ -143,12 +158,12 @@ pub fn two_vnni_a_cycle() -> bool {
                 } else {
                     0
                 };
-            amd && family >= 0x1A
+            amd.then_some(family)
         }
-        // Miri runs no `cpuid` (`scripts/miri_avx512.sh`): the kernels' other form there; both
-        // are held to the reference natively.
+        // Miri runs no `cpuid` (`scripts/miri_avx512.sh`): the kernels' other forms there;
+        // both are held to the reference natively.
         #[cfg(any(not(target_arch = "x86_64"), miri))]
-        false
+        None
     })
 }
 

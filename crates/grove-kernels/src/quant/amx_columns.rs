@@ -642,7 +642,7 @@ unsafe fn run<F: Format, T: Tiles>(tiles: &mut T, share: &Share<'_>, rows: usize
         // step; the others find them in cache and ask for the next share's into L2, as the
         // VNNI kernel's blocks of rows do.
         let mut stream = if n == 0 {
-            Stream::new(share.strips, len, len.div_ceil(steps))
+            Stream::new(share.strips, len, len.div_ceil(steps), rows)
         } else {
             let part = len.div_ceil(tiles_of - 1);
             let from = share.strips.wrapping_add(len + (n - 1) * part);

@@ -632,7 +632,7 @@ unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
     let mut decoded = vec![_mm256_setzero_si256(); if once { units * F::GROUPS } else { 0 }];
     let unit_passes = 2 * (tile_sizes::<F>(rows).count() + usize::from(once));
     let len = share.count * units * unit_bytes;
-    let mut stream = Stream::new(share.strips, len, unit_bytes.div_ceil(unit_passes));
+    let mut stream = Stream::new(share.strips, len, unit_bytes.div_ceil(unit_passes), rows);
     for s in 0..share.count {
         for half in 0..2 {
             let place = HalfStrip::new::<F>(share, s, half);

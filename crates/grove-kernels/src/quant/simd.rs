@@ -23,6 +23,11 @@ pub(super) const PREFETCH: usize = 3072;
 /// requests alone, 24-29 with these 16 KiB ahead as well (8-32 KiB alike); a 300000 x 896
 /// Q5_0 product from memory on two threads: 8.9-9.7 -> 6.3-6.8 ms.
 pub(super) const PREFETCH_L2: usize = 16384;
+/// How far ahead a one-row product asks for its weights where it asks into L1 only
+/// (`cpu::one_row_requests_l1_only`). On the Zen 5 the `decode_stream` example's one-row
+/// products read 61.2 GB/s (median) at 3 KiB and 66.8 at 6 KiB where the memory gave over 70,
+/// 47.5 and 46.5 where it gave about 50 (docs/benchmarks.md, session 63).
+pub(super) const PREFETCH_ONE_ROW: usize = 6144;
 
 /// The quantizer of `rows.rs` in AVX-512 or AVX2 (on the parts of some whole rows): per block
 /// the absolute maximum, then the values scaled, rounded to nearest-even (`vcvtps2dq` under
@@ -300,28 +305,47 @@ pub(super) struct Stream {
     at: usize,
     end: usize,
     step: usize,
-    /// Whether the lines are asked for ahead of `at`, into L1 and L2 (the weights about to
-    /// be read), or at `at` into L2 only (the next task's, while this one's are in cache).
-    ahead: bool,
+    /// Where the lines are asked for.
+    requests: Requests,
+}
+
+/// Where a [`Stream`] asks for its lines.
+#[derive(Clone, Copy)]
+enum Requests {
+    /// Ahead of `at`, [`PREFETCH`] into L1 and [`PREFETCH_L2`] into L2 ([`prefetch`]): the
+    /// weights about to be read.
+    AheadL1AndL2,
+    /// Ahead of `at`, [`PREFETCH_ONE_ROW`] into L1 only: a one-row product's weights where
+    /// `cpu::one_row_requests_l1_only`.
+    AheadL1,
+    /// At `at`, into L2 only: the next task's, while this one's are in cache.
+    HereL2,
 }
 
 impl Stream {
-    /// A stream over `len` bytes at `bytes`, `step` bytes an advance.
-    pub fn new(bytes: *const u8, len: usize, step: usize) -> Self {
+    /// A stream over `len` bytes at `bytes`, `step` bytes an advance, read by a tile of
+    /// `rows` activation rows (one row's asks into L1 only on some CPUs:
+    /// [`Requests::AheadL1`]).
+    pub fn new(bytes: *const u8, len: usize, step: usize, rows: usize) -> Self {
         let at = bytes as usize;
+        let l1_only = rows == 1 && crate::cpu::one_row_requests_l1_only();
         Self {
             at,
             end: at + len,
             step,
-            ahead: true,
+            requests: if l1_only {
+                Requests::AheadL1
+            } else {
+                Requests::AheadL1AndL2
+            },
         }
     }
 
     /// A stream asking for the lines of `len` bytes at `bytes` into L2 only.
     pub fn into_l2(bytes: *const u8, len: usize, step: usize) -> Self {
         Self {
-            ahead: false,
-            ..Self::new(bytes, len, step)
+            requests: Requests::HereL2,
+            ..Self::new(bytes, len, step, 0)
         }
     }
 
@@ -334,10 +358,13 @@ impl Stream {
             let next = self.at + self.step;
             let mut line = self.at.next_multiple_of(64);
             while line < next {
-                if self.ahead {
-                    prefetch(line as *const u8);
-                } else {
-                    _mm_prefetch::<_MM_HINT_T1>(line as *const i8);
+                match self.requests {
+                    Requests::AheadL1AndL2 => prefetch(line as *const u8),
+                    Requests::AheadL1 => {
+                        let ahead = line.wrapping_add(PREFETCH_ONE_ROW);
+                        _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8)
+                    }
+                    Requests::HereL2 => _mm_prefetch::<_MM_HINT_T1>(line as *const i8),
                 }
                 line += 64;
             }

@@ -469,7 +469,7 @@ unsafe fn pairs_of<F: Format, const R: usize>(
         share.acts.k / columns::unit_weights(F::FORMAT) * columns::unit_bytes(F::FORMAT);
     let step = columns::unit_bytes(F::FORMAT).div_ceil(F::PACES);
     for s in (0..share.count).step_by(2) {
-        let at = |t: usize| Stream::new(share.strips.add((s + t) * strip_len), strip_len, step);
+        let at = |t: usize| Stream::new(share.strips.add((s + t) * strip_len), strip_len, step, R);
         match (next.as_deref_mut(), s + 1 < share.count) {
             (Some(next), true) => pass::<F, R, 2, Stream>(share, &x, s, first, next),
             (Some(next), false) => pass::<F, R, 1, Stream>(share, &x, s, first, next),
@@ -508,7 +508,7 @@ unsafe fn tiles<F: Format>(share: &Share<'_>, rows: usize) {
         let first = block * rows / blocks;
         let block_rows = (block + 1) * rows / blocks - first;
         let mut stream = if block == 0 {
-            Stream::new(share.strips, len, unit_bytes.div_ceil(F::PACES))
+            Stream::new(share.strips, len, unit_bytes.div_ceil(F::PACES), block_rows)
         } else {
             // Past the share's end: the next share's weights, which this thread multiplies
             // next unless the other threads took them.
