@@ -7,7 +7,8 @@
 //! in two calls instead (all those 1536 wide, then the down projections), leaving out the
 //! hand-offs and waits between a forward's products.
 //! `THREADS=2 cargo run --release -p grove-kernels --example decode_stream` (defaults:
-//! `THREADS=2 LAYERS=28 ROUNDS=6`, grouped as a forward).
+//! `THREADS=2 LAYERS=28 ROUNDS=6 ROWS=1`, grouped as a forward; `ROWS` activation rows, a
+//! verify's, against the same weights).
 
 use grove_kernels::quant::{matmul_many, streaming_sum, QMatrix, QuantFormat};
 use grove_kernels::threads::with_threads_awake;
@@ -69,7 +70,9 @@ fn main() {
     let bytes: usize = (groups.iter().flatten())
         .map(|m| m.dims().0 * format.row_bytes(m.dims().1).expect("whole blocks"))
         .sum();
-    let inputs = |k: usize| -> Vec<f32> { (0..k).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect() };
+    let rows = setting("ROWS", 1);
+    let inputs =
+        |k: usize| -> Vec<f32> { (0..rows * k).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect() };
     let (narrow, wide) = (inputs(hidden), inputs(ffn));
     let buffer: Vec<u64> = (0..(1u64 << 30) / 8).collect();
     let pool = rayon::ThreadPoolBuilder::new()
@@ -83,7 +86,7 @@ fn main() {
                     for group in &groups {
                         let matrices: Vec<&QMatrix> = group.iter().collect();
                         let x = if group[0].dims().1 == hidden { &narrow } else { &wide };
-                        std::hint::black_box(matmul_many(&matrices, x, 1));
+                        std::hint::black_box(matmul_many(&matrices, x, rows));
                     }
                 })
             });

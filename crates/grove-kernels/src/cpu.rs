@@ -131,13 +131,14 @@ pub fn two_vnni_a_cycle() -> bool {
     amd_family().is_some_and(|family| family >= 0x1A)
 }
 
-/// Whether a product of one activation row (a decode step's) should ask for its weights
-/// into L1 only, not also further ahead into L2: on AMD's Zen 5 (family 0x1A) the requests
-/// into L2 held a decode's products from memory below the pace of the same products without
-/// them (the `decode_stream` example; docs/benchmarks.md, session 63), while a tile of 8 rows
-/// was slower without them. On the Intel Xeon they raised a plain read from 14-24 to 24-29
-/// GB/s (`quant::simd::PREFETCH_L2`); other CPUs keep them, unmeasured.
-pub fn one_row_requests_l1_only() -> bool {
+/// Whether a product of a few activation rows (a decode step's, a small tree's: up to
+/// `quant::simd::L1_ONLY_ROWS`) should ask for its weights into L1 only, not also further
+/// ahead into L2: on AMD's Zen 5 (family 0x1A) the requests into L2 held such products from
+/// memory below the pace of the same products without them (the `decode_stream` example;
+/// docs/benchmarks.md, session 63), while tiles of 5 rows and more were slower without them.
+/// On the Intel Xeon they raised a plain read from 14-24 to 24-29 GB/s
+/// (`quant::simd::PREFETCH_L2`); other CPUs keep them, unmeasured.
+pub fn few_rows_request_l1_only() -> bool {
     amd_family().is_some_and(|family| family >= 0x1A)
 }
 

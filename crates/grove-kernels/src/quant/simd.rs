@@ -23,11 +23,16 @@ pub(super) const PREFETCH: usize = 3072;
 /// requests alone, 24-29 with these 16 KiB ahead as well (8-32 KiB alike); a 300000 x 896
 /// Q5_0 product from memory on two threads: 8.9-9.7 -> 6.3-6.8 ms.
 pub(super) const PREFETCH_L2: usize = 16384;
-/// How far ahead a one-row product asks for its weights where it asks into L1 only
-/// (`cpu::one_row_requests_l1_only`). On the Zen 5 the `decode_stream` example's one-row
-/// products read 61.2 GB/s (median) at 3 KiB and 66.8 at 6 KiB where the memory gave over 70,
-/// 47.5 and 46.5 where it gave about 50 (docs/benchmarks.md, session 63).
-pub(super) const PREFETCH_ONE_ROW: usize = 6144;
+/// How far ahead a product of few rows asks for its weights where it asks into L1 only
+/// ([`L1_ONLY_ROWS`]). On the Zen 5 the `decode_stream` example's one-row products read 61.2
+/// GB/s (median) at 3 KiB and 66.8 at 6 KiB where the memory gave over 70, 47.5 and 46.5
+/// where it gave about 50 (docs/benchmarks.md, session 63).
+pub(super) const PREFETCH_FEW_ROWS: usize = 6144;
+/// The most activation rows whose products ask for their weights into L1 only where
+/// `cpu::few_rows_request_l1_only`: a decode step's and a small tree's. Tiles of 5 rows and
+/// more, which spend longer on each weight, were slower without the requests into L2 (the
+/// `decode_stream` example at 5 and 6 rows, the 1.5B's 8-row verify; session 63).
+pub(super) const L1_ONLY_ROWS: usize = 4;
 
 /// The quantizer of `rows.rs` in AVX-512 or AVX2 (on the parts of some whole rows): per block
 /// the absolute maximum, then the values scaled, rounded to nearest-even (`vcvtps2dq` under
@@ -315,8 +320,8 @@ enum Requests {
     /// Ahead of `at`, [`PREFETCH`] into L1 and [`PREFETCH_L2`] into L2 ([`prefetch`]): the
     /// weights about to be read.
     AheadL1AndL2,
-    /// Ahead of `at`, [`PREFETCH_ONE_ROW`] into L1 only: a one-row product's weights where
-    /// `cpu::one_row_requests_l1_only`.
+    /// Ahead of `at`, [`PREFETCH_FEW_ROWS`] into L1 only: the weights about to be read by
+    /// a tile of at most [`L1_ONLY_ROWS`] rows, where `cpu::few_rows_request_l1_only`.
     AheadL1,
     /// At `at`, into L2 only: the next task's, while this one's are in cache.
     HereL2,
@@ -324,11 +329,11 @@ enum Requests {
 
 impl Stream {
     /// A stream over `len` bytes at `bytes`, `step` bytes an advance, read by a tile of
-    /// `rows` activation rows (one row's asks into L1 only on some CPUs:
+    /// `rows` activation rows (a tile of few rows asks into L1 only on some CPUs:
     /// [`Requests::AheadL1`]).
     pub fn new(bytes: *const u8, len: usize, step: usize, rows: usize) -> Self {
         let at = bytes as usize;
-        let l1_only = rows == 1 && crate::cpu::one_row_requests_l1_only();
+        let l1_only = rows <= L1_ONLY_ROWS && crate::cpu::few_rows_request_l1_only();
         Self {
             at,
             end: at + len,
@@ -361,7 +366,7 @@ impl Stream {
                 match self.requests {
                     Requests::AheadL1AndL2 => prefetch(line as *const u8),
                     Requests::AheadL1 => {
-                        let ahead = line.wrapping_add(PREFETCH_ONE_ROW);
+                        let ahead = line.wrapping_add(PREFETCH_FEW_ROWS);
                         _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8)
                     }
                     Requests::HereL2 => _mm_prefetch::<_MM_HINT_T1>(line as *const i8),
